@@ -1,0 +1,657 @@
+//! The shared-memory channel: a bounded single-producer/single-consumer ring
+//! of completions plus a doorbell, usable between threads and processes.
+//!
+//! It is fastwake's built-in default source and its IPC path.
+//!
+//! # Why the doorbell is conditional
+//!
+//! The producer rings the doorbell (a futex word or an eventfd) **only** when
+//! the consumer has armed it, i.e. announced that it is about to sleep. A
+//! polling consumer therefore never costs the producer a syscall: the
+//! producer's whole notification cost is one fence and one load of a cache
+//! line the consumer does not write while it polls.
+//!
+//! The handshake is Dekker's: the producer stores `head`, fences, loads
+//! `armed`; the consumer stores `armed`, fences, loads `head`. With both
+//! fences `SeqCst`, at least one side sees the other's store, so either the
+//! producer rings or the consumer's re-check finds the completion. A stale
+//! ring (the consumer found work and disarmed, but the producer had already
+//! seen `armed`) only causes one spurious wake-up, which the protocol in
+//! [`super::block_until_ready`] tolerates.
+//!
+//! # Memory layout
+//!
+//! One memfd mapping: a header of four cache lines (constants; the
+//! producer's `head`; the consumer's `tail`; the arm line with `armed` and
+//! the futex doorbell), then `capacity` slots, each `16 + slot_size` bytes
+//! rounded up to a cache line so the two ends never share a line.
+
+use super::{Rechecked, Source};
+use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering, fence};
+use crate::{Fail, Result};
+use std::cell::Cell;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+const MAGIC: u64 = 0x6661_7374_7761_6b31; // "fastwak1"
+const LINE: usize = 64;
+const SLOT_HEAD: usize = 16;
+const NO_CPU: u32 = u32::MAX;
+
+/// How the producer wakes a sleeping consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Doorbell {
+    /// A futex word inside the shared mapping: nothing to pass between
+    /// processes, the cheapest wake-up.
+    #[default]
+    Futex,
+    /// An eventfd: costs a little more, but the consumer gets an fd it can
+    /// put in epoll next to other fds ([`Source::notify_fd`]).
+    EventFd,
+}
+
+/// Shape of a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Slots in the ring; a power of two.
+    pub capacity: u32,
+    /// Largest payload of one completion, in bytes.
+    pub slot_size: u32,
+    /// How the consumer is woken.
+    pub doorbell: Doorbell,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            capacity: 256,
+            slot_size: 64,
+            doorbell: Doorbell::Futex,
+        }
+    }
+}
+
+impl Config {
+    fn validate(&self) -> Result<()> {
+        if !self.capacity.is_power_of_two() || self.capacity < 2 || self.capacity > 1 << 24 {
+            return Err(Fail::invalid(format!(
+                "channel capacity {} must be a power of two in 2..=16777216",
+                self.capacity
+            )));
+        }
+        if self.slot_size > 1 << 20 {
+            return Err(Fail::invalid(format!(
+                "channel slot size {} exceeds 1 MiB",
+                self.slot_size
+            )));
+        }
+        Ok(())
+    }
+
+    fn stride(&self) -> usize {
+        (SLOT_HEAD + self.slot_size as usize).div_ceil(LINE) * LINE
+    }
+
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Header>() + self.stride() * self.capacity as usize
+    }
+}
+
+#[repr(C, align(64))]
+struct Line<T>(T);
+
+#[repr(C)]
+struct Consts {
+    magic: u64,
+    capacity: u32,
+    slot_size: u32,
+    doorbell: u32,
+    header_bytes: u32,
+}
+
+#[repr(C)]
+struct ProducerLine {
+    head: AtomicU64,
+    producer_cpu: AtomicU32,
+    producer_closed: AtomicU32,
+    producer_attached: AtomicU32,
+}
+
+#[repr(C)]
+struct ConsumerLine {
+    tail: AtomicU64,
+    consumer_closed: AtomicU32,
+    consumer_attached: AtomicU32,
+}
+
+#[repr(C)]
+struct ArmLine {
+    armed: AtomicU32,
+    bell: FutexWord,
+}
+
+#[repr(C)]
+struct Header {
+    consts: Line<Consts>,
+    prod: Line<ProducerLine>,
+    cons: Line<ConsumerLine>,
+    arm: Line<ArmLine>,
+}
+
+/// The mapping both ends share. Dropping it unmaps.
+struct Region {
+    base: NonNull<u8>,
+    len: usize,
+    cfg: Config,
+    mem: OwnedFd,
+    efd: Option<OwnedFd>,
+}
+
+// SAFETY: the region is plain shared memory; all cross-thread access to it
+// goes through atomics in the header or through slots whose ownership the
+// SPSC head/tail protocol hands over with acquire/release.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: base/len describe a mapping we created and nobody else
+        // unmaps; the Arc guarantees no end still uses it.
+        unsafe {
+            let _ = rustix::mm::munmap(self.base.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+impl Region {
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping starts with an initialised Header (written by
+        // `create` or validated by `attach`) and lives as long as self.
+        unsafe { &*self.base.as_ptr().cast::<Header>() }
+    }
+
+    fn slot(&self, index: u64) -> *mut u8 {
+        let i = (index & (self.cfg.capacity as u64 - 1)) as usize;
+        // SAFETY: i < capacity, so the offset stays inside the mapping.
+        unsafe {
+            self.base
+                .as_ptr()
+                .add(std::mem::size_of::<Header>() + i * self.cfg.stride())
+        }
+    }
+
+    fn map(mem: &OwnedFd, len: usize) -> Result<NonNull<u8>> {
+        // SAFETY: a fresh shared mapping of an fd we hold; no existing Rust
+        // object aliases it.
+        let p = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                mem,
+                0,
+            )
+        }
+        .map_err(|e| Fail::os("mmap channel", e))?;
+        NonNull::new(p.cast()).ok_or_else(|| Fail::invalid("mmap returned null"))
+    }
+
+    fn create(cfg: Config) -> Result<Arc<Region>> {
+        cfg.validate()?;
+        let len = cfg.bytes();
+        // Not CLOEXEC-free: processes that share a channel pass the fd on
+        // purpose (see `SharedChannel`).
+        let mem = rustix::fs::memfd_create("fastwake-channel", rustix::fs::MemfdFlags::CLOEXEC)
+            .map_err(|e| Fail::os("memfd_create", e))?;
+        rustix::fs::ftruncate(&mem, len as u64).map_err(|e| Fail::os("ftruncate channel", e))?;
+        let base = Self::map(&mem, len)?;
+        let header = Header {
+            consts: Line(Consts {
+                magic: MAGIC,
+                capacity: cfg.capacity,
+                slot_size: cfg.slot_size,
+                doorbell: cfg.doorbell as u32,
+                header_bytes: std::mem::size_of::<Header>() as u32,
+            }),
+            prod: Line(ProducerLine {
+                head: AtomicU64::new(0),
+                producer_cpu: AtomicU32::new(NO_CPU),
+                producer_closed: AtomicU32::new(0),
+                producer_attached: AtomicU32::new(0),
+            }),
+            cons: Line(ConsumerLine {
+                tail: AtomicU64::new(0),
+                consumer_closed: AtomicU32::new(0),
+                consumer_attached: AtomicU32::new(0),
+            }),
+            arm: Line(ArmLine {
+                armed: AtomicU32::new(0),
+                bell: FutexWord::new(0),
+            }),
+        };
+        // SAFETY: the mapping is at least size_of::<Header>() bytes, page
+        // aligned, and not yet visible to anyone else.
+        unsafe { base.as_ptr().cast::<Header>().write(header) };
+        let efd = match cfg.doorbell {
+            Doorbell::Futex => None,
+            Doorbell::EventFd => Some(
+                rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
+                    .map_err(|e| Fail::os("eventfd", e))?,
+            ),
+        };
+        Ok(Arc::new(Region {
+            base,
+            len,
+            cfg,
+            mem,
+            efd,
+        }))
+    }
+
+    fn attach(mem: OwnedFd, efd: Option<OwnedFd>) -> Result<Arc<Region>> {
+        let st = rustix::fs::fstat(&mem).map_err(|e| Fail::os("fstat channel fd", e))?;
+        let size = st.st_size as usize;
+        if size < std::mem::size_of::<Header>() {
+            return Err(Fail::invalid("fd is not a fastwake channel (too small)"));
+        }
+        let base = Self::map(&mem, size)?;
+        // SAFETY: at least a header's worth of bytes is mapped; the fields
+        // read here are plain integers written once at creation.
+        let c = unsafe { &(*base.as_ptr().cast::<Header>()).consts.0 };
+        let cfg = Config {
+            capacity: c.capacity,
+            slot_size: c.slot_size,
+            doorbell: if c.doorbell == 1 {
+                Doorbell::EventFd
+            } else {
+                Doorbell::Futex
+            },
+        };
+        let bad = c.magic != MAGIC
+            || c.header_bytes as usize != std::mem::size_of::<Header>()
+            || cfg.validate().is_err()
+            || cfg.bytes() != size;
+        let region = Region {
+            base,
+            len: size,
+            cfg,
+            mem,
+            efd,
+        };
+        if bad {
+            return Err(Fail::invalid(
+                "fd is not a fastwake channel of this version",
+            ));
+        }
+        if cfg.doorbell == Doorbell::EventFd && region.efd.is_none() {
+            return Err(Fail::invalid(
+                "channel uses an eventfd doorbell but none was passed",
+            ));
+        }
+        Ok(Arc::new(region))
+    }
+
+    fn ring(&self) {
+        match &self.efd {
+            // A failed write means the counter is saturated, i.e. a wake-up
+            // is already pending: nothing is lost.
+            Some(efd) => {
+                let _ = rustix::io::write(efd, &1u64.to_ne_bytes());
+            }
+            None => self.header().arm.0.bell.bump_and_wake(),
+        }
+    }
+}
+
+/// Create an in-process channel.
+pub fn channel(cfg: Config) -> Result<(Sender, Receiver)> {
+    let r = Region::create(cfg)?;
+    Ok((Sender::claim(r.clone())?, Receiver::claim(r)?))
+}
+
+/// A channel meant to be shared with another process: hand
+/// [`SharedChannel::memory_fd`] (and the doorbell fd, if any) to the other
+/// process, by inheritance or SCM_RIGHTS, and attach there.
+pub struct SharedChannel {
+    region: Arc<Region>,
+}
+
+impl SharedChannel {
+    /// Create the shared memory for a channel.
+    pub fn create(cfg: Config) -> Result<SharedChannel> {
+        Ok(SharedChannel {
+            region: Region::create(cfg)?,
+        })
+    }
+
+    /// The memfd holding the ring.
+    pub fn memory_fd(&self) -> BorrowedFd<'_> {
+        self.region.mem.as_fd()
+    }
+
+    /// The eventfd doorbell, for [`Doorbell::EventFd`] channels.
+    pub fn doorbell_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.region.efd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Become this channel's producer in this process.
+    pub fn sender(&self) -> Result<Sender> {
+        Sender::claim(self.region.clone())
+    }
+
+    /// Become this channel's consumer in this process.
+    pub fn receiver(&self) -> Result<Receiver> {
+        Receiver::claim(self.region.clone())
+    }
+}
+
+/// The producing end.
+pub struct Sender {
+    r: Arc<Region>,
+    head: u64,
+    cached_tail: u64,
+}
+
+impl Sender {
+    fn claim(r: Arc<Region>) -> Result<Sender> {
+        let p = &r.header().prod.0;
+        if p.producer_attached.swap(1, Ordering::AcqRel) != 0 {
+            return Err(Fail::new(libc::EBUSY, "channel already has a producer"));
+        }
+        let head = p.head.load(Ordering::Acquire);
+        let cached_tail = r.header().cons.0.tail.load(Ordering::Acquire);
+        Ok(Sender {
+            r,
+            head,
+            cached_tail,
+        })
+    }
+
+    /// Attach as producer to a channel created in another process.
+    pub fn attach(memory: OwnedFd, doorbell: Option<OwnedFd>) -> Result<Sender> {
+        Sender::claim(Region::attach(memory, doorbell)?)
+    }
+
+    /// Largest payload one completion may carry.
+    pub fn slot_size(&self) -> usize {
+        self.r.cfg.slot_size as usize
+    }
+
+    /// Queue one completion without ringing; follow with [`Sender::flush`].
+    /// `Ok(false)` when the ring is full.
+    pub fn try_push(&mut self, tag: u64, data: &[u8]) -> Result<bool> {
+        if data.len() > self.slot_size() {
+            return Err(Fail::invalid(format!(
+                "payload of {} bytes exceeds the channel's slot size {}",
+                data.len(),
+                self.slot_size()
+            )));
+        }
+        let h = self.r.header();
+        let cap = self.r.cfg.capacity as u64;
+        if self.head - self.cached_tail >= cap {
+            self.cached_tail = h.cons.0.tail.load(Ordering::Acquire);
+            if self.head - self.cached_tail >= cap {
+                if h.cons.0.consumer_closed.load(Ordering::Acquire) != 0 {
+                    return Err(Fail::closed("channel consumer is gone"));
+                }
+                return Ok(false);
+            }
+        }
+        let slot = self.r.slot(self.head);
+        // SAFETY: slot `head` is outside [tail, head), so the consumer does
+        // not read it until the release store of head below; the slot has
+        // SLOT_HEAD + slot_size bytes and data fits.
+        unsafe {
+            slot.cast::<u64>().write(tag);
+            slot.add(8).cast::<u32>().write(data.len() as u32);
+            std::ptr::copy_nonoverlapping(data.as_ptr(), slot.add(SLOT_HEAD), data.len());
+        }
+        self.head += 1;
+        h.prod.0.head.store(self.head, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Ring the doorbell if, and only if, the consumer armed it.
+    pub fn flush(&mut self) {
+        let h = self.r.header();
+        if let Some(cpu) = crate::cpu::current() {
+            h.prod.0.producer_cpu.store(cpu, Ordering::Relaxed);
+        }
+        // Dekker with the consumer's arm(): our head store must be ordered
+        // before our read of `armed`.
+        fence(Ordering::SeqCst);
+        let a = &h.arm.0.armed;
+        if a.load(Ordering::Relaxed) != 0 && a.swap(0, Ordering::AcqRel) != 0 {
+            self.r.ring();
+        }
+    }
+
+    /// Queue one completion and notify; `Ok(false)` when the ring is full.
+    pub fn try_send(&mut self, tag: u64, data: &[u8]) -> Result<bool> {
+        let ok = self.try_push(tag, data)?;
+        if ok {
+            self.flush();
+        }
+        Ok(ok)
+    }
+
+    /// Queue one completion, waiting for space while the ring is full.
+    pub fn send(&mut self, tag: u64, data: &[u8]) -> Result<()> {
+        let mut spins = 0u32;
+        while !self.try_send(tag, data)? {
+            // A full ring means the consumer is behind; on a shared CPU it
+            // cannot catch up unless we give the CPU away.
+            spins += 1;
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        let h = self.r.header();
+        h.prod.0.producer_closed.store(1, Ordering::Release);
+        fence(Ordering::SeqCst);
+        // Ring unconditionally: a consumer asleep must learn of the close.
+        h.arm.0.armed.store(0, Ordering::Relaxed);
+        self.r.ring();
+    }
+}
+
+/// One completion taken from a channel; its payload is in
+/// [`Receiver::payload`] until the next take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Msg {
+    /// The producer's tag (like a work request id).
+    pub tag: u64,
+    /// Payload length in bytes.
+    pub len: u32,
+}
+
+/// The consuming end; a [`Source`].
+pub struct Receiver {
+    r: Arc<Region>,
+    tail: u64,
+    cached_head: Cell<u64>,
+    armed_seq: u32,
+    payload: Vec<u8>,
+}
+
+impl Receiver {
+    fn claim(r: Arc<Region>) -> Result<Receiver> {
+        let c = &r.header().cons.0;
+        if c.consumer_attached.swap(1, Ordering::AcqRel) != 0 {
+            return Err(Fail::new(libc::EBUSY, "channel already has a consumer"));
+        }
+        let tail = c.tail.load(Ordering::Acquire);
+        let payload = Vec::with_capacity(r.cfg.slot_size as usize);
+        Ok(Receiver {
+            r,
+            tail,
+            cached_head: Cell::new(tail),
+            armed_seq: 0,
+            payload,
+        })
+    }
+
+    /// Attach as consumer to a channel created in another process.
+    pub fn attach(memory: OwnedFd, doorbell: Option<OwnedFd>) -> Result<Receiver> {
+        Receiver::claim(Region::attach(memory, doorbell)?)
+    }
+
+    /// Payload of the completion taken last.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// Completions waiting in the ring now.
+    pub fn pending(&self) -> u64 {
+        self.r.header().prod.0.head.load(Ordering::Acquire) - self.tail
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.r
+            .header()
+            .cons
+            .0
+            .consumer_closed
+            .store(1, Ordering::Release);
+    }
+}
+
+impl Source for Receiver {
+    type Completion = Msg;
+
+    fn name(&self) -> &'static str {
+        "channel"
+    }
+
+    fn ready(&self) -> bool {
+        if self.cached_head.get() > self.tail {
+            return true;
+        }
+        let head = self.r.header().prod.0.head.load(Ordering::Acquire);
+        self.cached_head.set(head);
+        head > self.tail
+    }
+
+    fn try_take(&mut self) -> Result<Option<Msg>> {
+        if !self.ready() {
+            let p = &self.r.header().prod.0;
+            if p.producer_closed.load(Ordering::Acquire) != 0 && !self.ready() {
+                return Err(Fail::closed("channel producer is gone"));
+            }
+            return Ok(None);
+        }
+        let slot = self.r.slot(self.tail);
+        // SAFETY: tail < head (acquired in ready()), so the producer finished
+        // writing this slot and will not touch it until we release tail.
+        let msg = unsafe {
+            let tag = slot.cast::<u64>().read();
+            let len = slot.add(8).cast::<u32>().read().min(self.r.cfg.slot_size);
+            self.payload.clear();
+            self.payload.extend_from_slice(std::slice::from_raw_parts(
+                slot.add(SLOT_HEAD),
+                len as usize,
+            ));
+            Msg { tag, len }
+        };
+        self.tail += 1;
+        self.r
+            .header()
+            .cons
+            .0
+            .tail
+            .store(self.tail, Ordering::Release);
+        Ok(Some(msg))
+    }
+
+    fn arm(&mut self) -> Result<()> {
+        let a = &self.r.header().arm.0;
+        // Read the bell before announcing: a ring after this point changes
+        // it, so the futex wait below cannot miss it.
+        self.armed_seq = a.bell.load();
+        a.armed.store(1, Ordering::Relaxed);
+        // Dekker with Sender::flush: `armed` must be visible before the
+        // caller's re-check reads `head`.
+        fence(Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn disarm(&mut self) {
+        self.r.header().arm.0.armed.store(0, Ordering::Relaxed);
+    }
+
+    fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> Result<()> {
+        match &self.r.efd {
+            None => {
+                // A closed producer rang already; but if it closed before we
+                // armed, the bell will not change again: do not sleep then.
+                if self
+                    .r
+                    .header()
+                    .prod
+                    .0
+                    .producer_closed
+                    .load(Ordering::Acquire)
+                    != 0
+                {
+                    return Ok(());
+                }
+                self.r.header().arm.0.bell.wait(self.armed_seq, timeout);
+                Ok(())
+            }
+            Some(efd) => {
+                if self
+                    .r
+                    .header()
+                    .prod
+                    .0
+                    .producer_closed
+                    .load(Ordering::Acquire)
+                    != 0
+                {
+                    return Ok(());
+                }
+                let mut fds = [rustix::event::PollFd::new(
+                    efd,
+                    rustix::event::PollFlags::IN,
+                )];
+                let ts = timeout.map(|d| rustix::time::Timespec {
+                    tv_sec: d.as_secs() as _,
+                    tv_nsec: d.subsec_nanos() as _,
+                });
+                match rustix::event::poll(&mut fds, ts.as_ref()) {
+                    Ok(n) if n > 0 => {
+                        let mut b = [0u8; 8];
+                        let _ = rustix::io::read(efd, &mut b);
+                        Ok(())
+                    }
+                    Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+                    Err(e) => Err(Fail::os("poll eventfd doorbell", e)),
+                }
+            }
+        }
+    }
+
+    fn notify_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.r.efd.as_ref().map(|f| f.as_fd())
+    }
+
+    fn peer_cpu(&self) -> Option<u32> {
+        let c = self.r.header().prod.0.producer_cpu.load(Ordering::Relaxed);
+        (c != NO_CPU).then_some(c)
+    }
+}

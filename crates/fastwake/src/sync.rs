@@ -1,0 +1,94 @@
+//! Synchronisation primitives, switchable to loom's models under `--cfg loom`.
+//!
+//! Every atomic that takes part in the arm/re-check/sleep protocol comes from
+//! here, so the loom model tests exercise the same code that runs in
+//! production, not a copy of it.
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+
+use std::time::Duration;
+
+/// A 32-bit word a thread can sleep on until another thread (or process)
+/// changes it: a Linux futex.
+///
+/// It is `repr(C)` and only a `u32` wide outside loom, so it can live in a
+/// shared mapping between processes; for that reason the futex is not
+/// `FUTEX_PRIVATE`.
+#[repr(C)]
+pub(crate) struct FutexWord {
+    word: AtomicU32,
+    // loom cannot model a kernel futex; a mutex + condvar pair has the same
+    // contract (sleep only while the word still equals `expected`, checked
+    // atomically with going to sleep) and lets loom find lost wake-ups as
+    // deadlocks.
+    #[cfg(loom)]
+    lock: loom::sync::Mutex<()>,
+    #[cfg(loom)]
+    cv: loom::sync::Condvar,
+}
+
+impl FutexWord {
+    pub(crate) fn new(v: u32) -> Self {
+        FutexWord {
+            word: AtomicU32::new(v),
+            #[cfg(loom)]
+            lock: loom::sync::Mutex::new(()),
+            #[cfg(loom)]
+            cv: loom::sync::Condvar::new(),
+        }
+    }
+
+    pub(crate) fn load(&self) -> u32 {
+        self.word.load(Ordering::Acquire)
+    }
+
+    /// Change the word and wake one sleeper.
+    pub(crate) fn bump_and_wake(&self) {
+        self.word.fetch_add(1, Ordering::Release);
+        self.wake_all();
+    }
+
+    #[cfg(not(loom))]
+    fn wake_all(&self) {
+        // Errors cannot be acted on: the only failures are EFAULT/EINVAL,
+        // impossible for a word we own. A waiter re-checks state anyway.
+        let _ = rustix::thread::futex::wake(
+            &self.word,
+            rustix::thread::futex::Flags::empty(),
+            u32::MAX,
+        );
+    }
+
+    #[cfg(loom)]
+    fn wake_all(&self) {
+        let _g = self.lock.lock().unwrap();
+        self.cv.notify_all();
+    }
+
+    /// Sleep while the word equals `expected`. Returns on change, timeout,
+    /// signal or spuriously: callers always re-check their condition.
+    #[cfg(not(loom))]
+    pub(crate) fn wait(&self, expected: u32, timeout: Option<Duration>) {
+        let ts = timeout.map(|d| rustix::thread::futex::Timespec {
+            tv_sec: d.as_secs() as _,
+            tv_nsec: d.subsec_nanos() as _,
+        });
+        let _ = rustix::thread::futex::wait(
+            &self.word,
+            rustix::thread::futex::Flags::empty(),
+            expected,
+            ts.as_ref(),
+        );
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn wait(&self, expected: u32, _timeout: Option<Duration>) {
+        let mut g = self.lock.lock().unwrap();
+        while self.word.load(Ordering::Acquire) == expected {
+            g = self.cv.wait(g).unwrap();
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Wait modes: how a thread waits for a completion from a [`Source`].
+//!
+//! | mode | what the thread does | costs | wins when |
+//! |---|---|---|---|
+//! | [`WaitMode::Poll`] | peeks the source in a loop | a whole core | latency is all that matters and the core is free |
+//! | [`WaitMode::Interrupt`] | arms, re-checks, sleeps | a kernel wake-up (~1 µs same core, ~4 µs cross core here) | completions are rare or the core is shared |
+//! | [`WaitMode::Hybrid`] | polls for a budget, then interrupt | CPU up to the budget per wait | the peer usually answers within the budget |
+//!
+//! The dispatch and adaptive modes build on these (see their modules when
+//! present). All blocking goes through [`crate::source::block_until_ready`].
+
+mod hybrid;
+mod poll;
+
+use crate::source::{BlockReport, Source, block_until_ready};
+use crate::{Fail, Result};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+pub use hybrid::DEFAULT_BUDGET;
+
+/// How to wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitMode {
+    /// Spin on the source (yielding now and then so a shared core still
+    /// makes progress).
+    Poll,
+    /// Arm, re-check, sleep: the classic completion-channel wait.
+    Interrupt,
+    /// Spin for at most `budget`, then interrupt mode. Never spins when the
+    /// source's producer runs on the waiter's own CPU.
+    Hybrid {
+        /// Longest spin before blocking.
+        budget: Duration,
+    },
+}
+
+impl WaitMode {
+    /// The mode's short name, as the CLI spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            WaitMode::Poll => "poll",
+            WaitMode::Interrupt => "interrupt",
+            WaitMode::Hybrid { .. } => "hybrid",
+        }
+    }
+}
+
+impl std::fmt::Display for WaitMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WaitMode::Hybrid { budget } if *budget != DEFAULT_BUDGET => {
+                write!(f, "hybrid:{}us", budget.as_micros())
+            }
+            m => f.write_str(m.name()),
+        }
+    }
+}
+
+impl FromStr for WaitMode {
+    type Err = Fail;
+
+    /// `poll`, `interrupt`, `hybrid` or `hybrid:<N>us` (budget in µs).
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        match s {
+            "poll" => Ok(WaitMode::Poll),
+            "interrupt" | "int" | "event" => Ok(WaitMode::Interrupt),
+            "hybrid" => Ok(WaitMode::Hybrid {
+                budget: DEFAULT_BUDGET,
+            }),
+            _ => {
+                if let Some(b) = s.strip_prefix("hybrid:") {
+                    let us = b.strip_suffix("us").unwrap_or(b);
+                    let us: u64 = us.parse().map_err(|_| {
+                        Fail::invalid(format!(
+                            "bad hybrid budget '{b}': expected e.g. hybrid:20us"
+                        ))
+                    })?;
+                    return Ok(WaitMode::Hybrid {
+                        budget: Duration::from_micros(us),
+                    });
+                }
+                Err(Fail::invalid(format!(
+                    "unknown wait mode '{s}': expected poll, interrupt or hybrid[:Nus]"
+                )))
+            }
+        }
+    }
+}
+
+/// Counters a [`Waiter`] keeps; cheap enough to keep always.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WaitStats {
+    /// Completions returned.
+    pub completions: u64,
+    /// Completions found without blocking (already there, or while spinning).
+    pub without_sleep: u64,
+    /// Times the thread slept.
+    pub sleeps: u64,
+    /// Times the arm → re-check found a completion.
+    pub rechecks_hit: u64,
+    /// Wake-ups with nothing to take.
+    pub spurious: u64,
+    /// Hybrid waits that skipped the spin because the producer shared our CPU.
+    pub spin_skipped_same_cpu: u64,
+}
+
+/// Waits for completions in one [`WaitMode`], keeping [`WaitStats`].
+#[derive(Debug, Clone)]
+pub struct Waiter {
+    mode: WaitMode,
+    stats: WaitStats,
+}
+
+impl Waiter {
+    /// A waiter in `mode`.
+    pub fn new(mode: WaitMode) -> Self {
+        Waiter {
+            mode,
+            stats: WaitStats::default(),
+        }
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> WaitMode {
+        self.mode
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> WaitStats {
+        self.stats
+    }
+
+    /// Wait for one completion, however long it takes.
+    pub fn wait<S: Source + ?Sized>(&mut self, src: &mut S) -> Result<S::Completion> {
+        match self.wait_deadline(src, None)? {
+            Some(c) => Ok(c),
+            None => Err(Fail::timed_out()),
+        }
+    }
+
+    /// Wait at most `timeout`; `Ok(None)` when it passes with nothing ready.
+    pub fn wait_timeout<S: Source + ?Sized>(
+        &mut self,
+        src: &mut S,
+        timeout: Duration,
+    ) -> Result<Option<S::Completion>> {
+        self.wait_deadline(src, Some(Instant::now() + timeout))
+    }
+
+    fn wait_deadline<S: Source + ?Sized>(
+        &mut self,
+        src: &mut S,
+        deadline: Option<Instant>,
+    ) -> Result<Option<S::Completion>> {
+        if let Some(c) = src.try_take()? {
+            self.stats.completions += 1;
+            self.stats.without_sleep += 1;
+            return Ok(Some(c));
+        }
+        let spun = match self.mode {
+            WaitMode::Poll => return self.count(poll::spin(src, deadline), true),
+            WaitMode::Interrupt => None,
+            WaitMode::Hybrid { budget } => {
+                hybrid::spin_phase(src, budget, deadline, &mut self.stats)?
+            }
+        };
+        if let Some(c) = spun {
+            return self.count(Ok(Some(c)), true);
+        }
+        let mut rep = BlockReport::default();
+        let r = block_until_ready(src, deadline, &mut rep);
+        self.stats.sleeps += rep.sleeps as u64;
+        self.stats.rechecks_hit += rep.rechecks_hit as u64;
+        self.stats.spurious += rep.spurious as u64;
+        let no_sleep = rep.sleeps == 0;
+        self.count(r, no_sleep)
+    }
+
+    fn count<C>(&mut self, r: Result<Option<C>>, no_sleep: bool) -> Result<Option<C>> {
+        if let Ok(Some(_)) = &r {
+            self.stats.completions += 1;
+            if no_sleep {
+                self.stats.without_sleep += 1;
+            }
+        }
+        r
+    }
+}
