@@ -447,7 +447,7 @@ impl Sender {
             // A full ring means the consumer is behind; on a shared CPU it
             // cannot catch up unless we give the CPU away.
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

@@ -24,11 +24,11 @@ pub(super) fn spin_phase<S: Source + ?Sized>(
     // Spinning while the producer shares our CPU only steals the CPU it
     // needs to produce: the wait would last the whole budget plus a
     // wake-up. A same-core futex hand-off (~1 µs) is the fast path there.
-    if let (Some(peer), Some(me)) = (src.peer_cpu(), crate::cpu::current()) {
-        if peer == me {
-            stats.spin_skipped_same_cpu += 1;
-            return Ok(None);
-        }
+    if let (Some(peer), Some(me)) = (src.peer_cpu(), crate::cpu::current())
+        && peer == me
+    {
+        stats.spin_skipped_same_cpu += 1;
+        return Ok(None);
     }
     if budget.is_zero() {
         return Ok(None);
@@ -40,14 +40,14 @@ pub(super) fn spin_phase<S: Source + ?Sized>(
     }
     let mut n: u32 = 0;
     loop {
-        if src.ready() {
-            if let Some(c) = src.try_take()? {
-                return Ok(Some(c));
-            }
+        if src.ready()
+            && let Some(c) = src.try_take()?
+        {
+            return Ok(Some(c));
         }
         std::hint::spin_loop();
         n = n.wrapping_add(1);
-        if n % SPINS_PER_CLOCK == 0 && Instant::now() >= end {
+        if n.is_multiple_of(SPINS_PER_CLOCK) && Instant::now() >= end {
             return Ok(None);
         }
     }

@@ -18,13 +18,13 @@ pub(super) fn spin<S: Source + ?Sized>(
 ) -> Result<Option<S::Completion>> {
     let mut n: u32 = 0;
     loop {
-        if src.ready() {
-            if let Some(c) = src.try_take()? {
-                return Ok(Some(c));
-            }
+        if src.ready()
+            && let Some(c) = src.try_take()?
+        {
+            return Ok(Some(c));
         }
         n = n.wrapping_add(1);
-        if n % SPINS_PER_YIELD == 0 {
+        if n.is_multiple_of(SPINS_PER_YIELD) {
             // A closed peer shows only through try_take.
             if let Some(c) = src.try_take()? {
                 return Ok(Some(c));
@@ -33,10 +33,11 @@ pub(super) fn spin<S: Source + ?Sized>(
         } else {
             std::hint::spin_loop();
         }
-        if let Some(d) = deadline {
-            if n % SPINS_PER_CLOCK == 0 && Instant::now() >= d {
-                return Ok(None);
-            }
+        if let Some(d) = deadline
+            && n.is_multiple_of(SPINS_PER_CLOCK)
+            && Instant::now() >= d
+        {
+            return Ok(None);
         }
     }
 }
