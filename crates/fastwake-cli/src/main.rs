@@ -1,1 +1,52 @@
-fn main() {}
+//! The `fastwake` command.
+
+mod bench;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "fastwake",
+    version,
+    about = "Interrupt-mode I/O with polling-class latency: benchmarks and tools"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Measure wake-up latency and CPU cost (perftest-style columns).
+    #[command(subcommand)]
+    Bench(bench::Bench),
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind as K;
+            if matches!(
+                e.kind(),
+                K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                e.exit();
+            }
+            // One line, as for every other error: clap's own rendering adds
+            // usage and a hint on further lines.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("bad arguments");
+            eprintln!("fastwake: {}", first.trim_start_matches("error: ").trim());
+            eprintln!("fastwake: try 'fastwake --help'");
+            std::process::exit(2);
+        }
+    };
+    let r = match cli.cmd {
+        Cmd::Bench(b) => bench::run(b),
+    };
+    if let Err(e) = r {
+        eprintln!("fastwake: error: {e}");
+        std::process::exit(2);
+    }
+}

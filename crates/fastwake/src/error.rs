@@ -86,3 +86,9 @@ impl From<rustix::io::Errno> for Fail {
         Fail::new(e.raw_os_error(), e.to_string())
     }
 }
+
+impl From<std::io::Error> for Fail {
+    fn from(e: std::io::Error) -> Self {
+        Fail::new(e.raw_os_error().unwrap_or(libc::EIO), e.to_string())
+    }
+}

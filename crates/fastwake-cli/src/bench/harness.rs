@@ -1,0 +1,209 @@
+//! The ping-pong measurement engine every benchmark shares.
+//!
+//! Two threads, each pinned to a CPU, bounce a message: the *ping* end
+//! sends and waits for the reply, timing the round trip; the *pong* end waits
+//! and replies. One-way latency is half the round trip, as perftest reports.
+//!
+//! Several cases (wait modes, mechanisms, placements) are measured in one
+//! run **interleaved**: the run is cut into rounds and every round gives each
+//! case a slice. These machines are noisy; interleaving spreads a noisy
+//! second over all cases instead of ruining one, so ratios between rows are
+//! trustworthy even when absolute figures drift.
+
+use super::stats::{Row, Sample};
+use fastwake::{Fail, Result};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// One end of a ping-pong pair.
+pub trait End: Send {
+    /// Send one message to the other end.
+    fn send(&mut self) -> Result<()>;
+    /// Wait for one message from the other end.
+    fn recv(&mut self) -> Result<()>;
+}
+
+/// Where the two ends run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub ping_cpu: u32,
+    pub pong_cpu: u32,
+}
+
+impl Placement {
+    pub fn label(&self) -> &'static str {
+        if self.ping_cpu == self.pong_cpu {
+            "same"
+        } else {
+            "cross"
+        }
+    }
+}
+
+/// One row to measure: a pair of ends plus labels.
+pub struct Case {
+    pub source: String,
+    pub mode: String,
+    pub placement: Placement,
+    pub size: usize,
+    pub ping: Box<dyn End>,
+    pub pong: Box<dyn End>,
+}
+
+/// How long to run.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// Measured iterations per case.
+    pub iters: u64,
+    /// Unmeasured iterations per case, before the first measured one.
+    pub warmup: u64,
+    /// Interleaving rounds.
+    pub rounds: u64,
+}
+
+impl Plan {
+    fn segment(&self, round: u64) -> u64 {
+        // Spread iters over rounds; the first rounds take the remainder.
+        self.iters / self.rounds + u64::from(round < self.iters % self.rounds)
+    }
+}
+
+/// Shared progress counter, read by the progress bar.
+#[derive(Clone, Default)]
+pub struct Progress {
+    pub done: Arc<AtomicU64>,
+    pub stop: Arc<AtomicBool>,
+}
+
+struct Labels {
+    source: String,
+    mode: String,
+    placement: Placement,
+    size: usize,
+}
+
+/// Measure every case, interleaved. Returns one row per case, in order.
+pub fn run(cases: Vec<Case>, plan: Plan, progress: &Progress) -> Result<Vec<Row>> {
+    let mut labels = Vec::new();
+    let mut pings = Vec::new();
+    let mut pongs = Vec::new();
+    for c in cases {
+        labels.push(Labels {
+            source: c.source,
+            mode: c.mode,
+            placement: c.placement,
+            size: c.size,
+        });
+        pings.push(c.ping);
+        pongs.push(c.pong);
+    }
+    let places: Vec<Placement> = labels.iter().map(|l| l.placement).collect();
+    let places2 = places.clone();
+
+    let pong = std::thread::Builder::new()
+        .name("fw-pong".into())
+        .spawn(move || pong_loop(pongs, &places2, plan))
+        .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn pong thread: {e}")))?;
+    let prog = progress.clone();
+    let ping = std::thread::Builder::new()
+        .name("fw-ping".into())
+        .spawn(move || ping_loop(pings, &places, plan, &prog))
+        .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn ping thread: {e}")))?;
+    let ping_r = ping
+        .join()
+        .map_err(|_| Fail::new(libc::EIO, "ping thread panicked"))?;
+    let pong_r = pong
+        .join()
+        .map_err(|_| Fail::new(libc::EIO, "pong thread panicked"))?;
+    let (samples, ping_cpu) = ping_r?;
+    let pong_cpu = pong_r?;
+    Ok(labels
+        .into_iter()
+        .zip(samples)
+        .enumerate()
+        .map(|(i, (l, s))| {
+            Row::from_sample(
+                &l.source,
+                &l.mode,
+                l.placement.label(),
+                l.size,
+                &s,
+                ping_cpu[i],
+                pong_cpu[i],
+            )
+        })
+        .collect())
+}
+
+fn place(cpu: u32, current: &mut Option<u32>) -> Result<()> {
+    if *current != Some(cpu) {
+        fastwake::cpu::pin(cpu)?;
+        *current = Some(cpu);
+    }
+    Ok(())
+}
+
+fn ping_loop(
+    mut ends: Vec<Box<dyn End>>,
+    places: &[Placement],
+    plan: Plan,
+    progress: &Progress,
+) -> Result<(Vec<Sample>, Vec<Duration>)> {
+    let mut samples: Vec<Sample> = (0..ends.len()).map(|_| Sample::new()).collect();
+    let mut cpu = vec![Duration::ZERO; ends.len()];
+    let mut on = None;
+    for round in 0..plan.rounds {
+        for (i, end) in ends.iter_mut().enumerate() {
+            place(places[i].ping_cpu, &mut on)?;
+            if round == 0 {
+                for _ in 0..plan.warmup {
+                    end.send()?;
+                    end.recv()?;
+                }
+            }
+            let n = plan.segment(round);
+            let c0 = fastwake::cpu::thread_cpu_time();
+            for _ in 0..n {
+                let t0 = Instant::now();
+                end.send()?;
+                end.recv()?;
+                samples[i].record_rtt(t0.elapsed());
+            }
+            cpu[i] += fastwake::cpu::thread_cpu_time() - c0;
+            progress.done.fetch_add(n, Ordering::Relaxed);
+            if progress.stop.load(Ordering::Relaxed) {
+                return Err(Fail::new(libc::EINTR, "interrupted"));
+            }
+        }
+    }
+    Ok((samples, cpu))
+}
+
+fn pong_loop(
+    mut ends: Vec<Box<dyn End>>,
+    places: &[Placement],
+    plan: Plan,
+) -> Result<Vec<Duration>> {
+    let mut cpu = vec![Duration::ZERO; ends.len()];
+    let mut on = None;
+    for round in 0..plan.rounds {
+        for (i, end) in ends.iter_mut().enumerate() {
+            place(places[i].pong_cpu, &mut on)?;
+            if round == 0 {
+                for _ in 0..plan.warmup {
+                    end.recv()?;
+                    end.send()?;
+                }
+            }
+            let n = plan.segment(round);
+            let c0 = fastwake::cpu::thread_cpu_time();
+            for _ in 0..n {
+                end.recv()?;
+                end.send()?;
+            }
+            cpu[i] += fastwake::cpu::thread_cpu_time() - c0;
+        }
+    }
+    Ok(cpu)
+}

@@ -1,0 +1,184 @@
+//! `fastwake bench`: benchmarks that print perftest-style tables.
+
+pub mod harness;
+pub mod ipc;
+pub mod pingpong;
+pub mod sources;
+pub mod stats;
+
+use clap::{Args, Subcommand};
+use fastwake::{Fail, Result};
+use harness::Progress;
+use std::io::IsTerminal;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand, Debug)]
+pub enum Bench {
+    /// Ping-pong latency over one completion source, several wait modes
+    /// interleaved in one run.
+    Pingpong(pingpong::Args),
+    /// The paper's IPC comparison: spin, futex, eventfd, pipe, socketpair,
+    /// condvar, semaphore, the channel in each mode, a user-level switch.
+    Ipc(IpcArgs),
+}
+
+/// Options every benchmark shares.
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Measured round trips per row.
+    #[arg(long, default_value_t = 100_000)]
+    pub iters: u64,
+    /// Unmeasured round trips per row before measuring.
+    #[arg(long, default_value_t = 2_000)]
+    pub warmup: u64,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 8)]
+    pub size: usize,
+    /// CPUs of the two ends, `A,B` (same CPU allowed).
+    #[arg(long, default_value = "0,1", value_parser = parse_cpus)]
+    pub cpus: (u32, u32),
+    /// Interleaving rounds: each row's iterations are split over this many
+    /// slices, alternating with the other rows.
+    #[arg(long, default_value_t = 10)]
+    pub rounds: u64,
+    /// Print JSON (one object per row) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct IpcArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Mechanisms to measure (comma separated); default all.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+}
+
+pub fn parse_cpus(s: &str) -> std::result::Result<(u32, u32), String> {
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    let n = fastwake::cpu::online();
+    let parse = |p: &str| -> std::result::Result<u32, String> {
+        let c: u32 = p
+            .parse()
+            .map_err(|_| format!("'{p}' is not a CPU number"))?;
+        if c >= n {
+            return Err(format!("CPU {c} does not exist (this host has {n})"));
+        }
+        Ok(c)
+    };
+    match parts.as_slice() {
+        [a, b] => Ok((parse(a)?, parse(b)?)),
+        _ => Err(format!("expected A,B (two CPU numbers), got '{s}'")),
+    }
+}
+
+impl Common {
+    pub fn validate(&self) -> Result<()> {
+        if self.iters == 0 {
+            return Err(Fail::invalid("--iters must be at least 1"));
+        }
+        if self.rounds == 0 || self.rounds > self.iters {
+            return Err(Fail::invalid("--rounds must be between 1 and --iters"));
+        }
+        if self.size > 1 << 20 {
+            return Err(Fail::invalid("--size must be at most 1048576"));
+        }
+        Ok(())
+    }
+
+    pub fn plan(&self) -> harness::Plan {
+        harness::Plan {
+            iters: self.iters,
+            warmup: self.warmup,
+            rounds: self.rounds,
+        }
+    }
+
+    /// The line every benchmark prints about placement.
+    pub fn placement_note(&self) -> String {
+        format!(
+            "threads pinned: ping end on CPU {}, pong end on CPU {}; one-way latency = RTT/2; cpu/op = CPU µs per round trip (CLOCK_THREAD_CPUTIME_ID)",
+            self.cpus.0, self.cpus.1
+        )
+    }
+}
+
+pub fn run(b: Bench) -> Result<()> {
+    match b {
+        Bench::Pingpong(a) => pingpong::run(a),
+        Bench::Ipc(a) => run_ipc(a),
+    }
+}
+
+/// Run `cases` under the harness with a progress bar on stderr that appears
+/// only once the run has lasted a second, and never in JSON mode.
+pub fn measure(cases: Vec<harness::Case>, common: &Common) -> Result<Vec<stats::Row>> {
+    let total = common.iters * cases.len() as u64;
+    let progress = Progress::default();
+    let show = !common.json && std::io::stderr().is_terminal();
+    let plan = common.plan();
+    let p2 = progress.clone();
+    let worker = std::thread::spawn(move || harness::run(cases, plan, &p2));
+    let start = Instant::now();
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    while !worker.is_finished() {
+        std::thread::sleep(Duration::from_millis(100));
+        if show && bar.is_none() && start.elapsed() > Duration::from_secs(1) {
+            let b = indicatif::ProgressBar::new(total);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} round trips ({eta} left)",
+                )
+                .expect("valid template"),
+            );
+            bar = Some(b);
+        }
+        if let Some(b) = &bar {
+            b.set_position(progress.done.load(Ordering::Relaxed));
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    worker
+        .join()
+        .map_err(|_| Fail::new(libc::EIO, "benchmark thread panicked"))?
+}
+
+fn run_ipc(a: IpcArgs) -> Result<()> {
+    a.common.validate()?;
+    let mechs: Vec<String> = if a.only.is_empty() {
+        ipc::ALL.iter().map(|s| s.to_string()).collect()
+    } else {
+        for m in &a.only {
+            if !ipc::ALL.contains(&m.as_str()) {
+                return Err(Fail::invalid(format!(
+                    "unknown mechanism '{m}': expected one of {}",
+                    ipc::ALL.join(",")
+                )));
+            }
+        }
+        a.only.clone()
+    };
+    let cases = ipc::cases(&mechs, a.common.cpus, a.common.size)?;
+    let mut rows = measure(cases, &a.common)?;
+    if mechs.iter().any(|m| m == "stack-switch") {
+        let cpus = a.common.cpus;
+        let iters = a.common.iters;
+        let r = std::thread::spawn(move || ipc::stack_switch(iters, cpus.0))
+            .join()
+            .map_err(|_| Fail::new(libc::EIO, "stack-switch thread panicked"))??;
+        rows.push(r);
+    }
+    if a.common.json {
+        stats::print_json(&rows);
+    } else {
+        stats::print_table(
+            &format!("fastwake bench ipc — {}", a.common.placement_note()),
+            &rows,
+        );
+    }
+    Ok(())
+}

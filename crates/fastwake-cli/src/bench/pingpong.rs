@@ -1,0 +1,89 @@
+//! `fastwake bench pingpong`: one source, several wait modes, one run.
+
+use super::harness::{Case, End, Placement};
+use super::{Common, measure, sources, stats};
+use fastwake::source::channel::Doorbell;
+use fastwake::{Fail, Result, WaitMode};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    /// Wait modes to compare, comma separated: poll, interrupt, hybrid,
+    /// hybrid:<N>us.
+    #[arg(long, value_delimiter = ',', default_value = "poll,interrupt,hybrid")]
+    pub mode: Vec<String>,
+    /// Completion source.
+    #[arg(long, default_value = "channel")]
+    pub source: String,
+    /// Channel doorbell: futex or eventfd.
+    #[arg(long, default_value = "futex")]
+    pub doorbell: String,
+}
+
+fn parse_doorbell(s: &str) -> Result<Doorbell> {
+    match s {
+        "futex" => Ok(Doorbell::Futex),
+        "eventfd" => Ok(Doorbell::EventFd),
+        _ => Err(Fail::invalid(format!(
+            "unknown doorbell '{s}': expected futex or eventfd"
+        ))),
+    }
+}
+
+fn ends(
+    source: &str,
+    mode: WaitMode,
+    size: usize,
+    doorbell: Doorbell,
+) -> Result<(Box<dyn End>, Box<dyn End>)> {
+    match source {
+        "channel" => {
+            let (a, b) = sources::channel::pair(mode, size, doorbell)?;
+            Ok((Box::new(a), Box::new(b)))
+        }
+        other => Err(Fail::invalid(format!(
+            "unknown source '{other}': this build supports: channel"
+        ))),
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    a.common.validate()?;
+    let doorbell = parse_doorbell(&a.doorbell)?;
+    let modes = a
+        .mode
+        .iter()
+        .map(|m| m.parse::<WaitMode>())
+        .collect::<Result<Vec<_>>>()?;
+    let placement = Placement {
+        ping_cpu: a.common.cpus.0,
+        pong_cpu: a.common.cpus.1,
+    };
+    let mut cases = Vec::new();
+    for m in &modes {
+        let (ping, pong) = ends(&a.source, *m, a.common.size, doorbell)?;
+        cases.push(Case {
+            source: a.source.clone(),
+            mode: m.to_string(),
+            placement,
+            size: a.common.size,
+            ping,
+            pong,
+        });
+    }
+    let rows = measure(cases, &a.common)?;
+    if a.common.json {
+        stats::print_json(&rows);
+    } else {
+        stats::print_table(
+            &format!(
+                "fastwake bench pingpong — source {} — {}",
+                a.source,
+                a.common.placement_note()
+            ),
+            &rows,
+        );
+    }
+    Ok(())
+}
