@@ -37,8 +37,10 @@ fn main() {
             // usage and a hint on further lines.
             let text = e.render().to_string();
             let first = text.lines().next().unwrap_or("bad arguments");
-            eprintln!("fastwake: {}", first.trim_start_matches("error: ").trim());
-            eprintln!("fastwake: try 'fastwake --help'");
+            eprintln!(
+                "fastwake: error: {} (see 'fastwake --help')",
+                first.trim_start_matches("error: ").trim()
+            );
             std::process::exit(2);
         }
     };
