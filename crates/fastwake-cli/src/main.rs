@@ -1,6 +1,7 @@
 //! The `fastwake` command.
 
 mod bench;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -20,6 +21,9 @@ enum Cmd {
     /// Measure wake-up latency and CPU cost (perftest-style columns).
     #[command(subcommand)]
     Bench(bench::Bench),
+    /// Run an unmodified program under the preload shim (LD_PRELOAD), with
+    /// a wait mode for its epoll_wait/poll/select calls.
+    Run(run::Args),
 }
 
 fn main() {
@@ -46,6 +50,7 @@ fn main() {
     };
     let r = match cli.cmd {
         Cmd::Bench(b) => bench::run(b),
+        Cmd::Run(a) => run::run(a),
     };
     if let Err(e) = r {
         eprintln!("fastwake: error: {e}");
