@@ -16,10 +16,26 @@
 //!   handlers (a hook entered from a signal handler passes through).
 //!
 //! Modules: [`config`] (environment), [`real`] (the next definitions of the
-//! hooked symbols).
+//! hooked symbols), [`wait`] (the spin-then-block engine every hook uses),
+//! [`budget`] (the adaptive budget), [`peer`] (the peer's CPU), and one
+//! module per family of hooked calls: [`epoll`], [`poll`].
 
+pub mod budget;
 pub mod config;
+pub mod epoll;
+pub mod peer;
+pub mod poll;
 pub mod real;
+pub mod wait;
+
+/// Run a hook body; if it panics (it should not), make the plain call
+/// instead of unwinding into C.
+pub fn guarded<R>(body: impl FnOnce() -> R, plain: impl FnOnce() -> R) -> R {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(_) => plain(),
+    }
+}
 
 /// Write one line to stderr with a raw syscall (no stdio lock, no hooks).
 pub fn diag(line: &str) {
@@ -63,8 +79,22 @@ extern "C" fn init() {
 }
 
 /// Resolve the real functions of every hook module.
-fn hooks_resolve() {}
+fn hooks_resolve() {
+    epoll::resolve();
+    poll::resolve();
+}
 
 #[used]
 #[unsafe(link_section = ".init_array")]
 static INIT: extern "C" fn() = init;
+
+/// Runs at exit (and at dlclose): the counters, when verbose.
+extern "C" fn fini() {
+    if config::verbose() {
+        let _ = std::panic::catch_unwind(wait::report);
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static FINI: extern "C" fn() = fini;

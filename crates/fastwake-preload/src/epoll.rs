@@ -1,0 +1,153 @@
+//! epoll interposition: `epoll_wait`, `epoll_pwait` (through the wait
+//! engine) and `epoll_ctl` (passed through, noting which registrations use
+//! the data.fd convention, for the peer-CPU sample).
+
+use crate::real::Sym;
+use crate::{peer, wait};
+use libc::epoll_event;
+use std::ffi::{c_int, c_long};
+
+static EPOLL_WAIT: Sym = Sym::new(c"epoll_wait");
+static EPOLL_PWAIT: Sym = Sym::new(c"epoll_pwait");
+static EPOLL_CTL: Sym = Sym::new(c"epoll_ctl");
+
+type EpollWaitFn = unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int) -> c_int;
+type EpollPwaitFn =
+    unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
+type EpollCtlFn = unsafe extern "C" fn(c_int, c_int, c_int, *mut epoll_event) -> c_int;
+
+/// Resolve the real functions (from the library constructor).
+pub fn resolve() {
+    EPOLL_WAIT.get();
+    EPOLL_PWAIT.get();
+    EPOLL_CTL.get();
+}
+
+/// `epoll_pwait` with a zero timeout as a raw syscall (never our hook).
+fn probe(epfd: c_int, ev: *mut epoll_event, max: c_int, mask: *const u64) -> c_int {
+    // SAFETY: the caller's own arguments, as the real call would get them;
+    // sigsetsize 8 is the kernel's sigset size (a null mask is allowed).
+    unsafe {
+        libc::syscall(
+            libc::SYS_epoll_pwait,
+            epfd as c_long,
+            ev,
+            max as c_long,
+            0 as c_long,
+            mask,
+            8 as c_long,
+        ) as c_int
+    }
+}
+
+/// An fd among the first returned event, if registered as data.fd.
+fn first_fd(ev: *mut epoll_event, n: c_int) -> Option<c_int> {
+    if n <= 0 {
+        return None;
+    }
+    // SAFETY: the kernel filled at least one event at `ev`.
+    let data = unsafe { std::ptr::addr_of!((*ev).u64).read_unaligned() };
+    peer::fd_of_data(data)
+}
+
+fn enosys() -> c_int {
+    // SAFETY: the thread's errno slot.
+    unsafe { *libc::__errno_location() = libc::ENOSYS };
+    -1
+}
+
+/// # Safety
+/// The libc contract of `epoll_wait`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+) -> c_int {
+    let a = EPOLL_WAIT.get();
+    if a == 0 {
+        return enosys();
+    }
+    // SAFETY: `a` is the address dlsym returned for this very symbol.
+    let real: EpollWaitFn = unsafe { std::mem::transmute(a) };
+    if events.is_null() || maxevents <= 0 {
+        // SAFETY: the caller's arguments, unchanged (the kernel rejects them).
+        return unsafe { real(epfd, events, maxevents, timeout) };
+    }
+    let go = || {
+        wait::wait(
+            timeout,
+            std::ptr::null(),
+            |m| probe(epfd, events, maxevents, m),
+            // SAFETY: the caller's arguments with the remaining timeout.
+            |t| unsafe { real(epfd, events, maxevents, t) },
+            || first_fd(events, 1),
+        )
+    };
+    crate::guarded(go, || {
+        // SAFETY: as above.
+        unsafe { real(epfd, events, maxevents, timeout) }
+    })
+}
+
+/// # Safety
+/// The libc contract of `epoll_pwait`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let a = EPOLL_PWAIT.get();
+    if a == 0 {
+        return enosys();
+    }
+    // SAFETY: `a` is the address dlsym returned for this very symbol.
+    let real: EpollPwaitFn = unsafe { std::mem::transmute(a) };
+    if events.is_null() || maxevents <= 0 {
+        // SAFETY: the caller's arguments, unchanged.
+        return unsafe { real(epfd, events, maxevents, timeout, sigmask) };
+    }
+    let go = || {
+        wait::wait(
+            timeout,
+            sigmask.cast(),
+            |m| probe(epfd, events, maxevents, m),
+            // SAFETY: the caller's arguments with the remaining timeout.
+            |t| unsafe { real(epfd, events, maxevents, t, sigmask) },
+            || first_fd(events, 1),
+        )
+    };
+    crate::guarded(go, || {
+        // SAFETY: as above.
+        unsafe { real(epfd, events, maxevents, timeout, sigmask) }
+    })
+}
+
+/// # Safety
+/// The libc contract of `epoll_ctl`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    event: *mut epoll_event,
+) -> c_int {
+    let a = EPOLL_CTL.get();
+    if a == 0 {
+        return enosys();
+    }
+    // SAFETY: `a` is the address dlsym returned for this very symbol.
+    let real: EpollCtlFn = unsafe { std::mem::transmute(a) };
+    // SAFETY: the caller's arguments, unchanged.
+    let r = unsafe { real(epfd, op, fd, event) };
+    if r == 0 && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD) && !event.is_null() {
+        // SAFETY: the call succeeded, so `event` pointed to a readable event.
+        let data = unsafe { std::ptr::addr_of!((*event).u64).read_unaligned() };
+        peer::note_registered(fd, data);
+    }
+    r
+}

@@ -1,0 +1,118 @@
+//! poll interposition: `poll` and its fortified form `__poll_chk` (through
+//! the wait engine). `ppoll` is passed through (not interposed).
+
+use crate::real::Sym;
+use crate::wait;
+use libc::{nfds_t, pollfd};
+use std::ffi::{c_int, c_long};
+
+static POLL: Sym = Sym::new(c"poll");
+static POLL_CHK: Sym = Sym::new(c"__poll_chk");
+
+type PollFn = unsafe extern "C" fn(*mut pollfd, nfds_t, c_int) -> c_int;
+type PollChkFn = unsafe extern "C" fn(*mut pollfd, nfds_t, c_int, usize) -> c_int;
+
+/// Resolve the real functions (from the library constructor).
+pub fn resolve() {
+    POLL.get();
+    POLL_CHK.get();
+}
+
+/// `ppoll` with a zero timeout as a raw syscall (never our hook).
+fn probe(fds: *mut pollfd, nfds: nfds_t, mask: *const u64) -> c_int {
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: the caller's fds as the real call would get them, a live
+    // zero timespec, an 8-byte kernel sigset or null.
+    unsafe {
+        libc::syscall(
+            libc::SYS_ppoll,
+            fds,
+            nfds as c_long,
+            &zero as *const libc::timespec,
+            mask,
+            8 as c_long,
+        ) as c_int
+    }
+}
+
+/// The first readable fd, for the peer-CPU sample.
+fn readable_fd(fds: *mut pollfd, nfds: nfds_t) -> Option<c_int> {
+    // SAFETY: the caller passed `nfds` pollfds at `fds` (checked non-null).
+    let s = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
+    s.iter()
+        .find(|p| p.fd >= 0 && p.revents & libc::POLLIN != 0)
+        .map(|p| p.fd)
+}
+
+fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_int {
+    if fds.is_null() || nfds == 0 {
+        // Nothing to watch: a plain sleep (or EFAULT); the real call does it.
+        // SAFETY: the caller's arguments, unchanged.
+        return unsafe { real(fds, nfds, timeout) };
+    }
+    let go = || {
+        wait::wait(
+            timeout,
+            std::ptr::null(),
+            |m| probe(fds, nfds, m),
+            // SAFETY: the caller's arguments with the remaining timeout.
+            |t| unsafe { real(fds, nfds, t) },
+            || readable_fd(fds, nfds),
+        )
+    };
+    crate::guarded(go, || {
+        // SAFETY: as above.
+        unsafe { real(fds, nfds, timeout) }
+    })
+}
+
+fn real_poll() -> Option<PollFn> {
+    let a = POLL.get();
+    // SAFETY: `a` is the address dlsym returned for `poll`.
+    (a != 0).then(|| unsafe { std::mem::transmute::<usize, PollFn>(a) })
+}
+
+fn enosys() -> c_int {
+    // SAFETY: the thread's errno slot.
+    unsafe { *libc::__errno_location() = libc::ENOSYS };
+    -1
+}
+
+/// # Safety
+/// The libc contract of `poll`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
+    match real_poll() {
+        Some(real) => intercept(fds, nfds, timeout, real),
+        None => enosys(),
+    }
+}
+
+/// # Safety
+/// The libc contract of `__poll_chk` (what `poll` becomes under
+/// `_FORTIFY_SOURCE`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    timeout: c_int,
+    fdslen: usize,
+) -> c_int {
+    let too_many = (nfds as usize)
+        .checked_mul(std::mem::size_of::<pollfd>())
+        .is_none_or(|b| b > fdslen);
+    let a = POLL_CHK.get();
+    match real_poll() {
+        Some(real) if !too_many => intercept(fds, nfds, timeout, real),
+        _ if a != 0 => {
+            // Let glibc's own check abort the program, as without the shim.
+            // SAFETY: `a` is dlsym's address for `__poll_chk`; the
+            // caller's arguments, unchanged.
+            unsafe { std::mem::transmute::<usize, PollChkFn>(a)(fds, nfds, timeout, fdslen) }
+        }
+        _ => enosys(),
+    }
+}

@@ -1,0 +1,299 @@
+//! The one wait engine every hook uses: look once, maybe spin within the
+//! budget, then make the real (blocking) call for what is left of the
+//! timeout.
+//!
+//! Semantics the engine keeps, whatever the mode:
+//! - a zero timeout never spins: the real call is made as is;
+//! - a wait returns as soon as something is ready, with what the kernel
+//!   reported, or after its timeout, give or take the spin (the remaining
+//!   time is rounded *up* to the next millisecond, so a wait is never
+//!   shorter than asked and at most one spin budget longer);
+//! - signals: while spinning, all asynchronous signals are blocked in user
+//!   space and each zero-timeout look runs with the caller's mask (its own,
+//!   or the one it passed to `epoll_pwait`), so a signal is handled inside
+//!   the look and the wait returns -1/EINTR exactly where the plain call
+//!   would have;
+//! - a hook entered while the thread is already inside one (a signal
+//!   handler that polls) passes through.
+
+use crate::budget::{Controller, InterArrival};
+use crate::config::{self, Mode};
+use crate::peer;
+use std::cell::RefCell;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Spins shorter than this are not worth blocking signals for.
+const MIN_SPIN_NS: u64 = 1_000;
+/// CPU-cap bucket: spinning may burst this long before the cap's average
+/// rate applies.
+const BUCKET_NS: i64 = 5_000_000;
+/// Sample the peer's CPU on one wait in this many.
+const SAMPLE_EVERY: u32 = 16;
+const NO_CPU: u32 = u32::MAX;
+
+/// Signals the engine never blocks: glibc's internal ones (32, 33: thread
+/// cancellation and set*id broadcast, which other threads wait for) and the
+/// synchronous faults, which the kernel would turn into a kill if blocked.
+const NEVER_BLOCK: u64 = bit(32)
+    | bit(33)
+    | bit(libc::SIGSEGV)
+    | bit(libc::SIGBUS)
+    | bit(libc::SIGFPE)
+    | bit(libc::SIGILL)
+    | bit(libc::SIGTRAP)
+    | bit(libc::SIGSYS);
+
+const fn bit(sig: c_int) -> u64 {
+    1u64 << (sig - 1)
+}
+
+struct Thread {
+    last_ns: u64,
+    tokens: i64,
+    ctl: InterArrival,
+    peer_cpu: u32,
+    waits: u32,
+}
+
+thread_local! {
+    // Const-initialised and without Drop: no lazy initialisation, no
+    // destructor registration, safe to touch from any hook at any time.
+    static THREAD: RefCell<Thread> = const {
+        RefCell::new(Thread {
+            last_ns: 0,
+            tokens: BUCKET_NS,
+            ctl: InterArrival::new(),
+            peer_cpu: NO_CPU,
+            waits: 0,
+        })
+    };
+}
+
+/// Counters, kept only when FASTWAKE_VERBOSE=1.
+pub struct Stats {
+    pub waits: AtomicU64,
+    pub spins: AtomicU64,
+    pub spin_hits: AtomicU64,
+    pub spin_ns: AtomicU64,
+    pub same_cpu: AtomicU64,
+    pub capped: AtomicU64,
+    pub blocked: AtomicU64,
+}
+
+pub static STATS: Stats = Stats {
+    waits: AtomicU64::new(0),
+    spins: AtomicU64::new(0),
+    spin_hits: AtomicU64::new(0),
+    spin_ns: AtomicU64::new(0),
+    same_cpu: AtomicU64::new(0),
+    capped: AtomicU64::new(0),
+    blocked: AtomicU64::new(0),
+};
+
+fn count(c: &AtomicU64, n: u64) {
+    if config::verbose() {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Monotonic time in ns (vDSO, no syscall, no hook).
+pub fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+}
+
+fn sigmask(how: c_int, set: *const u64, old: *mut u64) {
+    // SAFETY: rt_sigprocmask with 8-byte kernel sigsets; `set` and `old`
+    // point to live u64s (or are null, which the kernel accepts). A raw
+    // syscall, so no libc wrapper that could be hooked.
+    unsafe {
+        libc::syscall(libc::SYS_rt_sigprocmask, how, set, old, 8usize);
+    }
+}
+
+fn errno() -> c_int {
+    // SAFETY: __errno_location returns the calling thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// One intercepted wait.
+///
+/// - `probe(mask)`: the wait with a zero timeout, run with kernel sigmask
+///   `mask` (null: leave the mask alone); returns like libc (n, or -1 with
+///   errno).
+/// - `real(timeout_ms)`: the real blocking call.
+/// - `ready_fd()`: after a wait returned events, an fd among them that may
+///   be a socket (for the peer-CPU sample).
+/// - `user_mask`: the sigmask the caller passed (epoll_pwait), or null.
+pub fn wait(
+    timeout_ms: c_int,
+    user_mask: *const u64,
+    mut probe: impl FnMut(*const u64) -> c_int,
+    real: impl FnOnce(c_int) -> c_int,
+    ready_fd: impl FnOnce() -> Option<c_int>,
+) -> c_int {
+    let mode = config::mode();
+    if timeout_ms == 0 || !mode.spins() {
+        return real(timeout_ms);
+    }
+    let mut real = Some(real);
+    let done = THREAD
+        .try_with(|t| {
+            // Busy: re-entered from a signal handler while this thread waits.
+            let mut t = t.try_borrow_mut().ok()?;
+            let real = real.take()?;
+            Some(engine(
+                &mut t, mode, timeout_ms, user_mask, &mut probe, real, ready_fd,
+            ))
+        })
+        .ok()
+        .flatten();
+    match (done, real.take()) {
+        (Some(n), _) => n,
+        (None, Some(real)) => real(timeout_ms),
+        // Not reachable: `real` is taken only on the way into the engine.
+        (None, None) => real_unreachable(),
+    }
+}
+
+#[cold]
+fn real_unreachable() -> c_int {
+    set_errno(libc::EINTR);
+    -1
+}
+
+fn engine(
+    t: &mut Thread,
+    mode: Mode,
+    timeout_ms: c_int,
+    user_mask: *const u64,
+    probe: &mut impl FnMut(*const u64) -> c_int,
+    real: impl FnOnce(c_int) -> c_int,
+    ready_fd: impl FnOnce() -> Option<c_int>,
+) -> c_int {
+    count(&STATS.waits, 1);
+    // First look: exactly the plain call with a zero timeout. A signal
+    // handled around it is indistinguishable from one handled just before
+    // or after the plain call.
+    let r = probe(user_mask);
+    if r != 0 {
+        return r;
+    }
+    let t0 = now_ns();
+    refill(t, t0);
+    let ceiling = config::budget_ns();
+    let timeout_ns = (timeout_ms > 0).then(|| timeout_ms as u64 * 1_000_000);
+    let mut budget = match mode {
+        Mode::Poll => timeout_ns.unwrap_or(u64::MAX),
+        Mode::Hybrid => ceiling,
+        Mode::Adaptive => t.ctl.budget_ns(ceiling),
+        Mode::Off | Mode::Interrupt => 0,
+    };
+    if let Some(tn) = timeout_ns {
+        budget = budget.min(tn);
+    }
+    if budget > 0 && t.peer_cpu != NO_CPU && Some(t.peer_cpu) == peer::current_cpu() {
+        count(&STATS.same_cpu, 1);
+        budget = 0;
+    }
+    if budget > t.tokens.max(0) as u64 {
+        count(&STATS.capped, 1);
+        budget = t.tokens.max(0) as u64;
+    }
+    let r;
+    if budget >= MIN_SPIN_NS {
+        count(&STATS.spins, 1);
+        let block: u64 = !NEVER_BLOCK;
+        let mut old: u64 = 0;
+        sigmask(libc::SIG_SETMASK, &block, &mut old);
+        let eff: *const u64 = if user_mask.is_null() { &old } else { user_mask };
+        let mut n;
+        loop {
+            n = probe(eff);
+            if n != 0 || now_ns().wrapping_sub(t0) >= budget {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let e = errno();
+        sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        set_errno(e);
+        let spun = now_ns().wrapping_sub(t0);
+        t.tokens = t.tokens.saturating_sub(spun.min(i64::MAX as u64) as i64);
+        count(&STATS.spin_ns, spun);
+        if n > 0 {
+            count(&STATS.spin_hits, 1);
+            t.ctl.record(spun);
+            sample(t, ready_fd);
+            return n;
+        }
+        if n < 0 {
+            return n;
+        }
+        // Nothing within the budget: block for what is left.
+        let left = match timeout_ns {
+            None => -1,
+            Some(tn) => {
+                if spun >= tn {
+                    return 0;
+                }
+                (tn - spun).div_ceil(1_000_000).min(c_int::MAX as u64) as c_int
+            }
+        };
+        count(&STATS.blocked, 1);
+        r = real(left);
+    } else {
+        count(&STATS.blocked, 1);
+        r = real(timeout_ms);
+    }
+    if r > 0 {
+        t.ctl.record(now_ns().wrapping_sub(t0));
+        sample(t, ready_fd);
+    }
+    r
+}
+
+/// Refill the CPU-cap bucket for the wall time since the last wait.
+fn refill(t: &mut Thread, now: u64) {
+    let cap = config::cap_ppm() as u64;
+    if t.last_ns != 0 {
+        let dt = now.saturating_sub(t.last_ns).min(BUCKET_NS as u64);
+        let add = (dt * cap / 1_000_000) as i64;
+        t.tokens = t.tokens.saturating_add(add).min(BUCKET_NS);
+    }
+    t.last_ns = now;
+}
+
+fn sample(t: &mut Thread, ready_fd: impl FnOnce() -> Option<c_int>) {
+    t.waits = t.waits.wrapping_add(1);
+    if t.waits % SAMPLE_EVERY == 1
+        && let Some(fd) = ready_fd()
+    {
+        t.peer_cpu = peer::incoming_cpu(fd).unwrap_or(NO_CPU);
+    }
+}
+
+/// Print the counters (FASTWAKE_VERBOSE=1), at exit.
+pub fn report() {
+    let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let s = &STATS;
+    crate::diag(&format!(
+        "pid={} waits={} spins={} spin_hits={} spin_ms={:.3} blocked={} same_cpu_skips={} capped={}",
+        std::process::id(),
+        l(&s.waits),
+        l(&s.spins),
+        l(&s.spin_hits),
+        l(&s.spin_ns) as f64 / 1e6,
+        l(&s.blocked),
+        l(&s.same_cpu),
+        l(&s.capped)
+    ));
+}
