@@ -12,13 +12,16 @@
 //!
 //! Layout (one concept per module):
 //! - [`source`]: the completion-source contract and its implementations
-//!   ([`source::channel`]: the shared-memory ring with a doorbell).
+//!   ([`source::channel`]: the shared-memory ring with a doorbell;
+//!   [`source::verbs`]: an RDMA CQ with its completion channel).
 //! - [`wait`]: wait modes and the [`wait::Waiter`] that applies them.
 //! - [`cpu`]: CPU placement helpers (pinning, current CPU).
+//! - [`affinity`]: completion-vector / IRQ placement for RDMA CQs.
 //! - [`Fail`]: the error type.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod affinity;
 pub mod cpu;
 mod error;
 pub mod source;

@@ -19,6 +19,14 @@ pub struct Args {
     /// Channel doorbell: futex or eventfd.
     #[arg(long, default_value = "futex")]
     pub doorbell: String,
+    /// RDMA device for `--source verbs` (default: the first one).
+    #[arg(long)]
+    pub dev: Option<String>,
+    /// `--source verbs`: when a waiter runs on another CPU than its CQ's
+    /// completion signal: report, thread (move the thread) or irq (move the
+    /// IRQ; root only).
+    #[arg(long, default_value = "report")]
+    pub replace: String,
 }
 
 fn parse_doorbell(s: &str) -> Result<Doorbell> {
@@ -32,18 +40,23 @@ fn parse_doorbell(s: &str) -> Result<Doorbell> {
 }
 
 fn ends(
-    source: &str,
+    a: &Args,
     mode: WaitMode,
     size: usize,
     doorbell: Doorbell,
 ) -> Result<(Box<dyn End>, Box<dyn End>)> {
-    match source {
+    match a.source.as_str() {
         "channel" => {
             let (a, b) = sources::channel::pair(mode, size, doorbell)?;
             Ok((Box::new(a), Box::new(b)))
         }
+        "verbs" => {
+            let policy = a.replace.parse()?;
+            let (p, q) = sources::verbs::pair(a.dev.as_deref(), mode, size, a.common.cpus, policy)?;
+            Ok((Box::new(p), Box::new(q)))
+        }
         other => Err(Fail::invalid(format!(
-            "unknown source '{other}': this build supports: channel"
+            "unknown source '{other}': this build supports: channel, verbs"
         ))),
     }
 }
@@ -62,7 +75,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let mut cases = Vec::new();
     for m in &modes {
-        let (ping, pong) = ends(&a.source, *m, a.common.size, doorbell)?;
+        let (ping, pong) = ends(&a, *m, a.common.size, doorbell)?;
         cases.push(Case {
             source: a.source.clone(),
             mode: m.to_string(),

@@ -31,6 +31,7 @@
 //! a thread to sleep without the re-check.
 
 pub mod channel;
+pub mod verbs;
 
 use crate::Result;
 use std::os::fd::BorrowedFd;

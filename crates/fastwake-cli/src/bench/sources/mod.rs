@@ -3,3 +3,4 @@
 //! works the same way for every source.
 
 pub mod channel;
+pub mod verbs;

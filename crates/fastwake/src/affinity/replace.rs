@@ -1,0 +1,149 @@
+//! Lazy re-placement at wait time.
+
+use super::Placement;
+use crate::{Fail, Result};
+use std::str::FromStr;
+
+/// What to do when a waiter runs on another CPU than its CQ's signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Only record the mismatch.
+    #[default]
+    Report,
+    /// Pin the waiting thread to the signal's CPU.
+    Thread,
+    /// Move the vector's IRQ to the waiter's CPU (`/proc/irq/N/smp_affinity_list`;
+    /// root only; moves every CQ on that vector). Must be chosen explicitly;
+    /// if the kernel refuses, the refusal is reported and nothing moves.
+    Irq,
+}
+
+impl FromStr for Policy {
+    type Err = Fail;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "report" | "off" | "none" => Ok(Policy::Report),
+            "thread" => Ok(Policy::Thread),
+            "irq" => Ok(Policy::Irq),
+            o => Err(Fail::invalid(format!(
+                "unknown re-placement policy '{o}': expected report, thread or irq"
+            ))),
+        }
+    }
+}
+
+/// One re-placement (or a refused/recorded one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replacement {
+    /// Where the waiter was found.
+    pub waiter_cpu: u32,
+    /// Where the signal was expected.
+    pub signal_cpu: u32,
+    /// What was done: `"recorded"`, `"thread-moved"`, `"irq-moved"`, or
+    /// `"refused: <why>"`.
+    pub action: String,
+}
+
+impl std::fmt::Display for Replacement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "waiter on cpu {} but signal on cpu {}: {}",
+            self.waiter_cpu, self.signal_cpu, self.action
+        )
+    }
+}
+
+/// Per-CQ re-placement state. [`Replacer::check`] costs one `sched_getcpu`
+/// (rseq, no syscall) when nothing changed.
+#[derive(Debug, Clone)]
+pub struct Replacer {
+    policy: Policy,
+    placement: Placement,
+    last_seen: Option<u32>,
+    log: Vec<Replacement>,
+    /// Events beyond this many are counted but not kept.
+    max_log: usize,
+    dropped: u64,
+}
+
+impl Replacer {
+    /// Start from a CQ's creation-time placement.
+    pub fn new(placement: Placement, policy: Policy) -> Self {
+        Replacer {
+            policy,
+            placement,
+            last_seen: None,
+            log: Vec::new(),
+            max_log: 64,
+            dropped: 0,
+        }
+    }
+
+    /// The current placement.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Re-placements so far (the first 64) and how many more were dropped.
+    pub fn log(&self) -> (&[Replacement], u64) {
+        (&self.log, self.dropped)
+    }
+
+    /// Called on the way to sleep. Returns the re-placement it made, if any.
+    pub fn check(&mut self) -> Option<&Replacement> {
+        let now = crate::cpu::current()?;
+        if self.last_seen == Some(now) {
+            return None;
+        }
+        self.last_seen = Some(now);
+        let signal = self.placement.cpu?;
+        if signal == now {
+            return None;
+        }
+        let action = match self.policy {
+            Policy::Report => "recorded".to_string(),
+            Policy::Thread => match crate::cpu::pin(signal) {
+                Ok(()) => {
+                    self.last_seen = Some(signal);
+                    "thread-moved".into()
+                }
+                Err(e) => format!("refused: {e}"),
+            },
+            Policy::Irq => match self.placement.irq {
+                None => "refused: the vector has no IRQ to move".into(),
+                Some(irq) => match move_irq(irq, now) {
+                    Ok(()) => {
+                        self.placement.cpu = Some(now);
+                        "irq-moved".into()
+                    }
+                    Err(e) => format!("refused: {e}"),
+                },
+            },
+        };
+        let r = Replacement {
+            waiter_cpu: now,
+            signal_cpu: signal,
+            action,
+        };
+        if self.log.len() < self.max_log {
+            self.log.push(r);
+            self.log.last()
+        } else {
+            self.dropped += 1;
+            None
+        }
+    }
+}
+
+/// Point IRQ `irq` at `cpu`. Needs root (CAP_SYS_ADMIN) and an IRQ the
+/// kernel lets user space steer (managed IRQs refuse with EIO).
+pub fn move_irq(irq: u32, cpu: u32) -> Result<()> {
+    let path = format!("/proc/irq/{irq}/smp_affinity_list");
+    std::fs::write(&path, format!("{cpu}\n")).map_err(|e| {
+        Fail::new(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!("write {path}: {e}"),
+        )
+    })
+}

@@ -1,0 +1,328 @@
+//! The verbs completion source: a CQ with its own completion channel.
+//!
+//! Control path (`VerbsCq::new`, `Drop`) creates the channel and the CQ on the
+//! chosen completion vector and tears them down acking every event first
+//! (`ibv_destroy_cq` blocks forever on unacked events). Data path:
+//!
+//! - peek ([`Source::ready`]): `poll_cq` into a small stash. For rxe and mlx5
+//!   polling reads a user-mapped queue, no syscall. A CQE that was looked at
+//!   is never lost: it waits in the stash for [`Source::try_take`].
+//! - arm: `req_notify_cq(cq, 0)` (one-shot; leaving it armed is harmless, it
+//!   only causes one event that the next sleep consumes).
+//! - sleep: `poll(2)` on the channel fd (non-blocking), then one
+//!   `ibv_get_cq_event`. An event may bring no CQE (rdma-core allows that, and
+//!   an arm left over from an earlier wait produces one); it is tolerated.
+//!   Events are acked in batches: `ibv_ack_cq_events` takes the CQ's mutex,
+//!   so one ack per event would add a lock round trip to every wake-up.
+
+use super::device::{Device, errno};
+use super::sys::*;
+use crate::affinity::{self, Placement, Policy, Replacement, Replacer, VectorMap};
+use crate::source::{Rechecked, Source};
+use crate::{Fail, Result};
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One work completion (`struct ibv_wc`).
+pub type Wc = ibv_wc;
+
+/// How many CQEs one peek pulls into the stash at most.
+const POLL_BATCH: usize = 16;
+
+/// Which completion vector to create a CQ on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vector {
+    /// The vector whose signal lands on this CPU (`None`: the creating
+    /// thread's current CPU). See [`crate::affinity`].
+    ForCpu(Option<u32>),
+    /// Exactly this vector.
+    Fixed(u32),
+}
+
+/// How to create a [`VerbsCq`].
+#[derive(Debug, Clone, Copy)]
+pub struct CqConfig {
+    /// Minimum CQ entries.
+    pub entries: u32,
+    /// Vector choice.
+    pub vector: Vector,
+    /// What to do when the waiter runs elsewhere than the CQ's signal.
+    pub policy: Policy,
+    /// Ack events after this many (≥ 1).
+    pub ack_batch: u32,
+}
+
+impl Default for CqConfig {
+    fn default() -> Self {
+        CqConfig {
+            entries: 256,
+            vector: Vector::ForCpu(None),
+            policy: Policy::Report,
+            ack_batch: 16,
+        }
+    }
+}
+
+/// Counters of one CQ's event path.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CqStats {
+    /// Completion events read from the channel.
+    pub events: u64,
+    /// `ibv_ack_cq_events` calls (each acks a batch).
+    pub ack_calls: u64,
+    /// Arms (`req_notify_cq`).
+    pub arms: u64,
+}
+
+/// A CQ with a completion channel, usable with every wait mode.
+pub struct VerbsCq {
+    dev: Arc<Device>,
+    cq: *mut ibv_cq,
+    channel: *mut ibv_comp_channel,
+    poll_fn: PollCqFn,
+    notify_fn: ReqNotifyCqFn,
+    stash: RefCell<VecDeque<Wc>>,
+    poll_error: Cell<Option<i32>>,
+    unacked: u32,
+    ack_batch: u32,
+    replacer: Replacer,
+    stats: CqStats,
+}
+
+// SAFETY: the CQ and channel belong to this value only; libibverbs objects
+// may be used from any thread. VerbsCq is not Sync (RefCell/Cell), so only one
+// thread uses it at a time.
+unsafe impl Send for VerbsCq {}
+
+impl VerbsCq {
+    /// Create a CQ of `cfg.entries` on `dev`, with its own completion channel
+    /// (non-blocking fd), on the vector `cfg.vector` asks for.
+    pub fn new(dev: &Arc<Device>, cfg: CqConfig) -> Result<VerbsCq> {
+        let lib = dev.lib;
+        let nvec = dev.num_comp_vectors();
+        let map = VectorMap::read(dev.name(), nvec);
+        let placement = match cfg.vector {
+            Vector::ForCpu(c) => affinity::choose_vector(&map, c),
+            Vector::Fixed(v) if v < nvec.max(1) => affinity::fixed_vector(&map, v),
+            Vector::Fixed(v) => {
+                return Err(Fail::invalid(format!(
+                    "completion vector {v} out of range: {} has {nvec}",
+                    dev.name()
+                )));
+            }
+        };
+        // SAFETY: the context is open for the lifetime of dev.
+        let ops = unsafe { &(*dev.ctx).ops };
+        let (Some(poll_fn), Some(notify_fn)) = (ops.poll_cq, ops.req_notify_cq) else {
+            return Err(Fail::unsupported(format!(
+                "{}: provider has no poll_cq/req_notify_cq (extended-CQ-only provider)",
+                dev.name()
+            )));
+        };
+        // SAFETY: ctx is open.
+        let channel = unsafe { (lib.create_comp_channel)(dev.ctx) };
+        if channel.is_null() {
+            return Err(Fail::new(errno(), "ibv_create_comp_channel failed"));
+        }
+        // SAFETY: channel is live; we own its fd for the channel's lifetime.
+        let fd = unsafe { BorrowedFd::borrow_raw((*channel).fd) };
+        let nb = rustix::fs::fcntl_getfl(fd)
+            .and_then(|fl| rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NONBLOCK));
+        // SAFETY: ctx and channel are live; cq_context is unused (null).
+        let cq = unsafe {
+            (lib.create_cq)(
+                dev.ctx,
+                cfg.entries.max(1) as i32,
+                std::ptr::null_mut(),
+                channel,
+                placement.vector as i32,
+            )
+        };
+        if cq.is_null() || nb.is_err() {
+            let e = match nb {
+                Err(e) => Fail::os("set completion channel non-blocking", e),
+                Ok(()) => Fail::new(
+                    errno(),
+                    format!(
+                        "ibv_create_cq({} entries, vector {}) failed: {}",
+                        cfg.entries,
+                        placement.vector,
+                        std::io::Error::last_os_error()
+                    ),
+                ),
+            };
+            // SAFETY: cq (if any) and channel were created above, nothing
+            // else refers to them.
+            unsafe {
+                if !cq.is_null() {
+                    (lib.destroy_cq)(cq);
+                }
+                (lib.destroy_comp_channel)(channel);
+            }
+            return Err(e);
+        }
+        Ok(VerbsCq {
+            dev: Arc::clone(dev),
+            cq,
+            channel,
+            poll_fn,
+            notify_fn,
+            stash: RefCell::new(VecDeque::with_capacity(POLL_BATCH)),
+            poll_error: Cell::new(None),
+            unacked: 0,
+            ack_batch: cfg.ack_batch.max(1),
+            replacer: Replacer::new(placement, cfg.policy),
+            stats: CqStats::default(),
+        })
+    }
+
+    /// The raw CQ, for creating QPs on it.
+    pub fn raw(&self) -> *mut ibv_cq {
+        self.cq
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
+    /// Where the CQ was placed (after any IRQ re-placement).
+    pub fn placement(&self) -> &Placement {
+        self.replacer.placement()
+    }
+
+    /// Re-placements made or recorded at wait time, and how many more were
+    /// not kept.
+    pub fn replacements(&self) -> (&[Replacement], u64) {
+        self.replacer.log()
+    }
+
+    /// Event-path counters.
+    pub fn stats(&self) -> CqStats {
+        self.stats
+    }
+
+    /// Poll the CQ into the stash. Returns false on a provider error (kept
+    /// for `try_take` to report).
+    fn fill(&self) {
+        let mut wc = [Wc::default(); POLL_BATCH];
+        // SAFETY: cq is live; wc has room for POLL_BATCH entries.
+        let n = unsafe { (self.poll_fn)(self.cq, POLL_BATCH as i32, wc.as_mut_ptr()) };
+        if n < 0 {
+            self.poll_error.set(Some(-n));
+            return;
+        }
+        self.stash.borrow_mut().extend(&wc[..n as usize]);
+    }
+
+    fn ack(&mut self) {
+        if self.unacked > 0 {
+            // SAFETY: cq is live and we read exactly `unacked` events for it.
+            unsafe { (self.dev.lib.ack_cq_events)(self.cq, self.unacked) };
+            self.unacked = 0;
+            self.stats.ack_calls += 1;
+        }
+    }
+}
+
+impl Source for VerbsCq {
+    type Completion = Wc;
+
+    fn name(&self) -> &'static str {
+        "verbs"
+    }
+
+    fn ready(&self) -> bool {
+        if !self.stash.borrow().is_empty() || self.poll_error.get().is_some() {
+            return true;
+        }
+        self.fill();
+        !self.stash.borrow().is_empty() || self.poll_error.get().is_some()
+    }
+
+    fn try_take(&mut self) -> Result<Option<Wc>> {
+        if let Some(e) = self.poll_error.take() {
+            return Err(Fail::new(e, format!("ibv_poll_cq failed (errno {e})")));
+        }
+        if let Some(w) = self.stash.get_mut().pop_front() {
+            return Ok(Some(w));
+        }
+        self.fill();
+        if let Some(e) = self.poll_error.take() {
+            return Err(Fail::new(e, format!("ibv_poll_cq failed (errno {e})")));
+        }
+        Ok(self.stash.get_mut().pop_front())
+    }
+
+    fn arm(&mut self) -> Result<()> {
+        self.replacer.check();
+        self.stats.arms += 1;
+        // SAFETY: cq is live.
+        let rc = unsafe { (self.notify_fn)(self.cq, 0) };
+        if rc != 0 {
+            return Err(Fail::new(
+                rc,
+                format!("ibv_req_notify_cq failed (errno {rc})"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> Result<()> {
+        // SAFETY: the channel outlives self's borrow.
+        let fd = unsafe { BorrowedFd::borrow_raw((*self.channel).fd) };
+        let mut pfd = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let ts = timeout.map(|t| rustix::time::Timespec {
+            tv_sec: t.as_secs() as _,
+            tv_nsec: t.subsec_nanos() as _,
+        });
+        match rustix::event::poll(&mut pfd, ts.as_ref()) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => return Ok(()),
+            Err(e) => return Err(Fail::os("poll completion channel", e)),
+        }
+        let mut ev_cq = std::ptr::null_mut();
+        let mut ev_ctx = std::ptr::null_mut();
+        // SAFETY: the channel is live and non-blocking; out-pointers valid.
+        let rc = unsafe { (self.dev.lib.get_cq_event)(self.channel, &mut ev_cq, &mut ev_ctx) };
+        if rc != 0 {
+            let e = errno();
+            if e == libc::EAGAIN || e == libc::EINTR {
+                return Ok(());
+            }
+            return Err(Fail::new(e, "ibv_get_cq_event failed"));
+        }
+        debug_assert_eq!(ev_cq, self.cq, "private channel delivers only our CQ");
+        self.stats.events += 1;
+        self.unacked += 1;
+        if self.unacked >= self.ack_batch {
+            self.ack();
+        }
+        Ok(())
+    }
+
+    fn notify_fd(&self) -> Option<BorrowedFd<'_>> {
+        // SAFETY: the channel (and its fd) lives as long as self.
+        Some(unsafe { BorrowedFd::borrow_raw((*self.channel).fd) })
+    }
+}
+
+impl Drop for VerbsCq {
+    fn drop(&mut self) {
+        // Every event read must be acked before destroy, or it blocks forever.
+        self.ack();
+        // SAFETY: QPs using this CQ are destroyed by their owners first; cq and
+        // channel were created in new() and are destroyed once.
+        unsafe {
+            (self.dev.lib.destroy_cq)(self.cq);
+            (self.dev.lib.destroy_comp_channel)(self.channel);
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! RDMA verbs completion source: a CQ plus its completion channel.
+//!
+//! libibverbs is loaded at run time ([`loader`]), so everything here builds
+//! and runs on hosts without rdma-core; there the first call returns one
+//! [`crate::Fail`] line ("no RDMA verbs: cannot load libibverbs.so.1 …" or
+//! "no RDMA device found …").
+//!
+//! Layout (control path vs data path, as in rdma-core):
+//! - [`sys`]: the hand-written `#[repr(C)]` verbs structs (ABI of
+//!   libibverbs.so.1; checked against the installed header by
+//!   `tests/verbs_abi.rs`).
+//! - [`loader`]: dlopen + versioned dlsym of the control-path entry points.
+//! - [`device`]: open a device, PD, port 1, GID choice.
+//! - [`cq`]: [`VerbsCq`], the [`crate::Source`]: peek = `poll_cq` into a
+//!   stash, arm = `req_notify_cq`, sleep = channel fd + `ibv_get_cq_event`
+//!   with batched acks; the completion vector comes from
+//!   [`crate::affinity`].
+//! - [`qp`]: RC QPs and registered memory, for SEND/RECV ping-pong.
+
+pub mod cq;
+pub mod device;
+pub mod loader;
+pub mod qp;
+pub mod sys;
+
+pub use cq::{CqConfig, CqStats, Vector, VerbsCq, Wc};
+pub use device::{Device, device_names};
+pub use qp::{Endpoint, Mr, RcQp};

@@ -1,0 +1,333 @@
+//! The few libibverbs types fastwake touches, written by hand.
+//!
+//! Why not a bindings crate: every bindgen-based one needs libclang (and most
+//! need rdma-core's headers) at build time, and the preload shim must not link
+//! a crate that *defines* `ibv_*` symbols. These structs follow rdma-core's
+//! `infiniband/verbs.h` (ABI of libibverbs.so.1, checked against rdma-core 44);
+//! `tests/verbs_abi.rs` compiles a C probe against the real header when it is
+//! installed and compares every size and offset used here.
+//!
+//! Only the leading, stable part of a struct is spelled out where that is all
+//! fastwake reads; such structs are only ever handled by pointer from the
+//! library, never allocated by us.
+#![allow(non_camel_case_types, missing_docs)]
+
+use std::ffi::{c_int, c_uint, c_void};
+
+/// `struct ibv_device`: opaque, read through `ibv_get_device_name`.
+#[repr(C)]
+pub struct ibv_device {
+    _opaque: [u8; 0],
+}
+
+/// `struct ibv_pd`: opaque.
+#[repr(C)]
+pub struct ibv_pd {
+    _opaque: [u8; 0],
+}
+
+pub type PollCqFn = unsafe extern "C" fn(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int;
+pub type ReqNotifyCqFn = unsafe extern "C" fn(cq: *mut ibv_cq, solicited_only: c_int) -> c_int;
+pub type PostSendFn = unsafe extern "C" fn(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int;
+pub type PostRecvFn = unsafe extern "C" fn(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int;
+
+/// `struct ibv_context_ops`: 32 function pointers. `ibv_poll_cq`,
+/// `ibv_req_notify_cq`, `ibv_post_send` and `ibv_post_recv` are `static
+/// inline` in verbs.h and call through these slots, so this table is both how
+/// fastwake calls them and what the preload shim wraps.
+#[repr(C)]
+pub struct ibv_context_ops {
+    /// Slots 0..=10 (`_compat_query_device` .. `_compat_create_cq`).
+    pub _before_poll: [usize; 11],
+    pub poll_cq: Option<PollCqFn>,
+    pub req_notify_cq: Option<ReqNotifyCqFn>,
+    /// Slots 13..=24 (`_compat_cq_event` .. `_compat_destroy_qp`).
+    pub _middle: [usize; 12],
+    pub post_send: Option<PostSendFn>,
+    pub post_recv: Option<PostRecvFn>,
+    /// Slots 27..=31 (`_compat_create_ah` .. `_compat_async_event`).
+    pub _after: [usize; 5],
+}
+
+/// `pthread_mutex_t` on x86_64/aarch64 glibc (40 bytes).
+pub type pthread_mutex_t = [u64; 5];
+/// `pthread_cond_t` (48 bytes).
+pub type pthread_cond_t = [u64; 6];
+
+/// `struct ibv_context`.
+#[repr(C)]
+pub struct ibv_context {
+    pub device: *mut ibv_device,
+    pub ops: ibv_context_ops,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: pthread_mutex_t,
+    pub abi_compat: *mut c_void,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+/// `struct ibv_cq`.
+#[repr(C)]
+pub struct ibv_cq {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+/// `struct ibv_wc`: one work completion.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ibv_wc {
+    pub wr_id: u64,
+    pub status: c_uint,
+    pub opcode: c_uint,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `imm_data` / `invalidated_rkey`.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: c_uint,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+pub struct ibv_mr {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// `struct ibv_qp`.
+#[repr(C)]
+pub struct ibv_qp {
+    pub context: *mut ibv_context,
+    pub qp_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut c_void,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: c_uint,
+    pub qp_type: c_uint,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_qp_cap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+pub struct ibv_qp_init_attr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut c_void,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_uint,
+    pub sq_sig_all: c_int,
+}
+
+/// `union ibv_gid`: 16 raw bytes (network order).
+#[repr(C, align(8))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_global_route {
+    pub dgid: ibv_gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_qp_attr {
+    pub qp_state: c_uint,
+    pub cur_qp_state: c_uint,
+    pub path_mtu: c_uint,
+    pub path_mig_state: c_uint,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_uint,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// `struct ibv_port_attr` (the full rdma-core ≥ 17 layout; the exported
+/// `ibv_query_port` fills the older, shorter prefix and we zero the rest).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_port_attr {
+    pub state: c_uint,
+    pub max_mtu: c_uint,
+    pub active_mtu: c_uint,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+/// `struct ibv_sge`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+pub struct ibv_recv_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_recv_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+}
+
+/// `struct ibv_send_wr`. The opcode-specific unions after `imm_data` are
+/// kept as opaque words: fastwake only posts plain SENDs.
+#[repr(C)]
+pub struct ibv_send_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_send_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub opcode: c_uint,
+    pub send_flags: c_uint,
+    pub imm_data: u32,
+    /// `wr` (rdma/atomic/ud), `qp_type`, `bind_mw`/`tso` unions.
+    pub _unions: [u64; 11],
+}
+
+pub const IBV_QPT_RC: c_uint = 2;
+pub const IBV_QPS_INIT: c_uint = 1;
+pub const IBV_QPS_RTR: c_uint = 2;
+pub const IBV_QPS_RTS: c_uint = 3;
+
+pub const IBV_QP_STATE: c_int = 1 << 0;
+pub const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+pub const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+pub const IBV_QP_PORT: c_int = 1 << 5;
+pub const IBV_QP_AV: c_int = 1 << 7;
+pub const IBV_QP_PATH_MTU: c_int = 1 << 8;
+pub const IBV_QP_TIMEOUT: c_int = 1 << 9;
+pub const IBV_QP_RETRY_CNT: c_int = 1 << 10;
+pub const IBV_QP_RNR_RETRY: c_int = 1 << 11;
+pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+pub const IBV_QP_RQ_PSN: c_int = 1 << 12;
+pub const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+pub const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
+pub const IBV_QP_SQ_PSN: c_int = 1 << 16;
+pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+
+pub const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
+pub const IBV_WR_SEND: c_uint = 2;
+pub const IBV_WR_SEND_WITH_IMM: c_uint = 3;
+pub const IBV_WC_WITH_IMM: c_uint = 1 << 1;
+pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
+pub const IBV_SEND_INLINE: c_uint = 1 << 3;
+pub const IBV_WC_SUCCESS: c_uint = 0;
+pub const IBV_WC_SEND: c_uint = 0;
+pub const IBV_WC_RECV: c_uint = 1 << 7;
+pub const IBV_MTU_1024: c_uint = 3;
+pub const IBV_PORT_ACTIVE: c_uint = 4;
+pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+
+/// The symbol versions libibverbs.so.1 exports (rdma-core ≥ 13).
+pub const V1_1: &std::ffi::CStr = c"IBVERBS_1.1";
+pub const V1_0: &std::ffi::CStr = c"IBVERBS_1.0";
