@@ -1,0 +1,138 @@
+#!/bin/bash
+# The rxe-test check list. Runs INSIDE the qemu guest, chrooted into the host
+# root (host bash, host rdma-core, host-built project binaries), as root,
+# started by scripts/rxe/init.sh. Prints one line per check:
+#   PASS name | FAIL name (reason) | SKIPPED name (reason)
+# The host (scripts/rxe-test) counts them and prints "rxe: N passed, M failed".
+#
+# TO ADD A CHECK: write a function check_xxx below (see scripts/rxe/guest-lib.sh
+# for the helpers and the contract) and add `rxe_check name check_xxx` to the
+# list at the bottom. Checks needing the project's binaries start with
+# `rxe_need_fastwake || return` / `rxe_need_preload || return`, so they print
+# SKIPPED (never PASS) when the binary is not built.
+#
+# Timings under TCG are meaningless: check correctness, and compare modes only
+# as ratios within one run (metrics.tsv in the results dir).
+set -u
+# init.sh passes RXE_ENV: the guest.env the host wrote into the results dir.
+set -a
+# shellcheck disable=SC1090
+. "${RXE_ENV:?run by scripts/rxe/init.sh inside the rxe-test guest}"
+set +a
+RXE_SELF_DIR=$(cd "$(dirname "$0")" && pwd)
+. "$RXE_SELF_DIR/guest-lib.sh"
+
+# ---- checks ------------------------------------------------------------------
+
+check_rxe_setup() {
+    local nic="" d
+    for d in /sys/class/net/*; do
+        [ -e "$d/device" ] && { nic=$(basename "$d"); break; }   # skip dummy0, lo, ...
+    done
+    [ -n "$nic" ] || { rxe_fail "no NIC with /sys/class/net/*/device"; return 1; }
+    ip link set lo up
+    ip addr add "$RXE_IP/24" dev "$nic" 2>/dev/null || true
+    ip link set "$nic" up || { rxe_fail "ip link set $nic up failed"; return 1; }
+    if [ ! -e "/sys/class/infiniband/$RXE_DEV" ]; then
+        rdma link add "$RXE_DEV" type rxe netdev "$nic" \
+            || { rxe_fail "rdma link add $RXE_DEV type rxe netdev $nic failed (is crc32_generic loaded?)"; return 1; }
+    fi
+    rdma link show
+    # GID index 1 must be the RoCE v2 IPv4-mapped address (-g 1 / -x 1 rely on it).
+    # Read indexes 0-7 only: scanning all GID entries is very slow under TCG.
+    local i gid="" n=0
+    while [ $n -lt 100 ]; do
+        gid=$(cat "/sys/class/infiniband/$RXE_DEV/ports/1/gids/$RXE_GID" 2>/dev/null)
+        [ "$gid" = "0000:0000:0000:0000:0000:ffff:$(printf '%02x%02x:%02x%02x' ${RXE_IP//./ })" ] && break
+        sleep 0.1; n=$((n + 1))
+    done
+    for i in 0 1 2 3 4 5 6 7; do
+        echo "gid[$i] $(cat "/sys/class/infiniband/$RXE_DEV/ports/1/gids/$i" 2>/dev/null) $(cat "/sys/class/infiniband/$RXE_DEV/ports/1/gid_attrs/types/$i" 2>/dev/null)"
+    done
+    [ $n -lt 100 ] || { rxe_fail "GID $RXE_GID is '$gid', not ::ffff:$RXE_IP"; return 1; }
+    rxe_info "$RXE_DEV on $nic ($RXE_IP), GID $RXE_GID = $gid"
+}
+
+check_ibv_devinfo() {
+    local out; out=$(ibv_devinfo -d "$RXE_DEV" -v) || { rxe_fail "ibv_devinfo -d $RXE_DEV failed"; return 1; }
+    echo "$out"
+    grep -qE "hca_id:[[:space:]]+$RXE_DEV\$" <<<"$out" || { rxe_fail "no hca_id $RXE_DEV"; return 1; }
+    grep -q 'PORT_ACTIVE' <<<"$out" || { rxe_fail "port 1 not PORT_ACTIVE"; return 1; }
+    grep -qE 'link_layer:[[:space:]]+Ethernet' <<<"$out" || { rxe_fail "link_layer is not Ethernet"; return 1; }
+    ibv_devices | grep -q "$RXE_DEV" || { rxe_fail "ibv_devices does not list $RXE_DEV"; return 1; }
+    rxe_info "$(grep -E 'num_comp_vectors' <<<"$out" | tr -s ' \t' ' ' | sed 's/^ //')"
+}
+
+# check_rc_pingpong [EXTRA ARGS]: ibv_rc_pingpong, server and client on
+# different vCPUs, both must report exactly $iters iterations.
+check_rc_pingpong() {
+    local iters=1000
+    rxe_pair rc -- ibv_rc_pingpong -d "$RXE_DEV" -g "$RXE_GID" -n "$iters" "$@" || return 1
+    rxe_pingpong_verify rc "$iters"
+}
+
+# check_send_lat [EXTRA ARGS]: perftest ib_send_lat, 200 iterations.
+check_send_lat() {
+    local iters=200
+    rxe_pair send_lat -- ib_send_lat -d "$RXE_DEV" -x "$RXE_GID" -n "$iters" "$@" || return 1
+    rxe_perftest_verify send_lat "$iters"
+}
+
+# ---- checks of the project's binaries (SKIPPED until they are built) ------------
+
+check_fastwake_bench_pingpong() {
+    rxe_need_fastwake || return
+    local out="$RXE_LOGDIR/fastwake-bench-pingpong.out"
+    timeout -k 2 $((RXE_CHECK_TIMEOUT - 5)) "$RXE_FASTWAKE" bench pingpong --source verbs --dev "$RXE_DEV" \
+        --mode poll,interrupt,hybrid >"$out" 2>&1
+    local rc=$?
+    cat "$out"
+    [ $rc = 0 ] || { rxe_fail "fastwake bench pingpong exit $rc: $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
+}
+
+# ibv_rc_pingpong -e with both sides under `fastwake run --mode hybrid`.
+check_fastwake_run_rc_pingpong() {
+    rxe_need_fastwake || return
+    local iters=1000
+    rxe_pair rc -- "$RXE_FASTWAKE" run --mode hybrid -- ibv_rc_pingpong -d "$RXE_DEV" -g "$RXE_GID" -n "$iters" -e || return 1
+    rxe_pingpong_verify rc "$iters"
+}
+
+# ibv_rc_pingpong -e with the preload shim on both sides: same protocol result
+# as without it (compare the rc.usec_per_iter rows of metrics.tsv as a ratio).
+check_shim_rc_pingpong() {
+    rxe_need_preload || return
+    local iters=1000
+    rxe_pair rc -- env LD_PRELOAD="$RXE_PRELOAD" ibv_rc_pingpong -d "$RXE_DEV" -g "$RXE_GID" -n "$iters" "$@" || return 1
+    rxe_pingpong_verify rc "$iters"
+}
+
+# ---- the list ------------------------------------------------------------------
+rxe_export_functions
+echo "rxe-guest: checks start (accel $RXE_ACCEL, repo $RXE_REPO, binaries $RXE_BIN_DIR)"
+rxe_check rxe-setup               check_rxe_setup
+rxe_check ibv-devinfo             check_ibv_devinfo
+rxe_check rc-pingpong             check_rc_pingpong
+rxe_check rc-pingpong-events      check_rc_pingpong -e
+rxe_check send-lat                check_send_lat
+rxe_check send-lat-events         check_send_lat -e
+rxe_check fastwake-bench-pingpong check_fastwake_bench_pingpong
+rxe_check fastwake-run-hybrid-rc-pingpong-events check_fastwake_run_rc_pingpong
+rxe_check shim-rc-pingpong-events check_shim_rc_pingpong -e
+rxe_check shim-rc-pingpong        check_shim_rc_pingpong
+
+# FASTWAKE_RXE_EXTRA on the host: a bash script run here, after the checks,
+# with guest-lib.sh loaded (it may call rxe_check itself; its output goes to
+# the console, and lines starting with PASS/FAIL/SKIPPED/INFO are shown and
+# counted by the host). Its exit status gives "PASS extra" or "FAIL extra".
+if [ -n "${RXE_EXTRA:-}" ]; then
+    echo "rxe-guest: running FASTWAKE_RXE_EXTRA=$RXE_EXTRA"
+    export RXE_CUR_NAME=extra RXE_CUR_REASON="$RXE_LOGDIR/.extra.reason" RXE_CUR_INFO="$RXE_LOGDIR/.extra.info"
+    (cd /tmp && timeout -k 5 "$RXE_EXTRA_TIMEOUT" bash -c '. "$1"' extra "$RXE_EXTRA" </dev/null 2>&1) | tee "$RXE_LOGDIR/extra.log"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" = 0 ]; then rxe_emit PASS extra
+    elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then rxe_emit FAIL extra "timed out after ${RXE_EXTRA_TIMEOUT}s"
+    else rxe_emit FAIL extra "exit $rc; see logs/extra.log"; fi
+fi
+echo "rxe-guest: $RXE_N_PASS pass, $RXE_N_FAIL fail, $RXE_N_SKIP skipped in the guest"
+[ "$RXE_N_FAIL" = 0 ]

@@ -1,0 +1,168 @@
+# shellcheck shell=bash
+# Helpers for checks that run inside the rxe-test guest (in the chroot into the
+# host root, so host binaries and the host's rdma-core are on PATH).
+#
+# A check is a bash function run by `rxe_check NAME FUNCTION [ARGS...]`:
+#   - it runs in its own process under `timeout` (RXE_CHECK_TIMEOUT seconds),
+#     with stdout/stderr in $RXE_LOGDIR/NAME.log;
+#   - return 0 -> "PASS NAME", return $RXE_SKIP (77) -> "SKIPPED NAME (reason)",
+#     anything else -> "FAIL NAME (reason)";
+#   - the reason is what it last gave to `rxe_reason "..."` (or the log's last line);
+#   - `rxe_info "..."` prints an "INFO NAME: ..." line after the result.
+# Only PASS and FAIL lines are counted by the host; SKIPPED lines are listed
+# again at the end of the run so nobody mistakes a skip for a pass.
+
+set -a
+RXE_IP=${RXE_IP:-10.0.2.15}
+RXE_DEV=${RXE_DEV:-rxe0}
+RXE_GID=${RXE_GID:-1}
+RXE_SKIP=77
+RXE_SERVER_CPU=${RXE_SERVER_CPU:-0}
+RXE_CLIENT_CPU=${RXE_CLIENT_CPU:-1}
+RXE_LOGDIR="$RXE_OUT/logs"
+RXE_METRICS="$RXE_OUT/metrics.tsv"
+RXE_RESULTS="$RXE_OUT/results.txt"
+RXE_FASTWAKE="$RXE_BIN_DIR/fastwake"
+RXE_PRELOAD="$RXE_BIN_DIR/libfastwake_preload.so"
+set +a
+mkdir -p "$RXE_LOGDIR"
+
+# ---- used inside a check -----------------------------------------------------
+rxe_reason() { printf '%s\n' "$*" >"$RXE_CUR_REASON"; }
+rxe_info() { printf '%s\n' "$*" >>"$RXE_CUR_INFO"; }
+# rxe_metric KEY VALUE: one row "check<TAB>key<TAB>value" in metrics.tsv
+rxe_metric() { printf '%s\t%s\t%s\n' "$RXE_CUR_NAME" "$1" "$2" >>"$RXE_METRICS"; }
+rxe_fail() { rxe_reason "$*"; return 1; }
+
+# Skip unless the project's binaries are built (skips are loud, never passes).
+rxe_need_fastwake() {
+    [ -x "$RXE_FASTWAKE" ] && return 0
+    rxe_reason "fastwake binary not built: run cargo build --release first"
+    return $RXE_SKIP
+}
+rxe_need_preload() {
+    [ -f "$RXE_PRELOAD" ] && return 0
+    rxe_reason "libfastwake_preload.so not built: run cargo build --release first"
+    return $RXE_SKIP
+}
+
+# rxe_wait_listen PORT [SECONDS]: wait until a TCP listener is on PORT.
+rxe_wait_listen() {
+    local port=$1 n=$(( ${2:-20} * 10 ))
+    while [ $n -gt 0 ]; do
+        ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && return 0
+        sleep 0.1; n=$((n - 1))
+    done
+    return 1
+}
+
+# Each pair of processes gets its own TCP port (no TIME_WAIT surprises).
+rxe_next_port() {
+    local f="$RXE_LOGDIR/.port" p
+    p=$(cat "$f" 2>/dev/null || echo 18515)
+    echo $((p + 1)) >"$f"
+    echo "$p"
+}
+
+# rxe_pair TAG [--server-env VAR=VAL]... -- COMMAND [ARGS...]
+# Runs COMMAND as a server pinned to CPU $RXE_SERVER_CPU (with "-p PORT"
+# appended) and, once it listens, as a client pinned to $RXE_CLIENT_CPU (with
+# "-p PORT $RXE_IP" appended). Prefix COMMAND with a wrapper to run it under
+# one (env LD_PRELOAD=..., "$RXE_FASTWAKE" run --mode hybrid --, ...).
+# Logs: $RXE_LOGDIR/$RXE_CUR_NAME.TAG.server.log and .client.log; the paths
+# are left in RXE_SERVER_LOG and RXE_CLIENT_LOG. Returns non-zero (with a
+# reason) if either side fails.
+rxe_pair() {
+    local tag=$1; shift
+    [ "${1:-}" = -- ] && shift
+    local port; port=$(rxe_next_port)
+    local t=$(( RXE_CHECK_TIMEOUT > 10 ? RXE_CHECK_TIMEOUT - 5 : RXE_CHECK_TIMEOUT ))
+    RXE_SERVER_LOG="$RXE_LOGDIR/$RXE_CUR_NAME.$tag.server.log"
+    RXE_CLIENT_LOG="$RXE_LOGDIR/$RXE_CUR_NAME.$tag.client.log"
+    echo "+ server: taskset -c $RXE_SERVER_CPU $* -p $port"
+    echo "+ client: taskset -c $RXE_CLIENT_CPU $* -p $port $RXE_IP"
+    timeout -k 2 "$t" taskset -c "$RXE_SERVER_CPU" "$@" -p "$port" >"$RXE_SERVER_LOG" 2>&1 &
+    local spid=$!
+    if ! rxe_wait_listen "$port" 20; then
+        kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+        rxe_fail "$tag: server did not listen on port $port: $(tail -n 1 "$RXE_SERVER_LOG")"; return 1
+    fi
+    local crc=0 src=0
+    timeout -k 2 "$t" taskset -c "$RXE_CLIENT_CPU" "$@" -p "$port" "$RXE_IP" >"$RXE_CLIENT_LOG" 2>&1 || crc=$?
+    wait "$spid" || src=$?
+    if [ $crc != 0 ] || [ $src != 0 ]; then
+        local why="exit"; { [ $crc = 124 ] || [ $src = 124 ]; } && why="timeout/exit"
+        rxe_fail "$tag: client $why $crc, server $why $src: $(grep -v '^$' "$RXE_CLIENT_LOG" "$RXE_SERVER_LOG" | tail -n 1)"
+        return 1
+    fi
+    return 0
+}
+
+# rxe_pingpong_verify TAG ITERS: both logs of the last rxe_pair must say
+# "ITERS iters in S seconds = U usec/iter"; records usec/iter of the client.
+rxe_pingpong_verify() {
+    local tag=$1 iters=$2 side line
+    for side in "$RXE_SERVER_LOG" "$RXE_CLIENT_LOG"; do
+        line=$(grep -E '^[0-9]+ iters in [0-9.]+ seconds = [0-9.]+ usec/iter' "$side" | tail -n 1)
+        [ -n "$line" ] || { rxe_fail "$tag: no 'N iters in' line in $(basename "$side")"; return 1; }
+        [ "${line%% *}" = "$iters" ] || { rxe_fail "$tag: expected $iters iters, got: $line"; return 1; }
+    done
+    local usec; usec=$(sed -E -n 's/.* = ([0-9.]+) usec\/iter.*/\1/p' <<<"$line")
+    rxe_metric "$tag.usec_per_iter" "$usec"
+    rxe_metric "$tag.iters" "$iters"
+    rxe_info "$tag: $line"
+}
+
+# rxe_perftest_verify TAG ITERS [BYTES]: the client log of the last rxe_pair
+# must hold the perftest result row "BYTES ITERS t_min t_max t_typical ...".
+rxe_perftest_verify() {
+    local tag=$1 iters=$2 bytes=${3:-2} row
+    row=$(grep -E "^ *$bytes +$iters +[0-9]" "$RXE_CLIENT_LOG" | tail -n 1)
+    [ -n "$row" ] || { rxe_fail "$tag: no result row '$bytes $iters ...' in the client output"; return 1; }
+    # columns: #bytes #iterations t_min t_max t_typical t_avg t_stdev p99 p99.9
+    local typical; typical=$(awk '{print $5}' <<<"$row")
+    rxe_metric "$tag.t_typical_usec" "$typical"
+    rxe_info "$tag: t_typical ${typical} usec (TCG: not a performance figure)"
+}
+
+# ---- used by guest-checks.sh ---------------------------------------------------
+RXE_N_PASS=0 RXE_N_FAIL=0 RXE_N_SKIP=0
+
+rxe_emit() {   # rxe_emit PASS|FAIL|SKIPPED NAME [REASON]
+    local line="$1 $2"
+    [ -n "${3:-}" ] && line="$line ($3)"
+    echo "$line"
+    echo "$line" >>"$RXE_RESULTS"
+    case $1 in PASS) RXE_N_PASS=$((RXE_N_PASS + 1)) ;; FAIL) RXE_N_FAIL=$((RXE_N_FAIL + 1)) ;; *) RXE_N_SKIP=$((RXE_N_SKIP + 1)) ;; esac
+}
+
+# rxe_check NAME FUNCTION [ARGS...]
+rxe_check() {
+    local name=$1 fn=$2; shift 2
+    if [ -n "${RXE_ONLY:-}" ] && ! [[ $name =~ $RXE_ONLY ]]; then return 0; fi
+    local log="$RXE_LOGDIR/$name.log"
+    export RXE_CUR_NAME=$name RXE_CUR_REASON="$RXE_LOGDIR/.$name.reason" RXE_CUR_INFO="$RXE_LOGDIR/.$name.info"
+    rm -f "$RXE_CUR_REASON" "$RXE_CUR_INFO"
+    local rc=0 t0 t1
+    t0=$(date +%s.%N)
+    timeout -k 5 "$RXE_CHECK_TIMEOUT" bash -c '"$@"' "$fn" "$fn" "$@" >"$log" 2>&1 </dev/null || rc=$?
+    t1=$(date +%s.%N)
+    local reason=""; [ -s "$RXE_CUR_REASON" ] && reason=$(tail -n 1 "$RXE_CUR_REASON")
+    case $rc in
+        0) rxe_emit PASS "$name" ;;
+        "$RXE_SKIP") rxe_emit SKIPPED "$name" "${reason:-skipped}" ;;
+        124|137) rxe_emit FAIL "$name" "timed out after ${RXE_CHECK_TIMEOUT}s${reason:+; $reason}" ;;
+        *) [ -n "$reason" ] || reason="exit $rc: $(grep -v '^$' "$log" | tail -n 1)"
+           rxe_emit FAIL "$name" "$reason" ;;
+    esac
+    [ -s "$RXE_CUR_INFO" ] && sed "s/^/INFO $name: /" "$RXE_CUR_INFO"
+    printf '%s\t%s\n' "$name" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')" >>"$RXE_LOGDIR/.durations"
+    rm -f "$RXE_CUR_REASON" "$RXE_CUR_INFO"
+    return 0
+}
+
+# Make every function (helpers and checks) visible to the per-check bash.
+rxe_export_functions() {
+    local f
+    for f in $(compgen -A function); do export -f "${f?}"; done
+}
