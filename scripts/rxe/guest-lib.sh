@@ -3,8 +3,8 @@
 # host root, so host binaries and the host's rdma-core are on PATH).
 #
 # A check is a bash function run by `rxe_check NAME FUNCTION [ARGS...]`:
-#   - it runs in its own process under `timeout` (RXE_CHECK_TIMEOUT seconds),
-#     with stdout/stderr in $RXE_LOGDIR/NAME.log;
+#   - it runs in a subshell killed after RXE_CHECK_TIMEOUT seconds, with
+#     stdout/stderr in $RXE_LOGDIR/NAME.log;
 #   - return 0 -> "PASS NAME", return $RXE_SKIP (77) -> "SKIPPED NAME (reason)",
 #     anything else -> "FAIL NAME (reason)";
 #   - the reason is what it last gave to `rxe_reason "..."` (or the log's last line);
@@ -137,31 +137,44 @@ rxe_emit() {   # rxe_emit PASS|FAIL|SKIPPED NAME [REASON]
 }
 
 # rxe_check NAME FUNCTION [ARGS...]
+# The function runs in a forked subshell (no exec: process creation is slow
+# under TCG) in its own process group, killed by a watchdog after
+# $RXE_CHECK_TIMEOUT seconds.
 rxe_check() {
     local name=$1 fn=$2; shift 2
     if [ -n "${RXE_ONLY:-}" ] && ! [[ $name =~ $RXE_ONLY ]]; then return 0; fi
     local log="$RXE_LOGDIR/$name.log"
-    export RXE_CUR_NAME=$name RXE_CUR_REASON="$RXE_LOGDIR/.$name.reason" RXE_CUR_INFO="$RXE_LOGDIR/.$name.info"
-    rm -f "$RXE_CUR_REASON" "$RXE_CUR_INFO"
-    local rc=0 t0 t1
-    t0=$(date +%s.%N)
-    timeout -k 5 "$RXE_CHECK_TIMEOUT" bash -c '"$@"' "$fn" "$fn" "$@" >"$log" 2>&1 </dev/null || rc=$?
-    t1=$(date +%s.%N)
+    RXE_CUR_NAME=$name RXE_CUR_REASON="$RXE_LOGDIR/.$name.reason" RXE_CUR_INFO="$RXE_LOGDIR/.$name.info"
+    local expired="$RXE_LOGDIR/.$name.expired"
+    rm -f "$RXE_CUR_REASON" "$RXE_CUR_INFO" "$expired"
+    local rc=0 t0=$EPOCHREALTIME pid wd
+    set -m   # background jobs get their own process group
+    ( "$fn" "$@" ) >"$log" 2>&1 </dev/null &
+    pid=$!
+    ( trap 'exit 0' TERM; sleep "$RXE_CHECK_TIMEOUT" & wait $!
+      : >"$expired"; kill -TERM -- "-$pid"; sleep 5; kill -KILL -- "-$pid" ) >/dev/null 2>&1 &
+    wd=$!
+    set +m
+    wait "$pid" || rc=$?
+    kill -TERM "$wd" 2>/dev/null; wait "$wd" 2>/dev/null
+    [ -e "$expired" ] && rc=124
     local reason=""; [ -s "$RXE_CUR_REASON" ] && reason=$(tail -n 1 "$RXE_CUR_REASON")
     case $rc in
         0) rxe_emit PASS "$name" ;;
         "$RXE_SKIP") rxe_emit SKIPPED "$name" "${reason:-skipped}" ;;
-        124|137) rxe_emit FAIL "$name" "timed out after ${RXE_CHECK_TIMEOUT}s${reason:+; $reason}" ;;
+        124) rxe_emit FAIL "$name" "timed out after ${RXE_CHECK_TIMEOUT}s${reason:+; $reason}" ;;
         *) [ -n "$reason" ] || reason="exit $rc: $(grep -v '^$' "$log" | tail -n 1)"
            rxe_emit FAIL "$name" "$reason" ;;
     esac
     [ -s "$RXE_CUR_INFO" ] && sed "s/^/INFO $name: /" "$RXE_CUR_INFO"
-    printf '%s\t%s\n' "$name" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')" >>"$RXE_LOGDIR/.durations"
-    rm -f "$RXE_CUR_REASON" "$RXE_CUR_INFO"
+    local t1=$EPOCHREALTIME
+    printf '%s\t%s\n' "$name" "$(( (${t1/./} - ${t0/./}) / 1000 ))ms" >>"$RXE_LOGDIR/.durations"
+    rm -f "$RXE_CUR_REASON" "$RXE_CUR_INFO" "$expired"
     return 0
 }
 
-# Make every function (helpers and checks) visible to the per-check bash.
+# Make every function (helpers and checks) visible to child bash processes
+# (the FASTWAKE_RXE_EXTRA script).
 rxe_export_functions() {
     local f
     for f in $(compgen -A function); do export -f "${f?}"; done

@@ -36,12 +36,12 @@ while read -r m; do
 done </lib/modules/order
 
 mkdir -p /host /results /dev/pts /dev/shm
-O=trans=virtio,version=9p2000.L,msize=512000,cache=none
+O=trans=virtio,version=9p2000.L,msize=512000
 tags=""
 for t in /sys/bus/virtio/drivers/9pnet_virtio/virtio*/mount_tag; do
     [ -f "$t" ] && tags="$tags $(tr -d '\000' <"$t")"   # the sysfs file ends in a NUL
 done
-mount -t 9p -o "$O,ro" hostroot /host || halt "FATAL: cannot mount the host root over 9p (tags:$tags)"
+mount -t 9p -o "$O,ro,cache=loose" hostroot /host || halt "FATAL: cannot mount the host root over 9p (tags:$tags)"
 mount -t 9p -o "$O" results /results || halt "FATAL: cannot mount the results dir over 9p (tags:$tags)"
 [ -f /results/guest.env ] || halt "FATAL: /results/guest.env missing"
 . /results/guest.env
