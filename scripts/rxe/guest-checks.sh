@@ -109,7 +109,7 @@ check_shim_rc_pingpong() {
 
 # ---- the list ------------------------------------------------------------------
 echo "rxe-guest: checks start (accel $RXE_ACCEL, repo $RXE_REPO, binaries $RXE_BIN_DIR)"
-rxe_check rxe-setup               check_rxe_setup
+RXE_ONLY='' rxe_check rxe-setup   check_rxe_setup   # always runs (FASTWAKE_RXE_ONLY ignored)
 rxe_check ibv-devinfo             check_ibv_devinfo
 rxe_check rc-pingpong             check_rc_pingpong
 rxe_check rc-pingpong-events      check_rc_pingpong -e
