@@ -2,6 +2,7 @@
 
 mod bench;
 mod run;
+mod doctor;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +25,8 @@ enum Cmd {
     /// Run an unmodified program under the preload shim (LD_PRELOAD), with
     /// a wait mode for its epoll_wait/poll/select calls.
     Run(run::Args),
+    /// Inspect this host: CPUs, idle states, PSI, RDMA, io_uring, busy poll.
+    Doctor,
 }
 
 fn main() {
@@ -51,6 +54,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Bench(b) => bench::run(b),
         Cmd::Run(a) => run::run(a),
+        Cmd::Doctor => doctor::run(),
     };
     if let Err(e) = r {
         eprintln!("fastwake: error: {e}");

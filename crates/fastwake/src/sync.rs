@@ -5,9 +5,9 @@
 //! production, not a copy of it.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use std::time::Duration;
 

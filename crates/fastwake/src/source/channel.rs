@@ -8,26 +8,33 @@
 //! The producer rings the doorbell (a futex word or an eventfd) **only** when
 //! the consumer has armed it, i.e. announced that it is about to sleep. A
 //! polling consumer therefore never costs the producer a syscall: the
-//! producer's whole notification cost is one fence and one load of a cache
-//! line the consumer does not write while it polls.
+//! producer's whole notification cost is the one atomic add that publishes
+//! its completions.
 //!
-//! The handshake is Dekker's: the producer stores `head`, fences, loads
-//! `armed`; the consumer stores `armed`, fences, loads `head`. With both
-//! fences `SeqCst`, at least one side sees the other's store, so either the
-//! producer rings or the consumer's re-check finds the completion. A stale
+//! # Why `armed` lives in the same word as `head`
+//!
+//! Arming and publishing must not miss each other: either the producer sees
+//! the consumer armed, or the consumer's re-check sees the new completion.
+//! With two separate words that needs Dekker-style store→load fences on both
+//! sides, which is subtle and which model checkers handle poorly. Here the
+//! word is `head << 1 | armed`: the consumer arms with `fetch_or(1)` and the
+//! producer publishes with `fetch_add(2 * n)`. Two read-modify-writes of one
+//! location are totally ordered, so whichever comes second sees the first:
+//! the producer's add returns `armed = 1` (it rings), or the consumer's
+//! `fetch_or` — and the re-check after it — returns the new head. A stale
 //! ring (the consumer found work and disarmed, but the producer had already
-//! seen `armed`) only causes one spurious wake-up, which the protocol in
+//! seen the bit) costs one spurious wake-up, which
 //! [`super::block_until_ready`] tolerates.
 //!
 //! # Memory layout
 //!
 //! One memfd mapping: a header of four cache lines (constants; the
-//! producer's `head`; the consumer's `tail`; the arm line with `armed` and
-//! the futex doorbell), then `capacity` slots, each `16 + slot_size` bytes
+//! producer's `head|armed` word; the consumer's `tail`; the futex
+//! doorbell), then `capacity` slots, each `16 + slot_size` bytes
 //! rounded up to a cache line so the two ends never share a line.
 
 use super::{Rechecked, Source};
-use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering, fence};
+use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering};
 use crate::{Fail, Result};
 use std::cell::Cell;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -113,7 +120,8 @@ struct Consts {
 
 #[repr(C)]
 struct ProducerLine {
-    head: AtomicU64,
+    /// `head << 1 | armed`; see the module docs.
+    head_armed: AtomicU64,
     producer_cpu: AtomicU32,
     producer_closed: AtomicU32,
     producer_attached: AtomicU32,
@@ -128,7 +136,6 @@ struct ConsumerLine {
 
 #[repr(C)]
 struct ArmLine {
-    armed: AtomicU32,
     bell: FutexWord,
 }
 
@@ -218,7 +225,7 @@ impl Region {
                 header_bytes: std::mem::size_of::<Header>() as u32,
             }),
             prod: Line(ProducerLine {
-                head: AtomicU64::new(0),
+                head_armed: AtomicU64::new(0),
                 producer_cpu: AtomicU32::new(NO_CPU),
                 producer_closed: AtomicU32::new(0),
                 producer_attached: AtomicU32::new(0),
@@ -229,7 +236,6 @@ impl Region {
                 consumer_attached: AtomicU32::new(0),
             }),
             arm: Line(ArmLine {
-                armed: AtomicU32::new(0),
                 bell: FutexWord::new(0),
             }),
         };
@@ -352,7 +358,10 @@ impl SharedChannel {
 /// The producing end.
 pub struct Sender {
     r: Arc<Region>,
+    /// Next slot to fill (pushed, maybe not yet published).
     head: u64,
+    /// Head as last published.
+    published: u64,
     cached_tail: u64,
 }
 
@@ -362,11 +371,12 @@ impl Sender {
         if p.producer_attached.swap(1, Ordering::AcqRel) != 0 {
             return Err(Fail::new(libc::EBUSY, "channel already has a producer"));
         }
-        let head = p.head.load(Ordering::Acquire);
+        let head = p.head_armed.load(Ordering::Acquire) >> 1;
         let cached_tail = r.header().cons.0.tail.load(Ordering::Acquire);
         Ok(Sender {
             r,
             head,
+            published: head,
             cached_tail,
         })
     }
@@ -403,30 +413,36 @@ impl Sender {
             }
         }
         let slot = self.r.slot(self.head);
-        // SAFETY: slot `head` is outside [tail, head), so the consumer does
-        // not read it until the release store of head below; the slot has
-        // SLOT_HEAD + slot_size bytes and data fits.
+        // SAFETY: slot `head` is outside [tail, published), so the consumer
+        // does not read it until flush() publishes it with a release RMW;
+        // the slot has SLOT_HEAD + slot_size bytes and data fits.
         unsafe {
             slot.cast::<u64>().write(tag);
             slot.add(8).cast::<u32>().write(data.len() as u32);
             std::ptr::copy_nonoverlapping(data.as_ptr(), slot.add(SLOT_HEAD), data.len());
         }
         self.head += 1;
-        h.prod.0.head.store(self.head, Ordering::Release);
         Ok(true)
     }
 
-    /// Ring the doorbell if, and only if, the consumer armed it.
+    /// Publish everything pushed so far, and ring the doorbell if, and only
+    /// if, the consumer armed it.
     pub fn flush(&mut self) {
-        let h = self.r.header();
-        if let Some(cpu) = crate::cpu::current() {
-            h.prod.0.producer_cpu.store(cpu, Ordering::Relaxed);
+        let n = self.head - self.published;
+        if n == 0 {
+            return;
         }
-        // Dekker with the consumer's arm(): our head store must be ordered
-        // before our read of `armed`.
-        fence(Ordering::SeqCst);
-        let a = &h.arm.0.armed;
-        if a.load(Ordering::Relaxed) != 0 && a.swap(0, Ordering::AcqRel) != 0 {
+        let p = &self.r.header().prod.0;
+        if let Some(cpu) = crate::cpu::current() {
+            p.producer_cpu.store(cpu, Ordering::Relaxed);
+        }
+        self.published = self.head;
+        let prev = p.head_armed.fetch_add(2 * n, Ordering::AcqRel);
+        if prev & 1 != 0 {
+            // Clear before ringing: an arm that lands in between is then
+            // either cleared and followed by this ring, or set after it and
+            // seen by the next publish.
+            p.head_armed.fetch_and(!1, Ordering::AcqRel);
             self.r.ring();
         }
     }
@@ -459,11 +475,10 @@ impl Sender {
 
 impl Drop for Sender {
     fn drop(&mut self) {
+        self.flush();
         let h = self.r.header();
         h.prod.0.producer_closed.store(1, Ordering::Release);
-        fence(Ordering::SeqCst);
         // Ring unconditionally: a consumer asleep must learn of the close.
-        h.arm.0.armed.store(0, Ordering::Relaxed);
         self.r.ring();
     }
 }
@@ -516,7 +531,7 @@ impl Receiver {
 
     /// Completions waiting in the ring now.
     pub fn pending(&self) -> u64 {
-        self.r.header().prod.0.head.load(Ordering::Acquire) - self.tail
+        (self.r.header().prod.0.head_armed.load(Ordering::Acquire) >> 1) - self.tail
     }
 }
 
@@ -542,7 +557,7 @@ impl Source for Receiver {
         if self.cached_head.get() > self.tail {
             return true;
         }
-        let head = self.r.header().prod.0.head.load(Ordering::Acquire);
+        let head = self.r.header().prod.0.head_armed.load(Ordering::Acquire) >> 1;
         self.cached_head.set(head);
         head > self.tail
     }
@@ -579,19 +594,22 @@ impl Source for Receiver {
     }
 
     fn arm(&mut self) -> Result<()> {
-        let a = &self.r.header().arm.0;
+        let h = self.r.header();
         // Read the bell before announcing: a ring after this point changes
-        // it, so the futex wait below cannot miss it.
-        self.armed_seq = a.bell.load();
-        a.armed.store(1, Ordering::Relaxed);
-        // Dekker with Sender::flush: `armed` must be visible before the
-        // caller's re-check reads `head`.
-        fence(Ordering::SeqCst);
+        // it, so the futex wait in sleep() cannot miss it.
+        self.armed_seq = h.arm.0.bell.load();
+        let w = h.prod.0.head_armed.fetch_or(1, Ordering::AcqRel);
+        self.cached_head.set(w >> 1);
         Ok(())
     }
 
     fn disarm(&mut self) {
-        self.r.header().arm.0.armed.store(0, Ordering::Relaxed);
+        let w = &self.r.header().prod.0.head_armed;
+        // Skip the RMW on the producer's line when the producer already
+        // cleared the bit (the usual case after a ring).
+        if w.load(Ordering::Relaxed) & 1 != 0 {
+            w.fetch_and(!1, Ordering::AcqRel);
+        }
     }
 
     fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> Result<()> {

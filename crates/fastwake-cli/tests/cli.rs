@@ -1,0 +1,199 @@
+//! The `fastwake` command as a user meets it: errors are one line with a
+//! non-zero exit; benchmarks print the promised columns and JSON keys.
+
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+/// Benchmarks spin (poll and hybrid rows); run them one at a time.
+static SPIN: Mutex<()> = Mutex::new(());
+
+fn fastwake(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fastwake"))
+        .args(args)
+        .output()
+        .expect("run fastwake")
+}
+
+fn assert_one_line_error(args: &[&str], needle: &str) {
+    let o = fastwake(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "{args:?}: not one line: {err:?}"
+    );
+    assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
+    assert!(o.stdout.is_empty(), "{args:?}: printed a result anyway");
+}
+
+#[test]
+fn unknown_mode_is_one_line() {
+    assert_one_line_error(
+        &["bench", "pingpong", "--mode", "poll,bogus"],
+        "unknown wait mode 'bogus'",
+    );
+}
+
+#[test]
+fn bad_cpus_are_one_line() {
+    assert_one_line_error(
+        &["bench", "pingpong", "--cpus", "0,99"],
+        "CPU 99 does not exist",
+    );
+    assert_one_line_error(&["bench", "pingpong", "--cpus", "0"], "expected A,B");
+}
+
+#[test]
+fn bad_numbers_are_one_line() {
+    assert_one_line_error(&["bench", "pingpong", "--iters", "ten"], "--iters");
+    assert_one_line_error(
+        &["bench", "pingpong", "--iters", "0"],
+        "--iters must be at least 1",
+    );
+}
+
+#[test]
+fn unknown_source_and_subcommand_are_one_line() {
+    assert_one_line_error(
+        &["bench", "pingpong", "--source", "carrier-pigeon"],
+        "unknown source",
+    );
+    assert_one_line_error(&["bench", "nope"], "unrecognized subcommand");
+    assert_one_line_error(
+        &["bench", "ipc", "--only", "smoke-signal"],
+        "unknown mechanism",
+    );
+}
+
+#[test]
+fn pingpong_json_has_every_key_per_mode() {
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let o = fastwake(&[
+        "bench",
+        "pingpong",
+        "--mode",
+        "poll,interrupt,hybrid",
+        "--iters",
+        "300",
+        "--warmup",
+        "50",
+        "--rounds",
+        "3",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    let rows = v.as_array().expect("an array of rows");
+    assert_eq!(rows.len(), 3);
+    for (row, mode) in rows.iter().zip(["poll", "interrupt", "hybrid"]) {
+        assert_eq!(row["mode"], mode);
+        assert_eq!(row["iters"], 300);
+        for k in [
+            "source",
+            "mode",
+            "placement",
+            "iters",
+            "size",
+            "t_min",
+            "t_max",
+            "t_typical",
+            "t_avg",
+            "t_stdev",
+            "p99",
+            "p999",
+            "cpu_us_per_op",
+        ] {
+            assert!(row.get(k).is_some(), "row lacks {k}: {row}");
+        }
+        let min = row["t_min"].as_f64().unwrap();
+        let p50 = row["t_typical"].as_f64().unwrap();
+        let max = row["t_max"].as_f64().unwrap();
+        assert!(min > 0.0 && min <= p50 && p50 <= max, "{row}");
+        assert!(row["cpu_us_per_op"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn pingpong_same_cpu_table_has_perftest_columns() {
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let o = fastwake(&[
+        "bench",
+        "pingpong",
+        "--mode",
+        "interrupt,hybrid",
+        "--cpus",
+        "0,0",
+        "--iters",
+        "200",
+        "--warmup",
+        "20",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for col in [
+        "t_min",
+        "t_max",
+        "t_typical",
+        "t_avg",
+        "t_stdev",
+        "99%",
+        "99.9%",
+        "cpu/op",
+    ] {
+        assert!(out.contains(col), "missing column {col}:\n{out}");
+    }
+    assert!(out.contains(" same "), "placement column:\n{out}");
+    assert!(out.contains("pinned"), "the placement note:\n{out}");
+}
+
+#[test]
+fn ipc_measures_each_requested_mechanism() {
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let o = fastwake(&[
+        "bench",
+        "ipc",
+        "--only",
+        "futex,pipe,stack-switch",
+        "--iters",
+        "200",
+        "--warmup",
+        "20",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let modes: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{}/{}",
+                r["mode"].as_str().unwrap(),
+                r["placement"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            "futex/cross",
+            "futex/same",
+            "pipe/cross",
+            "pipe/same",
+            "stack-switch/one-thread"
+        ]
+    );
+}
+
+#[test]
+fn doctor_runs_and_reports() {
+    let o = fastwake(&["doctor"]);
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("cpus") && out.contains("rdma") && out.contains("warning(s)"),
+        "{out}"
+    );
+}
