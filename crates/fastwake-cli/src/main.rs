@@ -1,8 +1,8 @@
 //! The `fastwake` command.
 
 mod bench;
-mod run;
 mod doctor;
+mod run;
 
 use clap::{Parser, Subcommand};
 
