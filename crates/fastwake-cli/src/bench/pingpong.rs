@@ -27,6 +27,25 @@ pub struct Args {
     /// IRQ; root only).
     #[arg(long, default_value = "report")]
     pub replace: String,
+    #[command(flatten)]
+    pub net: NetArgs,
+}
+
+/// Options of the network sources (tcp, uring).
+#[derive(clap::Args, Debug, Clone)]
+pub struct NetArgs {
+    /// Path for tcp/uring: loopback, or veth (a veth pair between two
+    /// network namespaces the benchmark creates and removes itself).
+    #[arg(long, default_value = "loopback")]
+    pub net: String,
+    /// tcp: set SO_BUSY_POLL to this many µs (reported where it cannot
+    /// work: traffic without a NAPI id).
+    #[arg(long)]
+    pub busy_poll: Option<u32>,
+    /// uring: how interrupt mode sleeps: enter (blocking io_uring_enter) or
+    /// eventfd (registered eventfd).
+    #[arg(long, default_value = "enter")]
+    pub uring_wake: String,
 }
 
 fn parse_doorbell(s: &str) -> Result<Doorbell> {
@@ -55,8 +74,20 @@ fn ends(
             let (p, q) = sources::verbs::pair(a.dev.as_deref(), mode, size, a.common.cpus, policy)?;
             Ok((Box::new(p), Box::new(q)))
         }
+        "tcp" => {
+            let (p, q, busy) = sources::tcp::pair(mode, size, a.net.net.parse()?, a.net.busy_poll)?;
+            if a.net.busy_poll.is_some() {
+                eprintln!("tcp ({mode}): kernel busy polling: {busy}");
+            }
+            Ok((Box::new(p), Box::new(q)))
+        }
+        "uring" => {
+            let (p, q) =
+                sources::uring::pair(mode, size, a.net.net.parse()?, a.net.uring_wake.parse()?)?;
+            Ok((Box::new(p), Box::new(q)))
+        }
         other => Err(Fail::invalid(format!(
-            "unknown source '{other}': this build supports: channel, verbs"
+            "unknown source '{other}': this build supports: channel, verbs, tcp, uring"
         ))),
     }
 }
@@ -91,8 +122,12 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         stats::print_table(
             &format!(
-                "fastwake bench pingpong — source {} — {}",
+                "fastwake bench pingpong — source {}{} — {}",
                 a.source,
+                match a.source.as_str() {
+                    "tcp" | "uring" => format!(" over {}", a.net.net),
+                    _ => String::new(),
+                },
                 a.common.placement_note()
             ),
             &rows,

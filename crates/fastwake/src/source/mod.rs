@@ -31,6 +31,8 @@
 //! a thread to sleep without the re-check.
 
 pub mod channel;
+pub mod socket;
+pub mod uring;
 pub mod verbs;
 
 use crate::Result;
