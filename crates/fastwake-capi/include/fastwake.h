@@ -1,0 +1,108 @@
+/*
+ * fastwake.h — C ABI of fastwake: interrupt-mode I/O with polling-class
+ * latency. Link with -lfastwake (libfastwake.so or libfastwake.a).
+ *
+ * Conventions (as in Demikernel):
+ *   - Every function that can fail returns 0 on success or a positive errno
+ *     value (EINVAL, EPIPE, ETIMEDOUT, EAGAIN, EBUSY, ENOMEM, ...).
+ *   - Objects are opaque and created/destroyed in pairs; *_destroy accepts
+ *     NULL.
+ *   - fw_last_error() returns a one-line, human-readable cause of the last
+ *     failure in the calling thread (valid until the next fastwake call).
+ *
+ * Thread model: a channel has exactly one sender and one receiver, each used
+ * by one thread at a time. A waiter is used by one thread at a time.
+ */
+#ifndef FASTWAKE_H
+#define FASTWAKE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FW_ABI_VERSION 1
+
+/* How a channel's producer wakes a sleeping consumer. */
+enum fw_doorbell {
+    FW_DOORBELL_FUTEX = 0,   /* futex word in the shared mapping (cheapest) */
+    FW_DOORBELL_EVENTFD = 1, /* eventfd: the receiver gets a pollable fd  */
+};
+
+struct fw_channel_config {
+    uint32_t capacity;  /* ring slots, power of two, 2..2^24 */
+    uint32_t slot_size; /* max payload bytes per completion, <= 1 MiB */
+    uint32_t doorbell;  /* enum fw_doorbell */
+};
+
+struct fw_wait_stats {
+    uint64_t completions;           /* completions returned */
+    uint64_t without_sleep;         /* found without blocking */
+    uint64_t sleeps;                /* times the thread slept */
+    uint64_t rechecks_hit;          /* arm -> re-check found a completion */
+    uint64_t spurious;              /* wake-ups with nothing to take */
+    uint64_t spin_skipped_same_cpu; /* hybrid skipped spinning: producer on our CPU */
+};
+
+typedef struct fw_shared fw_shared;     /* a channel's shared memory, to hand to another process */
+typedef struct fw_sender fw_sender;     /* producing end */
+typedef struct fw_receiver fw_receiver; /* consuming end */
+typedef struct fw_waiter fw_waiter;     /* a wait mode plus its statistics */
+
+/* Version of this ABI in the loaded library; compare with FW_ABI_VERSION. */
+uint32_t fw_abi_version(void);
+
+/* One-line cause of the calling thread's last failure ("" if none). */
+const char *fw_last_error(void);
+
+/* In-process channel: both ends at once. cfg may be NULL for defaults. */
+int fw_channel_create(const struct fw_channel_config *cfg, fw_sender **tx, fw_receiver **rx);
+
+/* Cross-process channel: create here, pass fw_shared_memory_fd() (and
+ * fw_shared_doorbell_fd() for FW_DOORBELL_EVENTFD) to the other process,
+ * attach there with fw_sender_attach()/fw_receiver_attach(). */
+int fw_shared_create(const struct fw_channel_config *cfg, fw_shared **out);
+int fw_shared_memory_fd(const fw_shared *sh);   /* borrowed fd, or -1 */
+int fw_shared_doorbell_fd(const fw_shared *sh); /* borrowed fd, or -1 */
+int fw_shared_sender(fw_shared *sh, fw_sender **tx);
+int fw_shared_receiver(fw_shared *sh, fw_receiver **rx);
+void fw_shared_destroy(fw_shared *sh);
+
+/* Attach to a channel created elsewhere. The fds are duplicated; the caller
+ * keeps its own. doorbell_fd is -1 for FW_DOORBELL_FUTEX channels. */
+int fw_sender_attach(int memory_fd, int doorbell_fd, fw_sender **tx);
+int fw_receiver_attach(int memory_fd, int doorbell_fd, fw_receiver **rx);
+
+/* Queue one completion (tag + len bytes of data) and ring the doorbell if
+ * the receiver is asleep. fw_send waits while the ring is full; fw_try_send
+ * returns EAGAIN instead. EPIPE: the receiver is gone. */
+int fw_send(fw_sender *tx, uint64_t tag, const void *data, size_t len);
+int fw_try_send(fw_sender *tx, uint64_t tag, const void *data, size_t len);
+/* Destroying the sender tells the receiver (its waits return EPIPE once the
+ * ring is drained). */
+void fw_sender_destroy(fw_sender *tx);
+
+/* Non-blocking, non-destructive: 1 if a completion is ready, else 0. */
+int fw_receiver_ready(const fw_receiver *rx);
+/* The eventfd a FW_DOORBELL_EVENTFD receiver sleeps on (borrowed), or -1. */
+int fw_receiver_fd(const fw_receiver *rx);
+void fw_receiver_destroy(fw_receiver *rx);
+
+/* A waiter in a mode: "poll", "interrupt", "hybrid" or "hybrid:<N>us". */
+int fw_waiter_create(const char *mode, fw_waiter **out);
+/* Wait for one completion. timeout_ns < 0 waits forever. On success stores
+ * the tag and copies min(len, buf_len) payload bytes to buf, the full length
+ * to *len (either pointer may be NULL). ETIMEDOUT: nothing within the
+ * timeout. EPIPE: the sender is gone and the ring is empty. */
+int fw_wait(fw_waiter *w, fw_receiver *rx, int64_t timeout_ns, uint64_t *tag, void *buf,
+            size_t buf_len, size_t *len);
+int fw_waiter_stats(const fw_waiter *w, struct fw_wait_stats *out);
+void fw_waiter_destroy(fw_waiter *w);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FASTWAKE_H */

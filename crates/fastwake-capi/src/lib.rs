@@ -1,0 +1,441 @@
+//! The C ABI of fastwake (`include/fastwake.h`).
+//!
+//! Demikernel's conventions: functions return 0 or a positive errno, objects
+//! are opaque boxes, and a one-line cause is kept per thread for
+//! `fw_last_error`. No panic may cross the boundary: every entry point runs
+//! inside [`guard`], which turns a panic into `EIO`.
+
+#![allow(non_camel_case_types)] // the C names are the ABI
+
+use fastwake::source::channel::{self, Config, Doorbell, Receiver, Sender, SharedChannel};
+use fastwake::{Fail, Source, WaitMode, Waiter};
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Duration;
+
+/// ABI version; bump on any incompatible change to the header.
+pub const FW_ABI_VERSION: u32 = 1;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fw_channel_config {
+    pub capacity: u32,
+    pub slot_size: u32,
+    pub doorbell: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct fw_wait_stats {
+    pub completions: u64,
+    pub without_sleep: u64,
+    pub sleeps: u64,
+    pub rechecks_hit: u64,
+    pub spurious: u64,
+    pub spin_skipped_same_cpu: u64,
+}
+
+pub struct fw_shared(SharedChannel);
+pub struct fw_sender(Sender);
+pub struct fw_receiver(Receiver);
+pub struct fw_waiter(Waiter);
+
+thread_local! {
+    static LAST: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST.with(|l| *l.borrow_mut() = c);
+}
+
+/// Run `f`, record a failure's cause, and never let a panic unwind into C.
+fn guard(f: impl FnOnce() -> Result<(), Fail>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => {
+            set_last(&e.to_string());
+            e.errno()
+        }
+        Err(_) => {
+            set_last("internal error (panic) in fastwake");
+            libc::EIO
+        }
+    }
+}
+
+fn config(cfg: *const fw_channel_config) -> Result<Config, Fail> {
+    if cfg.is_null() {
+        return Ok(Config::default());
+    }
+    // SAFETY: the caller passes a valid pointer or NULL (checked above).
+    let c = unsafe { *cfg };
+    Ok(Config {
+        capacity: c.capacity,
+        slot_size: c.slot_size,
+        doorbell: match c.doorbell {
+            0 => Doorbell::Futex,
+            1 => Doorbell::EventFd,
+            d => return Err(Fail::invalid(format!("unknown doorbell {d}"))),
+        },
+    })
+}
+
+fn out<T>(p: *mut *mut T, v: T) -> Result<(), Fail> {
+    if p.is_null() {
+        return Err(Fail::invalid("output pointer is NULL"));
+    }
+    // SAFETY: p is non-null and, per the header, points to writable storage
+    // for one pointer.
+    unsafe { *p = Box::into_raw(Box::new(v)) };
+    Ok(())
+}
+
+fn check_out<T>(p: *mut *mut T) -> Result<(), Fail> {
+    if p.is_null() {
+        Err(Fail::invalid("output pointer is NULL"))
+    } else {
+        Ok(())
+    }
+}
+
+fn obj<'a, T>(p: *mut T) -> Result<&'a mut T, Fail> {
+    // SAFETY: non-null pointers come from Box::into_raw in this library and
+    // are used by one thread at a time (the header's thread model).
+    unsafe { p.as_mut() }.ok_or_else(|| Fail::invalid("object pointer is NULL"))
+}
+
+fn dup_fd(fd: c_int) -> Result<Option<OwnedFd>, Fail> {
+    if fd < 0 {
+        return Ok(None);
+    }
+    // SAFETY: the caller owns fd for the duration of the call; we only
+    // borrow it to duplicate it.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    Ok(Some(b.try_clone_to_owned().map_err(Fail::from)?))
+}
+
+fn destroy<T>(p: *mut T) {
+    if !p.is_null() {
+        // SAFETY: created by Box::into_raw here and destroyed once, per the
+        // header's contract.
+        drop(unsafe { Box::from_raw(p) });
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn fw_abi_version() -> u32 {
+    FW_ABI_VERSION
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn fw_last_error() -> *const c_char {
+    // The pointer stays valid until this thread's next failing call, as the
+    // header promises: the CString lives in thread-local storage.
+    LAST.with(|l| l.borrow().as_ptr())
+}
+
+/// # Safety
+/// `cfg` is NULL or valid; `tx` and `rx` point to writable pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_channel_create(
+    cfg: *const fw_channel_config,
+    tx: *mut *mut fw_sender,
+    rx: *mut *mut fw_receiver,
+) -> c_int {
+    guard(|| {
+        check_out(tx)?;
+        check_out(rx)?;
+        let (s, r) = channel::channel(config(cfg)?)?;
+        out(tx, fw_sender(s))?;
+        out(rx, fw_receiver(r))
+    })
+}
+
+/// # Safety
+/// `cfg` is NULL or valid; `sh` points to a writable pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_shared_create(
+    cfg: *const fw_channel_config,
+    sh: *mut *mut fw_shared,
+) -> c_int {
+    guard(|| {
+        check_out(sh)?;
+        out(sh, fw_shared(SharedChannel::create(config(cfg)?)?))
+    })
+}
+
+/// # Safety
+/// `sh` is NULL or from `fw_shared_create`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_shared_memory_fd(sh: *const fw_shared) -> c_int {
+    // SAFETY: NULL or a live object from fw_shared_create.
+    unsafe { sh.as_ref() }.map_or(-1, |s| s.0.memory_fd().as_raw_fd())
+}
+
+/// # Safety
+/// `sh` is NULL or from `fw_shared_create`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_shared_doorbell_fd(sh: *const fw_shared) -> c_int {
+    // SAFETY: NULL or a live object from fw_shared_create.
+    unsafe { sh.as_ref() }
+        .and_then(|s| s.0.doorbell_fd())
+        .map_or(-1, |f| f.as_raw_fd())
+}
+
+/// # Safety
+/// `sh` from `fw_shared_create`; `tx` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_shared_sender(sh: *mut fw_shared, tx: *mut *mut fw_sender) -> c_int {
+    guard(|| {
+        check_out(tx)?;
+        let s = obj(sh)?.0.sender()?;
+        out(tx, fw_sender(s))
+    })
+}
+
+/// # Safety
+/// `sh` from `fw_shared_create`; `rx` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_shared_receiver(
+    sh: *mut fw_shared,
+    rx: *mut *mut fw_receiver,
+) -> c_int {
+    guard(|| {
+        check_out(rx)?;
+        let r = obj(sh)?.0.receiver()?;
+        out(rx, fw_receiver(r))
+    })
+}
+
+/// # Safety
+/// `sh` is NULL or from `fw_shared_create`, destroyed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_shared_destroy(sh: *mut fw_shared) {
+    destroy(sh)
+}
+
+/// # Safety
+/// `memory_fd` (and `doorbell_fd` unless -1) are open fds; `tx` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_sender_attach(
+    memory_fd: c_int,
+    doorbell_fd: c_int,
+    tx: *mut *mut fw_sender,
+) -> c_int {
+    guard(|| {
+        check_out(tx)?;
+        let mem = dup_fd(memory_fd)?.ok_or_else(|| Fail::invalid("memory_fd is negative"))?;
+        out(tx, fw_sender(Sender::attach(mem, dup_fd(doorbell_fd)?)?))
+    })
+}
+
+/// # Safety
+/// `memory_fd` (and `doorbell_fd` unless -1) are open fds; `rx` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_receiver_attach(
+    memory_fd: c_int,
+    doorbell_fd: c_int,
+    rx: *mut *mut fw_receiver,
+) -> c_int {
+    guard(|| {
+        check_out(rx)?;
+        let mem = dup_fd(memory_fd)?.ok_or_else(|| Fail::invalid("memory_fd is negative"))?;
+        out(
+            rx,
+            fw_receiver(Receiver::attach(mem, dup_fd(doorbell_fd)?)?),
+        )
+    })
+}
+
+fn payload<'a>(data: *const c_void, len: usize) -> Result<&'a [u8], Fail> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if data.is_null() {
+        return Err(Fail::invalid("data is NULL with a non-zero length"));
+    }
+    // SAFETY: the caller passes len readable bytes at data (header contract).
+    Ok(unsafe { std::slice::from_raw_parts(data.cast(), len) })
+}
+
+/// # Safety
+/// `tx` from this library; `data` has `len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_send(
+    tx: *mut fw_sender,
+    tag: u64,
+    data: *const c_void,
+    len: usize,
+) -> c_int {
+    guard(|| obj(tx)?.0.send(tag, payload(data, len)?))
+}
+
+/// # Safety
+/// `tx` from this library; `data` has `len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_try_send(
+    tx: *mut fw_sender,
+    tag: u64,
+    data: *const c_void,
+    len: usize,
+) -> c_int {
+    guard(|| {
+        if obj(tx)?.0.try_send(tag, payload(data, len)?)? {
+            Ok(())
+        } else {
+            Err(Fail::new(libc::EAGAIN, "channel is full"))
+        }
+    })
+}
+
+/// # Safety
+/// `tx` is NULL or from this library, destroyed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_sender_destroy(tx: *mut fw_sender) {
+    destroy(tx)
+}
+
+/// # Safety
+/// `rx` is NULL or from this library.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_receiver_ready(rx: *const fw_receiver) -> c_int {
+    // SAFETY: NULL or a live receiver.
+    unsafe { rx.as_ref() }.is_some_and(|r| r.0.ready()) as c_int
+}
+
+/// # Safety
+/// `rx` is NULL or from this library.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_receiver_fd(rx: *const fw_receiver) -> c_int {
+    // SAFETY: NULL or a live receiver.
+    unsafe { rx.as_ref() }
+        .and_then(|r| r.0.notify_fd())
+        .map_or(-1, |f| f.as_raw_fd())
+}
+
+/// # Safety
+/// `rx` is NULL or from this library, destroyed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_receiver_destroy(rx: *mut fw_receiver) {
+    destroy(rx)
+}
+
+/// # Safety
+/// `mode` is a NUL-terminated string; `w` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_waiter_create(mode: *const c_char, w: *mut *mut fw_waiter) -> c_int {
+    guard(|| {
+        check_out(w)?;
+        if mode.is_null() {
+            return Err(Fail::invalid("mode is NULL"));
+        }
+        // SAFETY: non-null, NUL-terminated per the header.
+        let s = unsafe { CStr::from_ptr(mode) }
+            .to_str()
+            .map_err(|_| Fail::invalid("mode is not UTF-8"))?;
+        let m: WaitMode = s.parse()?;
+        out(w, fw_waiter(Waiter::new(m)))
+    })
+}
+
+/// # Safety
+/// `w` and `rx` from this library; `tag`/`len` NULL or writable; `buf` NULL
+/// or `buf_len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_wait(
+    w: *mut fw_waiter,
+    rx: *mut fw_receiver,
+    timeout_ns: i64,
+    tag: *mut u64,
+    buf: *mut c_void,
+    buf_len: usize,
+    len: *mut usize,
+) -> c_int {
+    guard(|| {
+        let w = obj(w)?;
+        let r = obj(rx)?;
+        let m = if timeout_ns < 0 {
+            w.0.wait(&mut r.0)?
+        } else {
+            w.0.wait_timeout(&mut r.0, Duration::from_nanos(timeout_ns as u64))?
+                .ok_or_else(Fail::timed_out)?
+        };
+        let p = r.0.payload();
+        // SAFETY: each output pointer is NULL or writable per the header;
+        // the copy is bounded by buf_len.
+        unsafe {
+            if !tag.is_null() {
+                *tag = m.tag;
+            }
+            if !len.is_null() {
+                *len = p.len();
+            }
+            if !buf.is_null() {
+                std::ptr::copy_nonoverlapping(p.as_ptr(), buf.cast(), p.len().min(buf_len));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `w` from this library; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_waiter_stats(w: *const fw_waiter, out: *mut fw_wait_stats) -> c_int {
+    guard(|| {
+        // SAFETY: NULL or a live waiter.
+        let w = unsafe { w.as_ref() }.ok_or_else(|| Fail::invalid("waiter is NULL"))?;
+        if out.is_null() {
+            return Err(Fail::invalid("stats pointer is NULL"));
+        }
+        let s = w.0.stats();
+        // SAFETY: non-null and writable per the header.
+        unsafe {
+            *out = fw_wait_stats {
+                completions: s.completions,
+                without_sleep: s.without_sleep,
+                sleeps: s.sleeps,
+                rechecks_hit: s.rechecks_hit,
+                spurious: s.spurious,
+                spin_skipped_same_cpu: s.spin_skipped_same_cpu,
+            };
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `w` is NULL or from this library, destroyed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_waiter_destroy(w: *mut fw_waiter) {
+    destroy(w)
+}
+
+#[cfg(test)]
+mod abi_sizes {
+    use super::*;
+
+    /// The same numbers are `_Static_assert`ed by tests/abi.c against the
+    /// header: a layout change must change both, and FW_ABI_VERSION.
+    #[test]
+    fn struct_layouts_match_the_header() {
+        assert_eq!(std::mem::size_of::<fw_channel_config>(), 12);
+        assert_eq!(std::mem::size_of::<fw_wait_stats>(), 48);
+        assert_eq!(
+            std::mem::offset_of!(fw_wait_stats, spin_skipped_same_cpu),
+            40
+        );
+    }
+
+    #[test]
+    fn panics_become_eio_with_a_cause() {
+        let rc = guard(|| panic!("boom"));
+        assert_eq!(rc, libc::EIO);
+        // SAFETY: fw_last_error returns a valid NUL-terminated string.
+        let msg = unsafe { CStr::from_ptr(fw_last_error()) };
+        assert!(msg.to_str().unwrap().contains("panic"));
+    }
+}
