@@ -15,6 +15,8 @@
 //!   ([`source::channel`]: the shared-memory ring with a doorbell;
 //!   [`source::verbs`]: an RDMA CQ with its completion channel).
 //! - [`wait`]: wait modes and the [`wait::Waiter`] that applies them.
+//! - [`dispatch`]: the per-core dispatcher with direct hand-off, for tasks
+//!   and for ordinary threads ([`WaitMode::Dispatch`]).
 //! - [`cpu`]: CPU placement helpers (pinning, current CPU).
 //! - [`affinity`]: completion-vector / IRQ placement for RDMA CQs.
 //! - [`Fail`]: the error type.
@@ -23,6 +25,7 @@
 
 pub mod affinity;
 pub mod cpu;
+pub mod dispatch;
 mod error;
 pub mod source;
 mod sync;

@@ -3,6 +3,7 @@
 pub mod harness;
 pub mod ipc;
 pub mod pingpong;
+pub mod share;
 pub mod sources;
 pub mod stats;
 
@@ -21,6 +22,9 @@ pub enum Bench {
     /// The paper's IPC comparison: spin, futex, eventfd, pipe, socketpair,
     /// condvar, semaphore, the channel in each mode, a user-level switch.
     Ipc(IpcArgs),
+    /// N connections sharing K cores: thread-per-connection interrupt and
+    /// polling against the per-core dispatcher (tasks, kernel threads).
+    Share(share::Args),
 }
 
 /// Options every benchmark shares.
@@ -109,6 +113,7 @@ pub fn run(b: Bench) -> Result<()> {
     match b {
         Bench::Pingpong(a) => pingpong::run(a),
         Bench::Ipc(a) => run_ipc(a),
+        Bench::Share(a) => share::run(a),
     }
 }
 

@@ -33,13 +33,15 @@
 //! doorbell), then `capacity` slots, each `16 + slot_size` bytes
 //! rounded up to a cache line so the two ends never share a line.
 
-use super::{Rechecked, Source};
+use super::summary::Flag;
+use super::{Peek, Rechecked, Source};
 use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering};
 use crate::{Fail, Result};
 use std::cell::Cell;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::AtomicPtr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const MAGIC: u64 = 0x6661_7374_7761_6b31; // "fastwak1"
@@ -154,6 +156,17 @@ struct Region {
     cfg: Config,
     mem: OwnedFd,
     efd: Option<OwnedFd>,
+    /// Both ends live in this process (made by [`channel`]), so a
+    /// process-local summary flag can be raised by the producer.
+    local: bool,
+    /// The dispatcher's summary flag, raised by `Sender::flush`; null when
+    /// none is attached. Points into `flags`, which keeps every flag ever
+    /// attached alive until the region drops, so the producer may use the
+    /// pointer without a lock while a new one is being attached.
+    summary: AtomicPtr<Flag>,
+    // Boxed so a flag's address survives the Vec growing.
+    #[allow(clippy::vec_box)]
+    flags: Mutex<Vec<Box<Flag>>>,
 }
 
 // SAFETY: the region is plain shared memory; all cross-thread access to it
@@ -207,7 +220,7 @@ impl Region {
         NonNull::new(p.cast()).ok_or_else(|| Fail::invalid("mmap returned null"))
     }
 
-    fn create(cfg: Config) -> Result<Arc<Region>> {
+    fn create(cfg: Config, local: bool) -> Result<Arc<Region>> {
         cfg.validate()?;
         let len = cfg.bytes();
         // Not CLOEXEC-free: processes that share a channel pass the fd on
@@ -255,6 +268,9 @@ impl Region {
             cfg,
             mem,
             efd,
+            local,
+            summary: AtomicPtr::new(std::ptr::null_mut()),
+            flags: Mutex::new(Vec::new()),
         }))
     }
 
@@ -287,6 +303,9 @@ impl Region {
             cfg,
             mem,
             efd,
+            local: false,
+            summary: AtomicPtr::new(std::ptr::null_mut()),
+            flags: Mutex::new(Vec::new()),
         };
         if bad {
             return Err(Fail::invalid(
@@ -299,6 +318,37 @@ impl Region {
             ));
         }
         Ok(Arc::new(region))
+    }
+
+    fn attach_summary(&self, flag: Flag) {
+        let mut keep = self.flags.lock().unwrap_or_else(|e| e.into_inner());
+        // Re-attaching a flag seen before (a dispatcher that attaches at
+        // every idle period) reuses its box instead of growing the list.
+        let p: *mut Flag = match keep.iter_mut().find(|f| f.same_as(&flag)) {
+            Some(b) => &mut **b,
+            None => {
+                let mut b = Box::new(flag);
+                let p: *mut Flag = &mut *b;
+                keep.push(b);
+                p
+            }
+        };
+        self.summary.store(p, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Tell an attached dispatcher that the published head moved (or the
+    /// producer closed).
+    #[inline]
+    fn raise_summary(&self) {
+        let p = self.summary.load(std::sync::atomic::Ordering::Acquire);
+        if !p.is_null() {
+            // The publish must be ordered before the flag for a waiter's
+            // store→load re-check (dispatch::waiter) to pair with it.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            // SAFETY: p points into a Box kept in `self.flags` until the
+            // region drops; Flag is Sync.
+            unsafe { (*p).raise() };
+        }
     }
 
     fn ring(&self) {
@@ -315,7 +365,7 @@ impl Region {
 
 /// Create an in-process channel.
 pub fn channel(cfg: Config) -> Result<(Sender, Receiver)> {
-    let r = Region::create(cfg)?;
+    let r = Region::create(cfg, true)?;
     Ok((Sender::claim(r.clone())?, Receiver::claim(r)?))
 }
 
@@ -330,7 +380,7 @@ impl SharedChannel {
     /// Create the shared memory for a channel.
     pub fn create(cfg: Config) -> Result<SharedChannel> {
         Ok(SharedChannel {
-            region: Region::create(cfg)?,
+            region: Region::create(cfg, false)?,
         })
     }
 
@@ -445,6 +495,9 @@ impl Sender {
             p.head_armed.fetch_and(!1, Ordering::AcqRel);
             self.r.ring();
         }
+        // A dispatcher watching this channel learns of the completion from
+        // its summary instead of reading `head` every pass.
+        self.r.raise_summary();
     }
 
     /// Queue one completion and notify; `Ok(false)` when the ring is full.
@@ -480,6 +533,8 @@ impl Drop for Sender {
         h.prod.0.producer_closed.store(1, Ordering::Release);
         // Ring unconditionally: a consumer asleep must learn of the close.
         self.r.ring();
+        // A dispatcher must learn of the close too (its peek reports it).
+        self.r.raise_summary();
     }
 }
 
@@ -671,5 +726,42 @@ impl Source for Receiver {
     fn peer_cpu(&self) -> Option<u32> {
         let c = self.r.header().prod.0.producer_cpu.load(Ordering::Relaxed);
         (c != NO_CPU).then_some(c)
+    }
+
+    fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
+        Some(Arc::new(ChannelPeek { r: self.r.clone() }))
+    }
+}
+
+/// A channel's thread-safe peek: compares the shared published head with
+/// the consumer's published `tail`, both atomics in the shared header.
+struct ChannelPeek {
+    r: Arc<Region>,
+}
+
+impl Peek for ChannelPeek {
+    fn ready(&self) -> bool {
+        let h = self.r.header();
+        // Tail first: it only grows up to head, so reading it before head
+        // can never report a completion that is not there.
+        let tail = h.cons.0.tail.load(Ordering::Acquire);
+        // A closed producer counts as ready: the owner's try_take reports
+        // the close, which a waiter must see instead of waiting forever.
+        (h.prod.0.head_armed.load(Ordering::Acquire) >> 1) > tail
+            || h.prod.0.producer_closed.load(Ordering::Acquire) != 0
+    }
+
+    fn attach_summary(&self, flag: Flag) -> bool {
+        if !self.r.local {
+            return false;
+        }
+        self.r.attach_summary(flag);
+        true
+    }
+
+    fn detach_summary(&self) {
+        self.r
+            .summary
+            .store(std::ptr::null_mut(), std::sync::atomic::Ordering::Release);
     }
 }

@@ -29,15 +29,69 @@
 //! types: [`Source::sleep`] demands a [`Rechecked`] token that only
 //! `block_until_ready` can create, so neither a source nor a wait mode can put
 //! a thread to sleep without the re-check.
+//!
+//! # Peeking from another thread: [`Peek`]
+//!
+//! [`Source::ready`] runs on the thread that owns the source and may use
+//! thread-local caches (the channel keeps its last-seen head in a `Cell`).
+//! The per-core dispatcher ([`crate::dispatch`]) must peek sources owned by
+//! *other* threads, so a source that wants dispatcher service hands out a
+//! [`Peek`] handle from [`Source::peek_handle`]. The contract:
+//!
+//! - [`Peek::ready`] may be called from any thread, at any time, while the
+//!   owner runs, waits, takes or drops the source; it never consumes, never
+//!   makes a syscall, and costs about one or two cache-line reads.
+//! - It is *eventually exact*: once a completion is in the source and not
+//!   yet taken, every later `ready()` returns true until the owner takes it.
+//!   A stale `true` (the owner took it a moment ago) is allowed: the owner
+//!   re-checks with [`Source::try_take`].
+//! - It also returns true once the source is closed for good, so the owner
+//!   is resumed and learns of the close from [`Source::try_take`]; a closing
+//!   producer raises the summary flag too.
+//! - The handle keeps whatever shared state it reads alive on its own (an
+//!   `Arc`), so it stays valid after the source is dropped; it then reports
+//!   whatever the shared state says (typically `false`).
+//! - Optionally ([`Peek::attach_summary`]) the source's *producer* raises a
+//!   flag in a [`summary::Summary`] after each new completion, so a
+//!   dispatcher watching hundreds of sources reads one summary instead of
+//!   every source on every pass (the EQ of an RDMA NIC plays that role in
+//!   the FastWake paper). A source that cannot do it returns `false` and is
+//!   simply peeked every pass.
+//!
+//! Sources without a handle (the default) still work in
+//! [`crate::WaitMode::Dispatch`]: the waiter falls back to interrupt mode.
+//! Implementations: the channel (head and tail are atomics in the shared
+//! header); RDMA CQs and sockets/io_uring provide theirs in their modules.
 
 pub mod channel;
 pub mod socket;
 pub mod uring;
 pub mod verbs;
+pub mod summary;
 
 use crate::Result;
 use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A thread-safe, non-destructive readiness check of one source; see the
+/// [module docs](self#peeking-from-another-thread-peek) for the contract.
+pub trait Peek: Send + Sync {
+    /// Is a completion waiting to be taken? No syscall, no consumption.
+    fn ready(&self) -> bool;
+
+    /// Ask the producer to raise `flag` after every new completion (after
+    /// the completion is visible to [`Peek::ready`]). Returns `false` when
+    /// the source cannot, e.g. its producer lives in another process.
+    /// Attaching again replaces the previous flag.
+    fn attach_summary(&self, _flag: summary::Flag) -> bool {
+        false
+    }
+
+    /// Stop raising the attached flag (a late raise may still happen and
+    /// is harmless: flags are hints).
+    fn detach_summary(&self) {}
+}
 
 /// Proof that the source was armed and then found empty. Only
 /// [`block_until_ready`] can make one; [`Source::sleep`] requires it.
@@ -85,6 +139,14 @@ pub trait Source {
     /// The CPU the producer last ran on, when known. A spinning consumer on
     /// that same CPU only delays the producer.
     fn peer_cpu(&self) -> Option<u32> {
+        None
+    }
+
+    /// A handle other threads may use to peek this source (the per-core
+    /// dispatcher does). `None` (the default) means the source cannot be
+    /// peeked from another thread; dispatch-mode waits then fall back to
+    /// interrupt mode.
+    fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
         None
     }
 }

@@ -5,6 +5,7 @@
 //! | [`WaitMode::Poll`] | peeks the source in a loop | a whole core | latency is all that matters and the core is free |
 //! | [`WaitMode::Interrupt`] | arms, re-checks, sleeps | a kernel wake-up (~1 µs same core, ~4 µs cross core here) | completions are rare or the core is shared |
 //! | [`WaitMode::Hybrid`] | polls for a budget, then interrupt | CPU up to the budget per wait | the peer usually answers within the budget |
+//! | [`WaitMode::Dispatch`] | sleeps on a futex; its core's [`crate::dispatch::Dispatcher`] wakes it | a same-core wake-up (~1 µs); the dispatcher uses only idle CPU | many threads share a core |
 //!
 //! The dispatch and adaptive modes build on these (see their modules when
 //! present). All blocking goes through [`crate::source::block_until_ready`].
@@ -33,6 +34,10 @@ pub enum WaitMode {
         /// Longest spin before blocking.
         budget: Duration,
     },
+    /// Register with the dispatcher of the current CPU and sleep until it
+    /// hands off (see [`crate::dispatch`]). Interrupt mode when no
+    /// dispatcher serves this CPU or the source has no peek handle.
+    Dispatch,
 }
 
 impl WaitMode {
@@ -42,6 +47,7 @@ impl WaitMode {
             WaitMode::Poll => "poll",
             WaitMode::Interrupt => "interrupt",
             WaitMode::Hybrid { .. } => "hybrid",
+            WaitMode::Dispatch => "dispatch",
         }
     }
 }
@@ -66,6 +72,7 @@ impl FromStr for WaitMode {
         match s {
             "poll" => Ok(WaitMode::Poll),
             "interrupt" | "int" | "event" => Ok(WaitMode::Interrupt),
+            "dispatch" => Ok(WaitMode::Dispatch),
             "hybrid" => Ok(WaitMode::Hybrid {
                 budget: DEFAULT_BUDGET,
             }),
@@ -82,7 +89,7 @@ impl FromStr for WaitMode {
                     });
                 }
                 Err(Fail::invalid(format!(
-                    "unknown wait mode '{s}': expected poll, interrupt or hybrid[:Nus]"
+                    "unknown wait mode '{s}': expected poll, interrupt, hybrid[:Nus] or dispatch"
                 )))
             }
         }
@@ -104,6 +111,17 @@ pub struct WaitStats {
     pub spurious: u64,
     /// Hybrid waits that skipped the spin because the producer shared our CPU.
     pub spin_skipped_same_cpu: u64,
+    /// Dispatch mode: wake-ups handed off by the dispatcher.
+    pub handoffs: u64,
+    /// Dispatch mode: waits done in interrupt mode because no live
+    /// dispatcher served the CPU, the source has no peek handle, or the
+    /// dispatcher was starved of CPU (not seen running for 500 µs).
+    pub dispatch_fallbacks: u64,
+    /// Dispatch mode: waits handed back to interrupt mode by an idle
+    /// dispatcher.
+    pub dispatch_paused: u64,
+    /// Dispatch mode: sleeps that hit the backstop timeout (should stay 0).
+    pub dispatch_backstops: u64,
 }
 
 /// Waits for completions in one [`WaitMode`], keeping [`WaitStats`].
@@ -111,6 +129,7 @@ pub struct WaitStats {
 pub struct Waiter {
     mode: WaitMode,
     stats: WaitStats,
+    link: crate::dispatch::Link,
 }
 
 impl Waiter {
@@ -119,6 +138,7 @@ impl Waiter {
         Waiter {
             mode,
             stats: WaitStats::default(),
+            link: crate::dispatch::Link::default(),
         }
     }
 
@@ -162,6 +182,11 @@ impl Waiter {
         let spun = match self.mode {
             WaitMode::Poll => return self.count(poll::spin(src, deadline), true),
             WaitMode::Interrupt => None,
+            WaitMode::Dispatch => {
+                let (r, slept) =
+                    crate::dispatch::wait(src, deadline, &mut self.link, &mut self.stats);
+                return self.count(r, !slept);
+            }
             WaitMode::Hybrid { budget } => {
                 hybrid::spin_phase(src, budget, deadline, &mut self.stats)?
             }

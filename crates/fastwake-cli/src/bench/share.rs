@@ -1,0 +1,697 @@
+//! `fastwake bench share`: N connections whose server ends share K cores.
+//!
+//! Every connection is a pair of channels (request, response). The server
+//! ends run on the last K CPUs, in one of several arrangements (the
+//! *modes*); one busy-polling client thread on the first remaining CPU
+//! drives them:
+//!
+//! - `latency` load: one request outstanding in the whole system, rotating
+//!   over the N connections, so a round trip includes the server side's
+//!   whole wake-up path (for a dispatcher: the scan of N sources too).
+//! - `throughput` load: every connection closed-loop with one request
+//!   outstanding; round trips per second is the figure of merit.
+//!
+//! Modes are measured interleaved in one run (each round gives every mode a
+//! slice; servers are set up and torn down per slice so an idle mode never
+//! steals CPU from the measured one).
+
+use super::stats::{self, Row, Sample};
+use fastwake::dispatch::{self, Dispatcher, Policy, Runtime, TaskConfig};
+use fastwake::source::Source;
+use fastwake::source::channel::{self, Config as ChanConfig, Doorbell, Receiver, Sender};
+use fastwake::{Fail, Result, WaitMode, Waiter};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Connections (server ends) sharing the server cores.
+    #[arg(long, default_value_t = 16)]
+    pub conns: usize,
+    /// Server cores (the last K CPUs); the client runs on the first CPU.
+    #[arg(long, default_value_t = 1)]
+    pub cores: usize,
+    /// `latency` (one request outstanding in total) or `throughput` (one
+    /// per connection).
+    #[arg(long, default_value = "latency")]
+    pub load: String,
+    /// Server arrangements to compare, comma separated: interrupt, poll,
+    /// tasks, threads, threads:fifo, threads:yield, threads:normal,
+    /// threads:cross, reference.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "interrupt,poll,tasks,threads,reference"
+    )]
+    pub mode: Vec<String>,
+    /// Measured round trips per mode.
+    #[arg(long, default_value_t = 20_000)]
+    pub iters: u64,
+    /// Unmeasured round trips at the start of every slice.
+    #[arg(long, default_value_t = 300)]
+    pub warmup: u64,
+    /// Interleaving rounds (slices per mode).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: u64,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 8)]
+    pub size: usize,
+    /// Dispatcher idle threshold in µs (0 = never sleep).
+    #[arg(long, default_value_t = 2000)]
+    pub idle_after_us: u64,
+    /// Instead of one table, print latency against the number of
+    /// connections (1, 4, 16, 64, 256) for the chosen modes (`poll` is
+    /// left out unless named: 256 spinning threads on one core take
+    /// minutes).
+    #[arg(long)]
+    pub sweep: bool,
+    /// Print JSON (one object per row) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Load {
+    Latency,
+    Throughput,
+}
+
+impl Load {
+    fn name(self) -> &'static str {
+        match self {
+            Load::Latency => "latency",
+            Load::Throughput => "throughput",
+        }
+    }
+}
+
+/// How the server ends are arranged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A thread per connection, `WaitMode` given.
+    PerThread(WaitMode),
+    /// A thread per connection in dispatch mode, a dispatcher per core.
+    Threads { policy: Policy, cross: bool },
+    /// A task per connection on a runtime per core.
+    Tasks,
+    /// One connection, both ends busy-polling: the floor.
+    Reference,
+}
+
+impl Mode {
+    fn parse(s: &str) -> Result<Mode> {
+        Ok(match s {
+            "interrupt" => Mode::PerThread(WaitMode::Interrupt),
+            "poll" => Mode::PerThread(WaitMode::Poll),
+            "tasks" => Mode::Tasks,
+            "threads" => Mode::Threads {
+                policy: Policy::Idle,
+                cross: false,
+            },
+            "threads:cross" => Mode::Threads {
+                policy: Policy::Idle,
+                cross: true,
+            },
+            "reference" => Mode::Reference,
+            _ => match s.strip_prefix("threads:") {
+                Some(p) => Mode::Threads {
+                    policy: Policy::parse(p)?,
+                    cross: false,
+                },
+                None => {
+                    return Err(Fail::invalid(format!(
+                        "unknown mode '{s}': expected interrupt, poll, tasks, threads[:idle|fifo|yield|normal|cross] or reference"
+                    )));
+                }
+            },
+        })
+    }
+
+    fn label(&self) -> String {
+        match self {
+            Mode::PerThread(m) => m.name().to_string(),
+            Mode::Threads {
+                policy: Policy::Idle,
+                cross: false,
+            } => "threads".into(),
+            Mode::Threads { cross: true, .. } => "threads:cross".into(),
+            Mode::Threads { policy, .. } => format!("threads:{}", policy.name()),
+            Mode::Tasks => "tasks".into(),
+            Mode::Reference => "reference".into(),
+        }
+    }
+}
+
+/// Where things run.
+#[derive(Debug, Clone)]
+struct Layout {
+    client_cpu: u32,
+    server_cpus: Vec<u32>,
+}
+
+impl Layout {
+    fn new(cores: usize) -> Result<Layout> {
+        let n = fastwake::cpu::online() as usize;
+        if cores == 0 || cores >= n {
+            return Err(Fail::invalid(format!(
+                "--cores must be between 1 and {} on this host ({n} CPUs; one is kept for the client)",
+                n.saturating_sub(1)
+            )));
+        }
+        Ok(Layout {
+            client_cpu: 0,
+            server_cpus: ((n - cores) as u32..n as u32).collect(),
+        })
+    }
+}
+
+/// The client's end of one connection.
+struct ClientEnd {
+    tx: Sender,
+    rx: Receiver,
+    sent: u64,
+    received: u64,
+}
+
+/// A running server arrangement for one slice.
+struct Servers {
+    threads: Vec<JoinHandle<Result<()>>>,
+    clocks: Vec<libc::clockid_t>,
+    dispatchers: Vec<Dispatcher>,
+}
+
+impl Servers {
+    fn cpu_time(&self) -> Duration {
+        let mut t: Duration = self.clocks.iter().map(|&c| clock_time(c)).sum();
+        for d in &self.dispatchers {
+            t += d.cpu_time().unwrap_or_default();
+        }
+        t
+    }
+
+    /// Wait for the server threads to finish (the client closed its ends).
+    fn finish(self) -> Result<()> {
+        let mut first = Ok(());
+        for t in self.threads {
+            let r = t
+                .join()
+                .map_err(|_| Fail::new(libc::EIO, "server thread panicked"))
+                .and_then(|r| r);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        drop(self.dispatchers);
+        first
+    }
+}
+
+fn thread_clock() -> libc::clockid_t {
+    let mut id: libc::clockid_t = 0;
+    // SAFETY: pthread_self is the calling thread; id is a valid out-pointer.
+    let r = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
+    if r == 0 {
+        id
+    } else {
+        libc::CLOCK_THREAD_CPUTIME_ID
+    }
+}
+
+fn clock_time(id: libc::clockid_t) -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer; an invalid id only makes it fail.
+    if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// A peer close ends a server loop normally.
+fn closed_ok(r: Result<()>) -> Result<()> {
+    match r {
+        Err(e) if e.is_closed() => Ok(()),
+        r => r,
+    }
+}
+
+fn echo(rx: &mut Receiver, tx: &mut Sender, m: channel::Msg) -> Result<()> {
+    let payload_len = m.len as usize;
+    let mut buf = [0u8; 64];
+    let n = payload_len.min(buf.len());
+    buf[..n].copy_from_slice(&rx.payload()[..n]);
+    if payload_len > buf.len() {
+        let p = rx.payload().to_vec();
+        return tx.send(m.tag, &p);
+    }
+    tx.send(m.tag, &buf[..n])
+}
+
+fn spawn_server(
+    name: String,
+    cpu: u32,
+    clocks: &mpsc::Sender<libc::clockid_t>,
+    f: impl FnOnce() -> Result<()> + Send + 'static,
+) -> Result<JoinHandle<Result<()>>> {
+    let clocks = clocks.clone();
+    std::thread::Builder::new()
+        .name(name)
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            fastwake::cpu::pin(cpu)?;
+            let _ = clocks.send(thread_clock());
+            drop(clocks);
+            closed_ok(f())
+        })
+        .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn server thread: {e}")))
+}
+
+/// Start the servers of `mode` for `ends` (server side of each connection).
+fn start(
+    mode: Mode,
+    ends: Vec<(Receiver, Sender)>,
+    layout: &Layout,
+    idle_after: Option<Duration>,
+) -> Result<Servers> {
+    let (ctx, crx) = mpsc::channel();
+    let k = layout.server_cpus.len();
+    let mut threads = Vec::new();
+    let mut dispatchers = Vec::new();
+    match mode {
+        Mode::PerThread(_) | Mode::Threads { .. } | Mode::Reference => {
+            let wm = match mode {
+                Mode::PerThread(m) => m,
+                Mode::Reference => WaitMode::Poll,
+                _ => WaitMode::Dispatch,
+            };
+            if let Mode::Threads { policy, cross } = mode {
+                for &cpu in &layout.server_cpus {
+                    let mut cfg = dispatch::Config::new(cpu);
+                    cfg.policy = policy;
+                    cfg.idle_after = idle_after;
+                    if cross {
+                        cfg.run_on = Some(layout.client_cpu);
+                    }
+                    dispatchers.push(Dispatcher::start(cfg)?);
+                }
+            }
+            for (j, (mut rx, mut tx)) in ends.into_iter().enumerate() {
+                let cpu = layout.server_cpus[j % k];
+                threads.push(spawn_server(format!("fw-srv{j}"), cpu, &ctx, move || {
+                    let mut w = Waiter::new(wm);
+                    loop {
+                        let m = w.wait(&mut rx)?;
+                        echo(&mut rx, &mut tx, m)?;
+                    }
+                })?);
+            }
+        }
+        Mode::Tasks => {
+            let mut per_core: Vec<Vec<(Receiver, Sender)>> = (0..k).map(|_| Vec::new()).collect();
+            for (j, e) in ends.into_iter().enumerate() {
+                per_core[j % k].push(e);
+            }
+            for (c, ends) in per_core.into_iter().enumerate() {
+                let cpu = layout.server_cpus[c];
+                threads.push(spawn_server(format!("fw-rt{c}"), cpu, &ctx, move || {
+                    let mut rt = Runtime::new(TaskConfig {
+                        idle_after,
+                        ..TaskConfig::default()
+                    })?;
+                    for (mut rx, mut tx) in ends {
+                        rt.spawn(move |cx| {
+                            closed_ok((|| loop {
+                                let m = cx.wait(&mut rx)?;
+                                echo(&mut rx, &mut tx, m)?;
+                            })())
+                        })?;
+                    }
+                    rt.run()?;
+                    match rt.take_errors().into_iter().next() {
+                        Some((i, e)) => Err(Fail::new(e.errno(), format!("task {i}: {e}"))),
+                        None => Ok(()),
+                    }
+                })?);
+            }
+        }
+    }
+    drop(ctx);
+    let clocks: Vec<_> = crx.iter().take(threads.len()).collect();
+    Ok(Servers {
+        threads,
+        clocks,
+        dispatchers,
+    })
+}
+
+/// What one slice measured.
+#[derive(Default)]
+struct Slice {
+    client_cpu: Duration,
+    server_cpu: Duration,
+    wall: Duration,
+    n: u64,
+}
+
+fn recv_poll(c: &mut ClientEnd) -> Result<()> {
+    loop {
+        if c.rx.ready()
+            && let Some(m) = c.rx.try_take()?
+        {
+            return check(c, m);
+        }
+        std::hint::spin_loop();
+    }
+}
+
+fn check(c: &mut ClientEnd, m: channel::Msg) -> Result<()> {
+    if m.tag != c.received {
+        return Err(Fail::new(
+            libc::EPROTO,
+            format!("reply tag {} where {} was expected", m.tag, c.received),
+        ));
+    }
+    c.received += 1;
+    Ok(())
+}
+
+fn send(c: &mut ClientEnd, payload: &[u8]) -> Result<()> {
+    c.tx.send(c.sent, payload)?;
+    c.sent += 1;
+    Ok(())
+}
+
+/// Run the client side of one slice: `warmup` then `n` measured round trips.
+fn drive(
+    load: Load,
+    clients: &mut [ClientEnd],
+    servers: &Servers,
+    payload: &[u8],
+    warmup: u64,
+    n: u64,
+    sample: &mut Sample,
+) -> Result<Slice> {
+    let conns = clients.len();
+    let mut out = Slice::default();
+    match load {
+        Load::Latency => {
+            let mut next = 0usize;
+            let mut one = |sample: Option<&mut Sample>| -> Result<()> {
+                let c = &mut clients[next];
+                next = (next + 1) % conns;
+                let t0 = Instant::now();
+                send(c, payload)?;
+                recv_poll(c)?;
+                if let Some(s) = sample {
+                    s.record_rtt(t0.elapsed());
+                }
+                Ok(())
+            };
+            for _ in 0..warmup {
+                one(None)?;
+            }
+            let (c0, s0, w0) = (
+                fastwake::cpu::thread_cpu_time(),
+                servers.cpu_time(),
+                Instant::now(),
+            );
+            for _ in 0..n {
+                one(Some(sample))?;
+            }
+            out.wall = w0.elapsed();
+            out.client_cpu = fastwake::cpu::thread_cpu_time() - c0;
+            out.server_cpu = servers.cpu_time() - s0;
+        }
+        Load::Throughput => {
+            let mut t0 = vec![Instant::now(); conns];
+            for (i, c) in clients.iter_mut().enumerate() {
+                t0[i] = Instant::now();
+                send(c, payload)?;
+            }
+            let total = warmup + n;
+            let mut sent = conns as u64;
+            let mut done = 0u64;
+            let mut start = None;
+            while done < total {
+                for (i, c) in clients.iter_mut().enumerate() {
+                    if !c.rx.ready() {
+                        continue;
+                    }
+                    let Some(m) = c.rx.try_take()? else { continue };
+                    check(c, m)?;
+                    done += 1;
+                    if done == warmup {
+                        start = Some((
+                            fastwake::cpu::thread_cpu_time(),
+                            servers.cpu_time(),
+                            Instant::now(),
+                        ));
+                    }
+                    if done > warmup {
+                        sample.record_rtt(t0[i].elapsed());
+                    }
+                    if sent < total {
+                        t0[i] = Instant::now();
+                        send(c, payload)?;
+                        sent += 1;
+                    }
+                }
+            }
+            let (c0, s0, w0) = start.unwrap_or((
+                fastwake::cpu::thread_cpu_time(),
+                servers.cpu_time(),
+                Instant::now(),
+            ));
+            out.wall = w0.elapsed();
+            out.client_cpu = fastwake::cpu::thread_cpu_time() - c0;
+            out.server_cpu = servers.cpu_time() - s0;
+        }
+    }
+    out.n = n;
+    Ok(out)
+}
+
+struct Plan {
+    load: Load,
+    conns: usize,
+    iters: u64,
+    warmup: u64,
+    rounds: u64,
+    size: usize,
+    idle_after: Option<Duration>,
+}
+
+/// Measure `modes` interleaved; one row each.
+fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
+    fastwake::cpu::pin(layout.client_cpu)?;
+    let payload = vec![0x5au8; plan.size];
+    let cfg = ChanConfig {
+        capacity: 64,
+        slot_size: plan.size.max(1) as u32,
+        doorbell: Doorbell::Futex,
+    };
+    let mut samples: Vec<Sample> = modes.iter().map(|_| Sample::new()).collect();
+    let mut totals: Vec<Slice> = modes.iter().map(|_| Slice::default()).collect();
+    for round in 0..plan.rounds {
+        let n = plan.iters / plan.rounds + u64::from(round < plan.iters % plan.rounds);
+        for (i, &mode) in modes.iter().enumerate() {
+            let conns = if mode == Mode::Reference {
+                1
+            } else {
+                plan.conns
+            };
+            let mut clients = Vec::with_capacity(conns);
+            let mut ends = Vec::with_capacity(conns);
+            for _ in 0..conns {
+                let (req_tx, req_rx) = channel::channel(cfg)?;
+                let (resp_tx, resp_rx) = channel::channel(cfg)?;
+                clients.push(ClientEnd {
+                    tx: req_tx,
+                    rx: resp_rx,
+                    sent: 0,
+                    received: 0,
+                });
+                ends.push((req_rx, resp_tx));
+            }
+            let servers = start(mode, ends, layout, plan.idle_after)?;
+            let r = drive(
+                plan.load,
+                &mut clients,
+                &servers,
+                &payload,
+                plan.warmup,
+                n,
+                &mut samples[i],
+            );
+            // Closing the client ends stops the servers.
+            drop(clients);
+            let fin = servers.finish();
+            let s = r?;
+            fin?;
+            let t = &mut totals[i];
+            t.client_cpu += s.client_cpu;
+            t.server_cpu += s.server_cpu;
+            t.wall += s.wall;
+            t.n += s.n;
+        }
+    }
+    Ok(modes
+        .iter()
+        .zip(samples.iter().zip(totals))
+        .map(|(m, (s, t))| {
+            let conns = if *m == Mode::Reference { 1 } else { plan.conns };
+            let mut row = Row::from_sample(
+                "channel",
+                &m.label(),
+                "cross",
+                plan.size,
+                s,
+                t.client_cpu,
+                t.server_cpu,
+            );
+            let rate = if t.wall.is_zero() {
+                0.0
+            } else {
+                t.n as f64 / t.wall.as_secs_f64()
+            };
+            row.extra.insert("conns".into(), conns.into());
+            row.extra
+                .insert("cores".into(), layout.server_cpus.len().into());
+            row.extra.insert("load".into(), plan.load.name().into());
+            row.extra.insert(
+                "rtt_per_s".into(),
+                serde_json::Number::from_f64(rate.round())
+                    .map(serde_json::Value::Number)
+                    .unwrap_or(serde_json::Value::Null),
+            );
+            row
+        })
+        .collect())
+}
+
+fn print_rates(rows: &[Row]) {
+    println!(
+        " {:<16} {:>6} {:>6} {:>12}",
+        "mode", "conns", "cores", "rtt/s"
+    );
+    for r in rows {
+        println!(
+            " {:<16} {:>6} {:>6} {:>12}",
+            r.mode,
+            r.extra.get("conns").cloned().unwrap_or_default(),
+            r.extra.get("cores").cloned().unwrap_or_default(),
+            r.extra.get("rtt_per_s").cloned().unwrap_or_default()
+        );
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let load = match a.load.as_str() {
+        "latency" => Load::Latency,
+        "throughput" => Load::Throughput,
+        other => {
+            return Err(Fail::invalid(format!(
+                "unknown load '{other}': expected latency or throughput"
+            )));
+        }
+    };
+    if a.conns == 0 || a.conns > 4096 {
+        return Err(Fail::invalid("--conns must be between 1 and 4096"));
+    }
+    if a.iters == 0 || a.rounds == 0 || a.rounds > a.iters {
+        return Err(Fail::invalid(
+            "--iters must be at least 1 and --rounds between 1 and --iters",
+        ));
+    }
+    if a.size > 1 << 16 {
+        return Err(Fail::invalid("--size must be at most 65536"));
+    }
+    let layout = Layout::new(a.cores)?;
+    let modes = a
+        .mode
+        .iter()
+        .map(|m| Mode::parse(m.trim()))
+        .collect::<Result<Vec<_>>>()?;
+    let idle_after = (a.idle_after_us > 0).then(|| Duration::from_micros(a.idle_after_us));
+    let note = format!(
+        "client thread pinned to CPU {} (busy-polling); server ends on CPU(s) {:?}; one-way latency = RTT/2; cpu/op = CPU µs per round trip, client+servers (incl. dispatchers)",
+        layout.client_cpu, layout.server_cpus
+    );
+    // Measuring runs on a thread of its own, so pinning it leaves the
+    // caller alone.
+    let plan = Plan {
+        load,
+        conns: a.conns,
+        iters: a.iters,
+        warmup: a.warmup,
+        rounds: a.rounds,
+        size: a.size,
+        idle_after,
+    };
+    if !a.sweep {
+        let l2 = layout.clone();
+        let rows = std::thread::spawn(move || measure(&modes, &plan, &l2))
+            .join()
+            .map_err(|_| Fail::new(libc::EIO, "benchmark thread panicked"))??;
+        if a.json {
+            stats::print_json(&rows);
+        } else {
+            stats::print_table(
+                &format!(
+                    "fastwake bench share — source channel — load {} — {} conns on {} core(s) — {note}",
+                    load.name(),
+                    a.conns,
+                    a.cores
+                ),
+                &rows,
+            );
+            print_rates(&rows);
+        }
+        return Ok(());
+    }
+    // The sweep: latency against the number of sources.
+    let mut all = Vec::new();
+    let sweep_modes: Vec<Mode> = if a.mode.len() == 5 && a.mode.iter().any(|m| m == "poll") {
+        // The default list: drop poll (see --sweep).
+        modes
+            .into_iter()
+            .filter(|m| *m != Mode::PerThread(WaitMode::Poll))
+            .collect()
+    } else {
+        modes
+    };
+    for conns in [1usize, 4, 16, 64, 256] {
+        let p = Plan { conns, ..plan };
+        let (m2, l2) = (sweep_modes.clone(), layout.clone());
+        let rows = std::thread::spawn(move || measure(&m2, &p, &l2))
+            .join()
+            .map_err(|_| Fail::new(libc::EIO, "benchmark thread panicked"))??;
+        all.push((conns, rows));
+    }
+    if a.json {
+        let flat: Vec<Row> = all.into_iter().flat_map(|(_, r)| r).collect();
+        stats::print_json(&flat);
+        return Ok(());
+    }
+    println!(
+        "fastwake bench share --sweep — source channel — load {} — one-way p50 / p99 µs against connections sharing {} core(s) — {note}",
+        load.name(),
+        a.cores
+    );
+    let mut head = format!(" {:>7}", "sources");
+    for m in &sweep_modes {
+        head += &format!(" {:>22}", format!("{} p50/p99", m.label()));
+    }
+    println!("{head}");
+    for (conns, rows) in &all {
+        let mut line = format!(" {:>7}", conns);
+        for r in rows {
+            line += &format!(" {:>22}", format!("{:.3} / {:.3}", r.t_typical, r.p99));
+        }
+        println!("{line}");
+    }
+    Ok(())
+}

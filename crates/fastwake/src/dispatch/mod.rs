@@ -1,0 +1,73 @@
+//! The per-core dispatcher with direct hand-off (FastWake approach 1),
+//! on stock Linux.
+//!
+//! Many connections share a core and still get polling-class latency: one
+//! dispatcher per core peeks every source of the waiters on that core
+//! (without consuming: [`crate::source::Peek`]) and hands the CPU directly
+//! to the waiter whose source is ready. Two kinds of waiters:
+//!
+//! - **Tasks** ([`tasks`]): stackful coroutines on a [`Runtime`] that is
+//!   itself the dispatcher; the hand-off is a user-level switch (a few ns).
+//! - **Kernel threads** ([`threads`]): unmodified threads waiting with
+//!   [`crate::WaitMode::Dispatch`] sleep on a per-thread futex; a
+//!   [`Dispatcher`] thread on their core (`SCHED_IDLE` by default) wakes the
+//!   one whose source is ready: a same-core wake-up instead of the
+//!   producer's cross-core one, and no syscall for the producer at all.
+//!
+//! Both scale to hundreds of sources with a readiness summary
+//! ([`crate::source::summary`]) and stop burning the core when idle (the
+//! idle policy: after `idle_after` without work, sleep until the first
+//! event). Measurements: `fastwake bench share` and `docs/dispatch.md`.
+//!
+//! Layout: [`slot`] (the lock-free hand-off protocol, loom-checked),
+//! `watch` (the watched-source set and one pass over it), [`threads`] (the
+//! dispatcher thread), `waiter` (the dispatch-mode wait), [`tasks`] (the
+//! task runtime), `sched` (scheduling policies).
+
+mod sched;
+pub mod slot;
+pub mod tasks;
+pub mod threads;
+mod waiter;
+mod watch;
+
+use std::time::Duration;
+
+pub use sched::Policy;
+pub use tasks::{Runtime, TaskConfig, TaskCtx, TaskStats};
+pub use threads::{Config, Dispatcher};
+pub use waiter::Link;
+pub(crate) use waiter::wait;
+
+/// Default idle threshold: long enough that a connection answering within
+/// a millisecond never sees the slower interrupt-mode path, short enough
+/// that an idle core stops spinning almost at once.
+pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_millis(2);
+
+/// What a dispatcher is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Peeking its sources.
+    Polling,
+    /// Asleep after the idle threshold; the first event wakes it.
+    Sleeping,
+    /// Gone: its waiters use interrupt mode.
+    Dead,
+}
+
+/// Counters of a [`Dispatcher`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchStats {
+    /// Threads woken because their source was ready.
+    pub handoffs: u64,
+    /// Passes over the waiting sources (updated every few hundred passes).
+    pub passes: u64,
+    /// Times it went to sleep under the idle policy.
+    pub idle_sleeps: u64,
+    /// Waits handed back to interrupt mode when going to sleep.
+    pub paused: u64,
+    /// Threads registered now.
+    pub registered: u64,
+    /// State now.
+    pub state: State,
+}

@@ -1,0 +1,209 @@
+//! The hand-off slot: how a kernel thread waiting in dispatch mode and its
+//! core's dispatcher agree, without locks, on who wakes whom.
+//!
+//! Each registered waiter owns one [`Slot`]; the dispatcher owns a
+//! [`WaitSet`] bitmap with one bit per slot, so a pass reads one word per
+//! 64 slots instead of every slot.
+//!
+//! States of a slot (`state`):
+//! - [`RUNNING`]: the owner is not waiting (the dispatcher ignores it).
+//! - [`WAITING`]: the owner announced a wait and may be asleep on `bell`.
+//! - [`HANDED`]: the dispatcher saw the source ready and woke the owner.
+//! - [`PAUSED`]: the dispatcher went idle; the owner must wait in interrupt
+//!   mode for this one completion.
+//! - [`DEAD`]: the dispatcher is gone; the owner falls back for good.
+//!
+//! Only the owner moves a slot *out of* the dispatcher-set states and only
+//! the dispatcher moves it *out of* `WAITING` to them; both use a CAS on
+//! `WAITING`, so exactly one side wins a race between "the owner gives up
+//! waiting" and "the dispatcher hands off".
+//!
+//! The `WaitSet` bit is a hint that may be stale in one direction only: a
+//! `WAITING` slot always has its bit set (the owner sets it after the state;
+//! the dispatcher, after clearing a bit, re-reads the state and sets it back
+//! if it raced with a new announcement). The loom model in
+//! `tests/dispatch_loom.rs` checks that no hand-off is lost.
+
+use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering};
+use std::time::Duration;
+
+/// The owner is not waiting.
+pub const RUNNING: u32 = 0;
+/// The owner waits; the dispatcher should peek its source.
+pub const WAITING: u32 = 1;
+/// The dispatcher found the source ready and rang the owner's bell.
+pub const HANDED: u32 = 2;
+/// The dispatcher is asleep (idle policy): wait in interrupt mode once.
+pub const PAUSED: u32 = 3;
+/// The dispatcher is gone: wait in interrupt mode from now on.
+pub const DEAD: u32 = 4;
+
+/// One waiter's hand-off slot.
+#[repr(align(64))]
+pub struct Slot {
+    state: AtomicU32,
+    bell: FutexWord,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            state: AtomicU32::new(RUNNING),
+            bell: FutexWord::new(0),
+        }
+    }
+}
+
+impl Slot {
+    /// Current state.
+    pub fn state(&self) -> u32 {
+        self.state.load(Ordering::SeqCst)
+    }
+
+    /// Owner: announce a wait. After this the dispatcher may hand off at
+    /// any moment; the caller must re-check its source and then either
+    /// [`Slot::cancel`] or [`Slot::sleep`]. False when the dispatcher is
+    /// dead (the slot is `DEAD`): wait in interrupt mode instead.
+    pub fn announce(&self, set: &WaitSet, index: usize) -> bool {
+        if self
+            .state
+            .compare_exchange(RUNNING, WAITING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return false;
+        }
+        set.mark(index);
+        true
+    }
+
+    /// Owner: stop waiting. Returns `RUNNING` when the wait was withdrawn
+    /// before any hand-off, otherwise the state the dispatcher set, which
+    /// the owner must then [`Slot::reclaim`].
+    pub fn cancel(&self) -> u32 {
+        match self
+            .state
+            .compare_exchange(WAITING, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => RUNNING,
+            Err(s) => s,
+        }
+    }
+
+    /// Owner: sleep until the state leaves `WAITING` or `timeout` passes.
+    /// Returns the state seen last.
+    pub fn sleep(&self, timeout: Option<Duration>) -> u32 {
+        // The bell is read before the state: a hand-off after the state
+        // check changes the bell, so the futex wait cannot miss it.
+        let seq = self.bell.load();
+        let s = self.state();
+        if s != WAITING {
+            return s;
+        }
+        self.bell.wait(seq, timeout);
+        self.state()
+    }
+
+    /// Owner: after a hand-off, take the slot back. Returns the state the
+    /// dispatcher left (`HANDED`, `PAUSED` or `DEAD`); `DEAD` stays.
+    pub fn reclaim(&self) -> u32 {
+        let s = self.state();
+        if s != HANDED && s != PAUSED {
+            return s;
+        }
+        // A dying dispatcher may write DEAD meanwhile; then DEAD stays.
+        match self
+            .state
+            .compare_exchange(s, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => s,
+            Err(now) => now,
+        }
+    }
+
+    /// Dispatcher: move a `WAITING` slot to `to` and ring the owner. False
+    /// when the owner withdrew first.
+    pub fn hand(&self, to: u32) -> bool {
+        if self
+            .state
+            .compare_exchange(WAITING, to, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return false;
+        }
+        self.bell.bump_and_wake();
+        true
+    }
+
+    /// Dispatcher at exit: mark the slot dead whatever it does, ringing it
+    /// if it was waiting.
+    pub fn kill(&self) {
+        if self.hand(DEAD) {
+            return;
+        }
+        // Not waiting: the owner sees DEAD on its next announce or
+        // reclaim. A CAS loop, because the owner may be announcing now.
+        let mut s = self.state();
+        loop {
+            if s == DEAD {
+                return;
+            }
+            match self
+                .state
+                .compare_exchange(s, DEAD, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => {
+                    if s == WAITING {
+                        self.bell.bump_and_wake();
+                    }
+                    return;
+                }
+                Err(now) => s = now,
+            }
+        }
+    }
+}
+
+/// One bit per slot: "this slot may be waiting".
+pub struct WaitSet {
+    words: Box<[AtomicU64]>,
+}
+
+impl WaitSet {
+    /// Room for `capacity` slots.
+    pub fn new(capacity: usize) -> WaitSet {
+        WaitSet {
+            words: (0..capacity.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    /// Number of 64-bit words.
+    pub fn words(&self) -> usize {
+        self.words.len()
+    }
+
+    /// Bits of word `w`.
+    #[inline]
+    pub fn word(&self, w: usize) -> u64 {
+        self.words[w].load(Ordering::SeqCst)
+    }
+
+    fn mark(&self, index: usize) {
+        let (w, b) = (index / 64, 1u64 << (index % 64));
+        // Skip the locked RMW when the bit is still set from before.
+        if self.words[w].load(Ordering::SeqCst) & b == 0 {
+            self.words[w].fetch_or(b, Ordering::SeqCst);
+        }
+    }
+
+    /// Dispatcher: drop the bit of a slot found not waiting, then re-read
+    /// the state and restore the bit if the owner announced meanwhile.
+    pub fn unmark(&self, index: usize, slot: &Slot) {
+        let (w, b) = (index / 64, 1u64 << (index % 64));
+        self.words[w].fetch_and(!b, Ordering::SeqCst);
+        if slot.state() == WAITING {
+            self.words[w].fetch_or(b, Ordering::SeqCst);
+        }
+    }
+}

@@ -1,0 +1,534 @@
+//! The dispatcher thread for ordinary kernel threads (FastWake approach 1
+//! without kernel changes).
+//!
+//! Application threads on a core register their source's [`Peek`] handle
+//! and sleep on a per-thread futex ([`super::slot`]). One dispatcher thread
+//! on the same core peeks every waiting source; when one is ready it rings
+//! that thread's futex. The wake-up is a same-core one (~1 µs here, against
+//! ~4 µs for the cross-core wake the producer would otherwise cause), and
+//! with the default [`Policy::Idle`] the dispatcher runs only when the core
+//! has nothing else to do, so the woken thread preempts it at once and
+//! runnable application threads never lose CPU to it.
+//!
+//! Idle policy: after `idle_after` without a hand-off the dispatcher hands
+//! every waiting thread back to interrupt mode (state `PAUSED`: each arms
+//! its own source and sleeps on it, the ordinary arm → re-check → sleep) and
+//! sleeps itself; the first thread that gets a completion, or starts a new
+//! wait, wakes it and polling resumes.
+//!
+//! Death: if the dispatcher thread exits for any reason (stopped, panicked)
+//! a guard marks it dead and rings every waiting thread with `DEAD`; they
+//! and all later waits fall back to interrupt mode.
+
+use super::slot::{HANDED, PAUSED, Slot, WAITING, WaitSet};
+use super::watch::Watch;
+use super::{DispatchStats, Policy, State};
+use crate::source::Peek;
+use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering};
+use crate::{Fail, Result};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A registration (`Some`) or unregistration (`None`) of slot `.0`, queued
+/// for the dispatcher thread, which alone owns the watched set.
+type Change = (usize, Option<Arc<dyn Peek>>);
+
+const MODE_POLLING: u32 = 0;
+const MODE_SLEEPING: u32 = 1;
+const MODE_DEAD: u32 = 2;
+
+/// Empty passes between clock reads for the idle threshold and heartbeat.
+const PASSES_PER_CLOCK: u32 = 256;
+
+/// A polling dispatcher whose heartbeat is older than this is not getting
+/// the CPU (with `SCHED_IDLE`, any busy thread on the core starves it), so
+/// waits go to interrupt mode rather than rely on it.
+const STALE: Duration = Duration::from_micros(500);
+
+/// How a dispatcher runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// The core whose waiting threads it serves: threads that wait in
+    /// dispatch mode on this CPU register with it.
+    pub cpu: u32,
+    /// Where the dispatcher thread itself runs; `None` = `cpu` (the fast
+    /// case: a same-core wake-up).
+    pub run_on: Option<u32>,
+    /// Scheduling policy of the dispatcher thread.
+    pub policy: Policy,
+    /// Sleep after this long without a hand-off; `None` = never.
+    pub idle_after: Option<Duration>,
+    /// Most threads it can serve at once.
+    pub capacity: usize,
+    /// Use readiness summaries where sources support them, once more than
+    /// `summary_above` threads are registered.
+    pub summary: bool,
+    /// See `summary`.
+    pub summary_above: usize,
+}
+
+impl Config {
+    /// Defaults for `cpu`: same core, `SCHED_IDLE`, sleep after 2 ms idle,
+    /// 1024 threads, summaries on.
+    pub fn new(cpu: u32) -> Config {
+        Config {
+            cpu,
+            run_on: None,
+            policy: Policy::Idle,
+            idle_after: Some(super::DEFAULT_IDLE_AFTER),
+            capacity: 1024,
+            summary: true,
+            summary_above: super::watch::SUMMARY_ABOVE,
+        }
+    }
+}
+
+pub(crate) struct Core {
+    cfg: Config,
+    pub(crate) slots: Box<[Slot]>,
+    pub(crate) waitset: WaitSet,
+    mode: AtomicU32,
+    kick: FutexWord,
+    pending: Mutex<Vec<Change>>,
+    pending_flag: AtomicBool,
+    free: Mutex<Vec<usize>>,
+    stop: AtomicBool,
+    crash: AtomicBool,
+    handoffs: AtomicU64,
+    passes: AtomicU64,
+    idle_sleeps: AtomicU64,
+    paused: AtomicU64,
+    registered: AtomicU64,
+    clock: Mutex<Option<libc::clockid_t>>,
+    epoch: Instant,
+    /// µs since `epoch` at the dispatcher's last clock read.
+    heartbeat: AtomicU64,
+}
+
+impl Core {
+    /// The dispatcher state.
+    pub(crate) fn state(&self) -> State {
+        match self.mode.load(Ordering::SeqCst) {
+            MODE_POLLING => State::Polling,
+            MODE_SLEEPING => State::Sleeping,
+            _ => State::Dead,
+        }
+    }
+
+    /// Polling, but not seen running lately: starved of CPU.
+    pub(crate) fn stale(&self) -> bool {
+        self.mode.load(Ordering::Relaxed) == MODE_POLLING
+            && self.epoch.elapsed().as_micros() as u64
+                > self.heartbeat.load(Ordering::Relaxed) + STALE.as_micros() as u64
+    }
+
+    fn beat(&self, now: Instant) {
+        self.heartbeat.store(
+            now.duration_since(self.epoch).as_micros() as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.mode.load(Ordering::SeqCst) == MODE_DEAD
+    }
+
+    /// Register a waiter's source; `None` when dead or full.
+    pub(crate) fn register(&self, peek: Arc<dyn Peek>) -> Option<usize> {
+        if self.is_dead() {
+            return None;
+        }
+        let i = lock(&self.free).pop()?;
+        lock(&self.pending).push((i, Some(peek)));
+        self.pending_flag.store(true, Ordering::SeqCst);
+        self.registered.fetch_add(1, Ordering::Relaxed);
+        Some(i)
+    }
+
+    pub(crate) fn unregister(&self, i: usize) {
+        if self.is_dead() {
+            return;
+        }
+        lock(&self.pending).push((i, None));
+        self.pending_flag.store(true, Ordering::SeqCst);
+        self.registered.fetch_sub(1, Ordering::Relaxed);
+        // A sleeping dispatcher drains on its next wake; the slot stays
+        // unusable until then, which is harmless.
+    }
+
+    /// Wake the dispatcher if it sleeps (idle policy).
+    pub(crate) fn kick(&self) {
+        if self.mode.load(Ordering::SeqCst) == MODE_SLEEPING
+            && self
+                .mode
+                .compare_exchange(
+                    MODE_SLEEPING,
+                    MODE_POLLING,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                )
+                .is_ok()
+        {
+            self.kick.bump_and_wake();
+        }
+    }
+
+    pub(crate) fn stats(&self) -> DispatchStats {
+        DispatchStats {
+            handoffs: self.handoffs.load(Ordering::Relaxed),
+            passes: self.passes.load(Ordering::Relaxed),
+            idle_sleeps: self.idle_sleeps.load(Ordering::Relaxed),
+            paused: self.paused.load(Ordering::Relaxed),
+            registered: self.registered.load(Ordering::Relaxed),
+            state: self.state(),
+        }
+    }
+
+    fn drain_pending(&self, watch: &mut Watch) {
+        self.pending_flag.store(false, Ordering::SeqCst);
+        let batch = std::mem::take(&mut *lock(&self.pending));
+        let mut freed = Vec::new();
+        for (i, p) in batch {
+            match p {
+                Some(p) => {
+                    watch.insert(i, p);
+                    // The attach may have missed a completion: peek once.
+                    if watch.ready(i) && self.slots[i].hand(HANDED) {
+                        self.handoffs.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                None => {
+                    watch.remove(i);
+                    self.slots[i].reset();
+                    freed.push(i);
+                }
+            }
+        }
+        lock(&self.free).extend(freed);
+    }
+
+    /// One pass over the waiting sources; returns hand-offs made.
+    #[inline]
+    fn pass(&self, watch: &Watch) -> u32 {
+        let mut handed = 0;
+        watch.candidates(
+            |w| self.waitset.word(w),
+            |i| {
+                let s = &self.slots[i];
+                if s.state() != WAITING {
+                    self.waitset.unmark(i, s);
+                } else if watch.ready(i) && s.hand(HANDED) {
+                    handed += 1;
+                }
+            },
+        );
+        handed
+    }
+
+    /// Idle: hand every waiting thread back to interrupt mode and sleep
+    /// until one of them (or a new wait) kicks us.
+    fn sleep_idle(&self) {
+        let seq = self.kick.load();
+        self.mode.store(MODE_SLEEPING, Ordering::SeqCst);
+        self.idle_sleeps.fetch_add(1, Ordering::Relaxed);
+        let mut paused = 0;
+        for w in 0..self.waitset.words() {
+            let mut bits = self.waitset.word(w);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if self.slots[i].hand(PAUSED) {
+                    paused += 1;
+                }
+            }
+        }
+        self.paused.fetch_add(paused, Ordering::Relaxed);
+        while self.mode.load(Ordering::SeqCst) == MODE_SLEEPING
+            && !self.stop.load(Ordering::SeqCst)
+            && !self.pending_flag.load(Ordering::SeqCst)
+        {
+            // The timeout only bounds how late a stop request is seen.
+            self.kick.wait(seq, Some(Duration::from_millis(100)));
+        }
+        let _ = self.mode.compare_exchange(
+            MODE_SLEEPING,
+            MODE_POLLING,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+
+    /// FIFO policy: after a hand-off, let the woken thread run until it
+    /// waits again (its announce kicks us) or 100 µs pass.
+    fn step_aside(&self) {
+        let seq = self.kick.load();
+        self.mode.store(MODE_SLEEPING, Ordering::SeqCst);
+        self.kick.wait(seq, Some(Duration::from_micros(100)));
+        let _ = self.mode.compare_exchange(
+            MODE_SLEEPING,
+            MODE_POLLING,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+
+    fn run(&self) {
+        let mut watch = Watch::new(self.cfg.capacity, self.cfg.summary, self.cfg.summary_above);
+        let mut last_busy = Instant::now();
+        let mut empty: u32 = 0;
+        let mut passes: u64 = 0;
+        loop {
+            if self.pending_flag.load(Ordering::Relaxed) {
+                self.drain_pending(&mut watch);
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            if self.crash.load(Ordering::Relaxed) {
+                panic!("fastwake dispatcher: injected crash");
+            }
+            let handed = self.pass(&watch);
+            passes += 1;
+            if handed > 0 {
+                self.handoffs.fetch_add(handed as u64, Ordering::Relaxed);
+                match self.cfg.policy {
+                    Policy::Yield => super::sched::yield_now(),
+                    Policy::Fifo => self.step_aside(),
+                    Policy::Idle | Policy::Normal => {}
+                }
+                empty = 0;
+                last_busy = Instant::now();
+                self.beat(last_busy);
+                continue;
+            }
+            std::hint::spin_loop();
+            empty = empty.wrapping_add(1);
+            if empty.is_multiple_of(PASSES_PER_CLOCK) {
+                self.passes.store(passes, Ordering::Relaxed);
+                self.beat(Instant::now());
+                if let Some(t) = self.cfg.idle_after
+                    && last_busy.elapsed() >= t
+                {
+                    self.sleep_idle();
+                    last_busy = Instant::now();
+                    self.beat(last_busy);
+                }
+            }
+        }
+        self.passes.store(passes, Ordering::Relaxed);
+    }
+
+    /// Mark dead and release every waiter.
+    fn die(&self) {
+        self.mode.store(MODE_DEAD, Ordering::SeqCst);
+        for s in self.slots.iter() {
+            s.kill();
+        }
+        unregister_core(self);
+    }
+}
+
+impl Slot {
+    /// Back to `RUNNING` for reuse by a new registration.
+    fn reset(&self) {
+        // Only the dispatcher resets, and only slots whose owner is gone.
+        let _ = self.cancel();
+        let _ = self.reclaim();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding these locks leaves plain data that is still
+    // consistent (a Vec push/pop), so poisoning is ignored.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Dispatchers by served CPU. Weak: a dispatcher's lifetime is its handle's.
+static REGISTRY: Mutex<Vec<(u32, Weak<Core>)>> = Mutex::new(Vec::new());
+
+/// The live dispatcher serving `cpu`, if any.
+pub(crate) fn lookup(cpu: u32) -> Option<Arc<Core>> {
+    let reg = lock(&REGISTRY);
+    reg.iter()
+        .filter(|(c, _)| *c == cpu)
+        .filter_map(|(_, w)| w.upgrade())
+        .find(|c| !c.is_dead())
+}
+
+fn unregister_core(core: &Core) {
+    lock(&REGISTRY).retain(|(_, w)| w.upgrade().is_some_and(|c| !std::ptr::eq(&*c, core)));
+}
+
+struct DeathGuard(Arc<Core>);
+
+impl Drop for DeathGuard {
+    fn drop(&mut self) {
+        // Runs on return and on panic alike.
+        self.0.die();
+    }
+}
+
+/// A running dispatcher; dropping it stops the thread (its waiters fall
+/// back to interrupt mode).
+pub struct Dispatcher {
+    core: Arc<Core>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("config", &self.core.cfg)
+            .field("state", &self.core.state())
+            .finish()
+    }
+}
+
+impl Dispatcher {
+    /// Start a dispatcher for `cfg.cpu`. Fails if the CPU does not exist,
+    /// already has a live dispatcher, or the policy cannot be set.
+    pub fn start(cfg: Config) -> Result<Dispatcher> {
+        // Not cpu::online(): that counts the CPUs the *caller* may use,
+        // which is one when the caller is pinned.
+        // SAFETY: sysconf has no preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32;
+        let run_on = cfg.run_on.unwrap_or(cfg.cpu);
+        if cfg.cpu >= n || run_on >= n {
+            return Err(Fail::invalid(format!(
+                "dispatcher CPU {} does not exist (this host has {n})",
+                cfg.cpu.max(run_on)
+            )));
+        }
+        if cfg.capacity == 0 || cfg.capacity > 1 << 16 {
+            return Err(Fail::invalid("dispatcher capacity must be in 1..=65536"));
+        }
+        let core = Arc::new(Core {
+            cfg,
+            slots: (0..cfg.capacity).map(|_| Slot::default()).collect(),
+            waitset: WaitSet::new(cfg.capacity),
+            mode: AtomicU32::new(MODE_POLLING),
+            kick: FutexWord::new(0),
+            pending: Mutex::new(Vec::new()),
+            pending_flag: AtomicBool::new(false),
+            free: Mutex::new((0..cfg.capacity).rev().collect()),
+            stop: AtomicBool::new(false),
+            crash: AtomicBool::new(false),
+            handoffs: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+            idle_sleeps: AtomicU64::new(0),
+            paused: AtomicU64::new(0),
+            registered: AtomicU64::new(0),
+            clock: Mutex::new(None),
+            epoch: Instant::now(),
+            heartbeat: AtomicU64::new(0),
+        });
+        {
+            let mut reg = lock(&REGISTRY);
+            reg.retain(|(_, w)| w.upgrade().is_some_and(|c| !c.is_dead()));
+            if reg.iter().any(|(c, _)| *c == cfg.cpu) {
+                return Err(Fail::new(
+                    libc::EBUSY,
+                    format!("CPU {} already has a dispatcher", cfg.cpu),
+                ));
+            }
+            reg.push((cfg.cpu, Arc::downgrade(&core)));
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<Result<()>>();
+        let c2 = core.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("fw-dispatch{}", cfg.cpu))
+            .spawn(move || {
+                let guard = DeathGuard(c2);
+                let setup = crate::cpu::pin(run_on).and_then(|_| cfg.policy.apply());
+                let ok = setup.is_ok();
+                *lock(&guard.0.clock) = thread_clock();
+                let _ = tx.send(setup);
+                if ok {
+                    guard.0.run();
+                }
+            })
+            .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn dispatcher thread: {e}")));
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                core.die();
+                return Err(e);
+            }
+        };
+        let d = Dispatcher {
+            core,
+            thread: Some(thread),
+        };
+        match rx.recv() {
+            Ok(Ok(())) => Ok(d),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Fail::new(libc::EIO, "dispatcher thread died at start")),
+        }
+    }
+
+    /// Running, sleeping (idle policy) or dead.
+    pub fn state(&self) -> State {
+        self.core.state()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> DispatchStats {
+        self.core.stats()
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> Config {
+        self.core.cfg
+    }
+
+    /// CPU time the dispatcher thread has used (`None` once it exited).
+    pub fn cpu_time(&self) -> Option<Duration> {
+        let clock = (*lock(&self.core.clock))?;
+        if self.core.is_dead() {
+            return None;
+        }
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: ts is a valid out-pointer; a stale clock id fails with
+        // EINVAL, which we report as None.
+        let r = unsafe { libc::clock_gettime(clock, &mut ts) };
+        (r == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    }
+
+    /// Make the dispatcher thread panic, to test that its waiters survive.
+    #[doc(hidden)]
+    pub fn inject_crash(&self) {
+        self.core.crash.store(true, Ordering::SeqCst);
+        self.core.kick();
+    }
+
+    /// Wait until the dispatcher thread has exited (after a crash).
+    #[doc(hidden)]
+    pub fn join(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        self.core.stop.store(true, Ordering::SeqCst);
+        self.core.kick();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn thread_clock() -> Option<libc::clockid_t> {
+    let mut id: libc::clockid_t = 0;
+    // SAFETY: pthread_self is always valid for the calling thread; id is a
+    // valid out-pointer.
+    let r = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
+    (r == 0).then_some(id)
+}

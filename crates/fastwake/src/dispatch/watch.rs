@@ -1,0 +1,169 @@
+//! The set of sources one dispatcher watches, and how a pass finds the ready
+//! ones: sources whose producer raises a [`Summary`] flag are visited only
+//! when flagged; the rest ("plain") are peeked every pass.
+//!
+//! The summary is not free: the producer's flag write and the dispatcher's
+//! read-and-clear move one more cache line between cores on every
+//! completion, which costs more than peeking a few dozen idle sources
+//! (their lines stay in the dispatcher's cache). So a watch peeks plainly
+//! while it holds at most `summary_above` sources and switches every
+//! source to the summary when it grows past that (see `docs/dispatch.md`
+//! for the measurements behind the default).
+
+use crate::source::Peek;
+use crate::source::summary::Summary;
+use std::cell::Cell;
+use std::sync::Arc;
+
+/// Default switch-over point to the summary, in sources.
+pub(crate) const SUMMARY_ABOVE: usize = 32;
+
+pub(crate) struct Watch {
+    entries: Vec<Option<Arc<dyn Peek>>>,
+    summary: Option<Arc<Summary>>,
+    /// Entries not covered by the summary, one bit each.
+    plain: Vec<u64>,
+    plain_count: usize,
+    count: usize,
+    summary_above: usize,
+    /// Every source was switched to the summary: visit all once, since
+    /// completions before the switch raised no flag.
+    full_pass: Cell<bool>,
+    summarising: bool,
+}
+
+impl Watch {
+    pub(crate) fn new(capacity: usize, use_summary: bool, summary_above: usize) -> Watch {
+        Watch {
+            entries: (0..capacity).map(|_| None).collect(),
+            summary: use_summary.then(|| Summary::new(capacity)),
+            plain: vec![0; capacity.div_ceil(64)],
+            plain_count: 0,
+            count: 0,
+            summary_above,
+            full_pass: Cell::new(false),
+            summarising: false,
+        }
+    }
+
+    pub(crate) fn summary(&self) -> Option<&Arc<Summary>> {
+        self.summary.as_ref()
+    }
+
+    /// Watch `peek` as entry `i` (replacing what was there). The caller
+    /// must peek the entry once afterwards: a completion that arrived
+    /// before the summary flag was attached raised no flag.
+    pub(crate) fn insert(&mut self, i: usize, peek: Arc<dyn Peek>) {
+        self.remove(i);
+        let summarised = match &self.summary {
+            Some(s) if self.summarising => peek.attach_summary(s.flag(i)),
+            _ => false,
+        };
+        if !summarised {
+            self.plain[i / 64] |= 1 << (i % 64);
+            self.plain_count += 1;
+        }
+        self.entries[i] = Some(peek);
+        self.count += 1;
+        if !self.summarising && self.count > self.summary_above {
+            self.switch_to_summary();
+        }
+    }
+
+    /// Idle: put every source on the summary so one armed summary can wake
+    /// the sleeper. True when every source accepted (else some must still be
+    /// peeked). Undo with [`Watch::unarm`].
+    pub(crate) fn arm_all(&mut self) -> bool {
+        if !self.summarising {
+            self.switch_to_summary();
+        }
+        self.summary.is_some() && self.plain_count == 0
+    }
+
+    /// After an idle period: back to plain peeks if the watch is small.
+    pub(crate) fn unarm(&mut self) {
+        if !self.summarising || self.count > self.summary_above {
+            return;
+        }
+        self.summarising = false;
+        for (i, e) in self.entries.iter().enumerate() {
+            if let Some(p) = e
+                && self.plain[i / 64] & (1 << (i % 64)) == 0
+            {
+                p.detach_summary();
+                self.plain[i / 64] |= 1 << (i % 64);
+                self.plain_count += 1;
+            }
+        }
+    }
+
+    fn switch_to_summary(&mut self) {
+        let Some(s) = &self.summary else { return };
+        self.summarising = true;
+        for (i, e) in self.entries.iter().enumerate() {
+            if let Some(p) = e
+                && self.plain[i / 64] & (1 << (i % 64)) != 0
+                && p.attach_summary(s.flag(i))
+            {
+                self.plain[i / 64] &= !(1 << (i % 64));
+                self.plain_count -= 1;
+            }
+        }
+        self.full_pass.set(true);
+    }
+
+    pub(crate) fn remove(&mut self, i: usize) {
+        if self.entries[i].take().is_none() {
+            return;
+        }
+        self.count -= 1;
+        if self.plain[i / 64] & (1 << (i % 64)) != 0 {
+            self.plain[i / 64] &= !(1 << (i % 64));
+            self.plain_count -= 1;
+        }
+        // A summarised source keeps raising flag i until it is attached
+        // elsewhere; a flag on an empty or reused entry is only a hint that
+        // the ready check below rejects.
+    }
+
+    #[inline]
+    pub(crate) fn ready(&self, i: usize) -> bool {
+        match &self.entries[i] {
+            Some(p) => p.ready(),
+            None => false,
+        }
+    }
+
+    /// Visit entries that may be ready: every flagged summarised entry, and
+    /// every plain entry whose bit is set in `interest(word)` (the waiting
+    /// set). Visited entries still need [`Watch::ready`].
+    #[inline]
+    pub(crate) fn candidates(&self, interest: impl Fn(usize) -> u64, mut visit: impl FnMut(usize)) {
+        if self.full_pass.replace(false) {
+            for (i, e) in self.entries.iter().enumerate() {
+                if e.is_some() && interest(i / 64) & (1 << (i % 64)) != 0 {
+                    visit(i);
+                }
+            }
+            return;
+        }
+        if self.summarising
+            && let Some(s) = &self.summary
+        {
+            s.drain(&mut visit);
+        }
+        if self.plain_count > 0 {
+            for (w, &plain) in self.plain.iter().enumerate() {
+                if plain == 0 {
+                    continue;
+                }
+                let mut bits = plain & interest(w);
+                while bits != 0 {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    visit(w * 64 + b);
+                }
+            }
+        }
+    }
+}
