@@ -65,9 +65,9 @@
 
 pub mod channel;
 pub mod socket;
+pub mod summary;
 pub mod uring;
 pub mod verbs;
-pub mod summary;
 
 use crate::Result;
 use std::os::fd::BorrowedFd;
