@@ -7,7 +7,7 @@ mod dispatch_common;
 
 use dispatch_common::{chan, produce_random};
 use fastwake::Fail;
-use fastwake::dispatch::{Runtime, TaskConfig};
+use fastwake::dispatch::{Runtime, State, TaskConfig};
 use fastwake::source::Source;
 use fastwake::source::channel::{self, Receiver};
 use std::cell::RefCell;
@@ -182,13 +182,20 @@ fn idle_runtime_sleeps_and_wakes() {
                 })
                 .unwrap();
             }
-            let _ = cpu_tx.send(thread_clock());
+            let _ = cpu_tx.send((thread_clock(), rt.state()));
             let s = rt.run().unwrap();
             assert!(rt.take_errors().is_empty());
             s
         });
-        let clock = cpu_rx.recv().unwrap();
-        std::thread::sleep(Duration::from_millis(50));
+        let (clock, state) = cpu_rx.recv().unwrap();
+        let t0 = Instant::now();
+        while state.get() != State::Sleeping {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "runtime never went idle"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let c0 = clock_time(clock);
         std::thread::sleep(Duration::from_millis(200));
         let used = clock_time(clock) - c0;

@@ -34,7 +34,7 @@ mod watch;
 use std::time::Duration;
 
 pub use sched::Policy;
-pub use tasks::{Runtime, TaskConfig, TaskCtx, TaskStats};
+pub use tasks::{Runtime, StateCell, TaskConfig, TaskCtx, TaskStats};
 pub use threads::{Config, Dispatcher};
 pub use waiter::Link;
 pub(crate) use waiter::wait;

@@ -154,7 +154,33 @@ pub struct Runtime {
     ready: Vec<usize>,
     stats: TaskStats,
     errors: Vec<(usize, Fail)>,
-    state: State,
+    state: StateCell,
+    /// Tasks not done.
+    live: usize,
+    /// Tasks runnable or polling (resumed every pass).
+    active: usize,
+}
+
+/// A runtime's state, readable from other threads (the runtime itself runs
+/// on its caller's thread, so only another thread can see it sleep).
+#[derive(Clone, Debug, Default)]
+pub struct StateCell(Arc<std::sync::atomic::AtomicU8>);
+
+impl StateCell {
+    /// Polling or sleeping.
+    pub fn get(&self) -> State {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => State::Polling,
+            _ => State::Sleeping,
+        }
+    }
+
+    fn set(&self, s: State) {
+        self.0.store(
+            (s != State::Polling) as u8,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
 }
 
 impl std::fmt::Debug for Runtime {
@@ -183,7 +209,9 @@ impl Runtime {
             ready: Vec::new(),
             stats: TaskStats::default(),
             errors: Vec::new(),
-            state: State::Polling,
+            state: StateCell::default(),
+            live: 0,
+            active: 0,
         })
     }
 
@@ -213,6 +241,8 @@ impl Runtime {
             co,
             state: TState::Runnable,
         });
+        self.live += 1;
+        self.active += 1;
         Ok(self.tasks.len() - 1)
     }
 
@@ -221,9 +251,9 @@ impl Runtime {
         self.stats
     }
 
-    /// Polling, or sleeping (seen from inside a task: always polling).
-    pub fn state(&self) -> State {
-        self.state
+    /// A handle to watch the runtime's state from another thread.
+    pub fn state(&self) -> StateCell {
+        self.state.clone()
     }
 
     /// Errors of tasks that failed (index, error), taken.
@@ -231,8 +261,20 @@ impl Runtime {
         std::mem::take(&mut self.errors)
     }
 
-    fn set_waiting(&mut self, i: usize, on: bool) {
-        if on {
+    /// Move task `i` to `to`, keeping the wait set and counters in step.
+    fn set_state(&mut self, i: usize, to: TState) {
+        let from = std::mem::replace(&mut self.tasks[i].state, to);
+        let act = |s: TState| matches!(s, TState::Runnable | TState::Polling);
+        if act(from) {
+            self.active -= 1;
+        }
+        if act(to) {
+            self.active += 1;
+        }
+        if to == TState::Done && from != TState::Done {
+            self.live -= 1;
+        }
+        if to == TState::Waiting {
             self.waiting[i / 64] |= 1 << (i % 64);
         } else {
             self.waiting[i / 64] &= !(1 << (i % 64));
@@ -245,8 +287,7 @@ impl Runtime {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.co.resume(())));
         match r {
             Ok(CoroutineResult::Yield(Ask::Wait(p))) => {
-                t.state = TState::Waiting;
-                self.set_waiting(i, true);
+                self.set_state(i, TState::Waiting);
                 if let Some(p) = p {
                     self.watch.insert(i, p);
                     // The attach may have missed a completion: peek once.
@@ -256,17 +297,14 @@ impl Runtime {
                 }
             }
             Ok(CoroutineResult::Yield(Ask::Poll)) => {
-                t.state = TState::Polling;
-                self.set_waiting(i, false);
+                self.set_state(i, TState::Polling);
                 self.watch.remove(i);
             }
             Ok(CoroutineResult::Yield(Ask::Yield)) => {
-                t.state = TState::Runnable;
-                self.set_waiting(i, false);
+                self.set_state(i, TState::Runnable);
             }
             Ok(CoroutineResult::Return(r)) => {
-                t.state = TState::Done;
-                self.set_waiting(i, false);
+                self.set_state(i, TState::Done);
                 self.watch.remove(i);
                 if let Err(e) = r {
                     self.stats.failed += 1;
@@ -274,8 +312,7 @@ impl Runtime {
                 }
             }
             Err(_) => {
-                t.state = TState::Done;
-                self.set_waiting(i, false);
+                self.set_state(i, TState::Done);
                 self.watch.remove(i);
                 self.stats.failed += 1;
                 self.errors.push((i, Fail::new(libc::EIO, "task panicked")));
@@ -302,20 +339,19 @@ impl Runtime {
     /// Run until every task has returned. Task failures do not stop the
     /// others; see [`Runtime::take_errors`].
     pub fn run(&mut self) -> Result<TaskStats> {
-        let mut live = self.tasks.len();
         let mut last_busy = Instant::now();
         let mut empty: u32 = 0;
-        while live > 0 {
+        let mut worked_since_clock = false;
+        while self.live > 0 {
             let mut worked = false;
             // Runnable and polling tasks first.
-            for i in 0..self.tasks.len() {
-                match self.tasks[i].state {
-                    TState::Runnable | TState::Polling => {
+            if self.active > 0 {
+                for i in 0..self.tasks.len() {
+                    if matches!(self.tasks[i].state, TState::Runnable | TState::Polling) {
                         self.stats.resumes += 1;
                         self.resume(i);
                         worked = true;
                     }
-                    _ => {}
                 }
             }
             // The dispatcher pass: find ready sources, switch into their
@@ -329,25 +365,24 @@ impl Runtime {
                     worked = true;
                 }
             }
-            live = self
-                .tasks
-                .iter()
-                .filter(|t| t.state != TState::Done)
-                .count();
             if worked {
+                // No clock read here: it would sit on the hot path.
                 empty = 0;
-                last_busy = Instant::now();
+                worked_since_clock = true;
                 continue;
             }
             std::hint::spin_loop();
             empty = empty.wrapping_add(1);
             if empty.is_multiple_of(PASSES_PER_CLOCK)
                 && let Some(t) = self.cfg.idle_after
-                && last_busy.elapsed() >= t
-                && live > 0
             {
-                self.sleep_idle();
-                last_busy = Instant::now();
+                let now = Instant::now();
+                if std::mem::take(&mut worked_since_clock) {
+                    last_busy = now;
+                } else if now - last_busy >= t && self.live > 0 {
+                    self.sleep_idle();
+                    last_busy = Instant::now();
+                }
             }
         }
         Ok(self.stats)
@@ -361,7 +396,7 @@ impl Runtime {
             return;
         }
         self.stats.idle_sleeps += 1;
-        self.state = State::Sleeping;
+        self.state.set(State::Sleeping);
         let all = self.watch.arm_all();
         let summary = self.watch.summary().cloned();
         loop {
@@ -386,6 +421,6 @@ impl Runtime {
             }
         }
         self.watch.unarm();
-        self.state = State::Polling;
+        self.state.set(State::Polling);
     }
 }
