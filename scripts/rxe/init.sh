@@ -19,7 +19,7 @@ exec 0</dev/console 1>/dev/console 2>&1
 # lines); they stay in dmesg, which is saved to the results dir.
 echo 1 >/proc/sys/kernel/printk
 
-say() { echo "rxe-guest: $*"; }
+say() { read -r up _ </proc/uptime; echo "rxe-guest: [${up}s] $*"; }
 halt() {
     say "$*"
     sync
@@ -34,6 +34,7 @@ while read -r m; do
     [ -n "$m" ] || continue
     insmod "/lib/modules/$m" 2>/tmp/insmod.err || say "insmod $m failed: $(cat /tmp/insmod.err)"
 done </lib/modules/order
+say "modules loaded"
 
 mkdir -p /host /results /dev/pts /dev/shm
 O=trans=virtio,version=9p2000.L,msize=512000
