@@ -121,6 +121,29 @@ impl UringSource {
         }
     }
 
+    /// Queue and submit one `recv` of up to `len` bytes from `sock` into
+    /// `buf`; its CQE carries `user_data`.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid, and not be otherwise accessed, until
+    /// the CQE for this request has been taken.
+    pub unsafe fn recv(
+        &mut self,
+        sock: BorrowedFd<'_>,
+        buf: *mut u8,
+        len: u32,
+        user_data: u64,
+    ) -> Result<()> {
+        let sqe = io_uring::opcode::Recv::new(types::Fd(sock.as_raw_fd()), buf, len)
+            .build()
+            .user_data(user_data);
+        // SAFETY: the caller keeps the buffer valid until the CQE (this
+        // function's contract); the SQE holds no other pointer.
+        unsafe { self.ring.submission().push(&sqe) }
+            .map_err(|_| Fail::new(libc::EBUSY, "io_uring submission queue full"))?;
+        self.submit()
+    }
+
     /// Report the producer's CPU from this socket's `SO_INCOMING_CPU` (for
     /// rings that receive from one socket), so hybrid waits do not spin
     /// against a peer on their own CPU.

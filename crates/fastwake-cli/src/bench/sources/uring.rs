@@ -7,8 +7,7 @@ use super::net::{self, Net, Veth};
 use crate::bench::harness::End;
 use fastwake::source::uring::{UringSource, UringWake};
 use fastwake::{Fail, Result, WaitMode, Waiter};
-use io_uring::{opcode, types};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,24 +30,21 @@ pub struct UringEnd {
 impl UringEnd {
     fn post_recv(&mut self) -> Result<()> {
         let free = &mut self.buf[self.have..];
-        let sqe = opcode::Recv::new(
-            types::Fd(self.sock.as_raw_fd()),
-            free.as_mut_ptr(),
-            free.len() as u32,
-        )
-        .build()
-        .user_data(RECV);
+        if free.is_empty() {
+            // A zero-length recv would complete with 0, read as EOF.
+            return Err(Fail::new(libc::ENOBUFS, "uring: receive buffer full"));
+        }
         // SAFETY: the buffer region stays valid and untouched until the
-        // CQE for this SQE is taken (one recv in flight at a time; Drop
+        // CQE for this request is taken (one recv in flight at a time; Drop
         // waits for it).
         unsafe {
-            self.src
-                .ring()
-                .submission()
-                .push(&sqe)
-                .map_err(|_| Fail::new(libc::EBUSY, "io_uring submission queue full"))?;
-        }
-        self.src.submit()?;
+            self.src.recv(
+                self.sock.as_fd(),
+                free.as_mut_ptr(),
+                free.len() as u32,
+                RECV,
+            )?
+        };
         self.in_flight = true;
         Ok(())
     }

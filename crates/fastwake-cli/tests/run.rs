@@ -1,0 +1,117 @@
+//! `fastwake run`: prepares LD_PRELOAD and FASTWAKE_* and execs the command,
+//! whose exit status becomes its own; bad input is one line.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_fastwake"))
+}
+
+/// The shim next to the binary, as `fastwake run` looks for it.
+fn shim() -> Option<PathBuf> {
+    let p = exe().with_file_name("libfastwake_preload.so");
+    if p.is_file() {
+        Some(p)
+    } else {
+        eprintln!(
+            "SKIPPED fastwake run: {} not built (cargo build -p fastwake-preload)",
+            p.display()
+        );
+        None
+    }
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(exe());
+    c.arg("run").args(args).env_remove("LD_PRELOAD");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run fastwake")
+}
+
+#[test]
+fn exit_status_is_the_commands() {
+    if shim().is_none() {
+        return;
+    }
+    let o = run(&["--mode", "hybrid", "--", "sh", "-c", "exit 7"], &[]);
+    assert_eq!(o.status.code(), Some(7), "{o:?}");
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn sets_the_environment_and_appends_to_ld_preload() {
+    let Some(so) = shim() else { return };
+    let so = so.to_str().unwrap();
+    let o = run(
+        &[
+            "--mode",
+            "adaptive",
+            "--budget",
+            "30us",
+            "--cpu-cap",
+            "0.5",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$FASTWAKE_MODE|$FASTWAKE_BUDGET_US|$FASTWAKE_CPU_CAP|$LD_PRELOAD\"",
+        ],
+        // An existing preload (the shim itself, so the loader accepts it)
+        // must be kept, ahead of ours.
+        &[("LD_PRELOAD", so)],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.trim(), format!("adaptive|30|0.5|{so}:{so}"));
+}
+
+#[test]
+fn bad_input_is_one_line_with_a_nonzero_exit() {
+    for (args, needle) in [
+        (
+            &["--mode", "turbo", "--", "true"][..],
+            "unknown mode 'turbo'",
+        ),
+        (&["--budget", "soon", "--", "true"][..], "bad --budget"),
+        (&["--cpu-cap", "3", "--", "true"][..], "bad --cpu-cap"),
+    ] {
+        let o = run(args, &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+        assert!(err.contains(needle), "{err:?}");
+    }
+    let o = run(&["--", "/nonexistent/program"], &[]);
+    if shim().is_some() {
+        assert_eq!(o.status.code(), Some(127));
+    } else {
+        assert_eq!(o.status.code(), Some(2));
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr)
+            .trim_end()
+            .lines()
+            .count(),
+        1
+    );
+    let o = run(&["--"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn a_missing_shim_is_one_line() {
+    let o = run(
+        &["--", "true"],
+        &[("FASTWAKE_PRELOAD", "/nonexistent/libfastwake_preload.so")],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+    assert!(err.contains("FASTWAKE_PRELOAD"), "{err:?}");
+}
