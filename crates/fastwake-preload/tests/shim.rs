@@ -128,15 +128,24 @@ fn poll1(fd: i32, timeout: i32) -> (i32, i32, i16) {
     (n, e, p.revents)
 }
 
+/// Pin the calling thread to `cpu` if the machine has it (best effort).
+fn pin(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t filled with CPU_SET, for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 fn write1(fd: &OwnedFd) {
     // SAFETY: one byte from a live buffer.
     let n = unsafe { libc::write(fd.as_raw_fd(), b"x".as_ptr().cast(), 1) };
     assert_eq!(n, 1);
 }
 
-/// Never shorter than asked (the hard rule); the upper slack only absorbs
-/// scheduling noise of a shared 2-CPU machine (the shim itself adds at most
-/// one spin budget, here ≤ 2 ms).
+/// Never shorter than asked (the hard rule); the upper slack only catches
+/// a hang (precision is checked against the plain call in child_timeouts).
 fn within(d: Duration, lo_ms: u64, slack_ms: u64) {
     assert!(
         d >= Duration::from_millis(lo_ms) && d <= Duration::from_millis(lo_ms + slack_ms),
@@ -151,15 +160,54 @@ fn within(d: Duration, lo_ms: u64, slack_ms: u64) {
 fn child_timeouts() {
     let (r, _w) = pipe();
     let ep = epoll_with(&[r.as_raw_fd()]);
+    // The raw syscall bypasses the shim: the plain kernel wait, measured
+    // interleaved with the shim's so machine noise hits both alike.
+    let raw = |ms: i32| {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        let t = Instant::now();
+        // SAFETY: a live epoll fd and event buffer.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_epoll_wait,
+                ep.as_raw_fd(),
+                evs.as_mut_ptr(),
+                4,
+                ms,
+            )
+        };
+        assert_eq!(n, 0);
+        t.elapsed()
+    };
+    let budget = Duration::from_micros(
+        std::env::var("FASTWAKE_BUDGET_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(50),
+    );
     for ms in [1, 5, 20] {
-        let t = Instant::now();
-        let (n, _, _) = ewait(&ep, ms);
-        assert_eq!(n, 0);
-        within(t.elapsed(), ms as u64, 50);
-        let t = Instant::now();
-        let (n, _, _) = poll1(r.as_raw_fd(), ms);
-        assert_eq!(n, 0);
-        within(t.elapsed(), ms as u64, 50);
+        let (mut best_shim, mut best_raw, mut best_poll) =
+            (Duration::MAX, Duration::MAX, Duration::MAX);
+        for _ in 0..5 {
+            let t = Instant::now();
+            assert_eq!(ewait(&ep, ms).0, 0);
+            let d = t.elapsed();
+            within(d, ms as u64, 1_000);
+            best_shim = best_shim.min(d);
+            let t = Instant::now();
+            assert_eq!(poll1(r.as_raw_fd(), ms).0, 0);
+            let d = t.elapsed();
+            within(d, ms as u64, 1_000);
+            best_poll = best_poll.min(d);
+            best_raw = best_raw.min(raw(ms));
+        }
+        // The shim may add at most its spin (the remaining time is rounded
+        // up to whole ms only after whole ms were asked for), plus 1 ms of
+        // scheduling noise.
+        let limit = best_raw + budget + Duration::from_millis(1);
+        assert!(
+            best_shim <= limit && best_poll <= limit,
+            "{ms} ms: epoll {best_shim:?} poll {best_poll:?} vs plain {best_raw:?}"
+        );
     }
 }
 
@@ -183,9 +231,11 @@ fn child_delivery() {
     let (r, w) = pipe();
     let ep = epoll_with(&[r.as_raw_fd()]);
     // Quick writes (caught while spinning) and slow ones (after blocking).
+    pin(0);
     for delay_us in [20u64, 50, 100, 10_000, 30_000] {
         let w2 = w.try_clone().unwrap();
         let h = std::thread::spawn(move || {
+            pin(1);
             std::thread::sleep(Duration::from_micros(delay_us));
             write1(&w2);
         });
@@ -199,6 +249,7 @@ fn child_delivery() {
         h.join().unwrap();
         let w2 = w.try_clone().unwrap();
         let h = std::thread::spawn(move || {
+            pin(1);
             std::thread::sleep(Duration::from_micros(delay_us));
             write1(&w2);
         });
@@ -213,20 +264,22 @@ fn child_delivery() {
 
 #[test]
 fn data_arrives_while_spinning_and_while_blocked() {
-    // A 2 ms budget: the quick writes land within it even on a loaded
-    // machine, the slow ones (≥ 10 ms) do not.
-    let env = [("FASTWAKE_MODE", "hybrid"), ("FASTWAKE_BUDGET_US", "2000")];
-    let Some(out) = child("child_delivery", &env) else {
-        return;
-    };
-    assert!(
-        counter(&out, "spin_hits") > 0,
-        "no wait ended while spinning"
-    );
-    assert!(
-        counter(&out, "blocked") > 0,
-        "no wait fell back to blocking"
-    );
+    // A 4 ms budget: the quick writes (≤ 100 µs, from a thread pinned to
+    // the other CPU) land within it, the slow ones (≥ 10 ms) do not. On a
+    // machine loaded by other work a writer can still miss every spin, so
+    // allow three runs; every run must deliver everything regardless.
+    let env = [("FASTWAKE_MODE", "hybrid"), ("FASTWAKE_BUDGET_US", "4000")];
+    let mut seen = (0, 0);
+    for _ in 0..3 {
+        let Some(out) = child("child_delivery", &env) else {
+            return;
+        };
+        seen = (counter(&out, "spin_hits"), counter(&out, "blocked"));
+        if seen.0 > 0 && seen.1 > 0 {
+            return;
+        }
+    }
+    panic!("spin hits / blocked waits: {seen:?}; expected both > 0");
 }
 
 #[test]
@@ -324,7 +377,7 @@ fn child_eintr() {
         let t = Instant::now();
         let n = libc::epoll_pwait(ep.as_raw_fd(), evs.as_mut_ptr(), 4, 20, &set);
         assert_eq!(n, 0, "masked signal ended epoll_pwait");
-        within(t.elapsed(), 20, 50);
+        within(t.elapsed(), 20, 1_000);
         h.join().unwrap();
     }
     // The masked signal was still delivered, once the wait's mask lifted.
@@ -419,7 +472,7 @@ fn child_close_while_waiting() {
     let t = Instant::now();
     let (n, _, _) = ewait(&ep, 100);
     assert_eq!(n, 0);
-    within(t.elapsed(), 100, 50);
+    within(t.elapsed(), 100, 1_000);
     h.join().unwrap();
     // poll on an fd another thread closes: returns by its timeout, or
     // POLLNVAL if the close won the race with the call; never hangs.
@@ -432,7 +485,7 @@ fn child_close_while_waiting() {
     let t = Instant::now();
     let (n, _, rev) = poll1(fd, 100);
     assert!(n == 0 || (n == 1 && rev & libc::POLLNVAL != 0), "{n} {rev}");
-    assert!(t.elapsed() < Duration::from_millis(150));
+    assert!(t.elapsed() < Duration::from_millis(1_000));
     h.join().unwrap();
 }
 
