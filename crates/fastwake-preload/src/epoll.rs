@@ -77,11 +77,11 @@ pub unsafe extern "C" fn epoll_wait(
     }
     let go = || {
         wait::wait(
-            timeout,
+            wait::ms_to_ns(timeout),
             std::ptr::null(),
             |m| probe(epfd, events, maxevents, m),
             // SAFETY: the caller's arguments with the remaining timeout.
-            |t| unsafe { real(epfd, events, maxevents, t) },
+            |left| unsafe { real(epfd, events, maxevents, wait::ms_left(timeout, left)) },
             || first_fd(events, 1),
         )
     };
@@ -113,11 +113,19 @@ pub unsafe extern "C" fn epoll_pwait(
     }
     let go = || {
         wait::wait(
-            timeout,
+            wait::ms_to_ns(timeout),
             sigmask.cast(),
             |m| probe(epfd, events, maxevents, m),
             // SAFETY: the caller's arguments with the remaining timeout.
-            |t| unsafe { real(epfd, events, maxevents, t, sigmask) },
+            |left| unsafe {
+                real(
+                    epfd,
+                    events,
+                    maxevents,
+                    wait::ms_left(timeout, left),
+                    sigmask,
+                )
+            },
             || first_fd(events, 1),
         )
     };

@@ -18,7 +18,7 @@
 //! Modules: [`config`] (environment), [`real`] (the next definitions of the
 //! hooked symbols), [`wait`] (the spin-then-block engine every hook uses),
 //! [`budget`] (the adaptive budget), [`peer`] (the peer's CPU), and one
-//! module per family of hooked calls: [`epoll`], [`poll`].
+//! module per family of hooked calls: [`epoll`], [`poll`], [`select`].
 
 pub mod budget;
 pub mod config;
@@ -26,6 +26,7 @@ pub mod epoll;
 pub mod peer;
 pub mod poll;
 pub mod real;
+pub mod select;
 pub mod wait;
 
 /// Run a hook body; if it panics (it should not), make the plain call
@@ -82,6 +83,7 @@ extern "C" fn init() {
 fn hooks_resolve() {
     epoll::resolve();
     poll::resolve();
+    select::resolve();
 }
 
 #[used]

@@ -55,11 +55,11 @@ fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_
     }
     let go = || {
         wait::wait(
-            timeout,
+            wait::ms_to_ns(timeout),
             std::ptr::null(),
             |m| probe(fds, nfds, m),
             // SAFETY: the caller's arguments with the remaining timeout.
-            |t| unsafe { real(fds, nfds, t) },
+            |left| unsafe { real(fds, nfds, wait::ms_left(timeout, left)) },
             || readable_fd(fds, nfds),
         )
     };

@@ -129,20 +129,24 @@ fn set_errno(e: c_int) {
 /// - `probe(mask)`: the wait with a zero timeout, run with kernel sigmask
 ///   `mask` (null: leave the mask alone); returns like libc (n, or -1 with
 ///   errno).
-/// - `real(timeout_ms)`: the real blocking call.
+/// - `timeout`: the caller's timeout in ns (`None`: forever; `Some(0)`: a
+///   zero-timeout look, never spun).
+/// - `real(remaining)`: the real blocking call; `None` means with the
+///   caller's own timeout unchanged, `Some(ns)` with that much left (> 0;
+///   the hook rounds it *up* to its call's unit).
 /// - `ready_fd()`: after a wait returned events, an fd among them that may
 ///   be a socket (for the peer-CPU sample).
 /// - `user_mask`: the sigmask the caller passed (epoll_pwait), or null.
 pub fn wait(
-    timeout_ms: c_int,
+    timeout: Option<u64>,
     user_mask: *const u64,
     mut probe: impl FnMut(*const u64) -> c_int,
-    real: impl FnOnce(c_int) -> c_int,
+    real: impl FnOnce(Option<u64>) -> c_int,
     ready_fd: impl FnOnce() -> Option<c_int>,
 ) -> c_int {
     let mode = config::mode();
-    if timeout_ms == 0 || !mode.spins() {
-        return real(timeout_ms);
+    if timeout == Some(0) || !mode.spins() {
+        return real(None);
     }
     let mut real = Some(real);
     let done = THREAD
@@ -151,14 +155,14 @@ pub fn wait(
             let mut t = t.try_borrow_mut().ok()?;
             let real = real.take()?;
             Some(engine(
-                &mut t, mode, timeout_ms, user_mask, &mut probe, real, ready_fd,
+                &mut t, mode, timeout, user_mask, &mut probe, real, ready_fd,
             ))
         })
         .ok()
         .flatten();
     match (done, real.take()) {
         (Some(n), _) => n,
-        (None, Some(real)) => real(timeout_ms),
+        (None, Some(real)) => real(None),
         // Not reachable: `real` is taken only on the way into the engine.
         (None, None) => real_unreachable(),
     }
@@ -173,10 +177,10 @@ fn real_unreachable() -> c_int {
 fn engine(
     t: &mut Thread,
     mode: Mode,
-    timeout_ms: c_int,
+    timeout_ns: Option<u64>,
     user_mask: *const u64,
     probe: &mut impl FnMut(*const u64) -> c_int,
-    real: impl FnOnce(c_int) -> c_int,
+    real: impl FnOnce(Option<u64>) -> c_int,
     ready_fd: impl FnOnce() -> Option<c_int>,
 ) -> c_int {
     count(&STATS.waits, 1);
@@ -190,7 +194,6 @@ fn engine(
     let t0 = now_ns();
     refill(t, t0);
     let ceiling = config::budget_ns();
-    let timeout_ns = (timeout_ms > 0).then(|| timeout_ms as u64 * 1_000_000);
     let mut budget = match mode {
         Mode::Poll => timeout_ns.unwrap_or(u64::MAX),
         Mode::Hybrid => ceiling,
@@ -240,25 +243,35 @@ fn engine(
         }
         // Nothing within the budget: block for what is left.
         let left = match timeout_ns {
-            None => -1,
-            Some(tn) => {
-                if spun >= tn {
-                    return 0;
-                }
-                (tn - spun).div_ceil(1_000_000).min(c_int::MAX as u64) as c_int
-            }
+            None => None,
+            Some(tn) if spun >= tn => return 0,
+            Some(tn) => Some(tn - spun),
         };
         count(&STATS.blocked, 1);
         r = real(left);
     } else {
         count(&STATS.blocked, 1);
-        r = real(timeout_ms);
+        r = real(None);
     }
     if r > 0 {
         t.ctl.record(now_ns().wrapping_sub(t0));
         sample(t, ready_fd);
     }
     r
+}
+
+/// A millisecond timeout (poll, epoll) in ns: negative = forever.
+pub fn ms_to_ns(ms: c_int) -> Option<u64> {
+    u64::try_from(ms).ok().map(|m| m * 1_000_000)
+}
+
+/// The ms timeout for the real call: the caller's own, or what is left
+/// rounded up (never shorter than asked).
+pub fn ms_left(orig: c_int, left: Option<u64>) -> c_int {
+    match left {
+        None => orig,
+        Some(ns) => ns.div_ceil(1_000_000).min(c_int::MAX as u64) as c_int,
+    }
 }
 
 /// Refill the CPU-cap bucket for the wall time since the last wait.

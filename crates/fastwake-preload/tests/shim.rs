@@ -545,6 +545,81 @@ fn fork_and_exec() {
     child("child_fork_exec", HYBRID);
 }
 
+fn select1(fd: i32, timeout: Option<Duration>) -> (i32, i32, bool, Option<Duration>) {
+    // SAFETY: a zeroed fd_set with one fd below FD_SETSIZE, a live timeval.
+    unsafe {
+        let mut set: libc::fd_set = std::mem::zeroed();
+        libc::FD_SET(fd, &mut set);
+        let mut tv = timeout.map(|d| libc::timeval {
+            tv_sec: d.as_secs() as _,
+            tv_usec: d.subsec_micros() as _,
+        });
+        let tvp = tv.as_mut().map_or(std::ptr::null_mut(), |t| t as *mut _);
+        let n = libc::select(
+            fd + 1,
+            &mut set,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            tvp,
+        );
+        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        let left = tv.map(|t| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000));
+        (n, e, libc::FD_ISSET(fd, &set), left)
+    }
+}
+
+#[test]
+#[ignore = "child scenario, run by select_keeps_its_semantics"]
+fn child_select() {
+    let (r, w) = pipe();
+    let fd = r.as_raw_fd();
+    // Timeout: never shorter than asked, the set cleared, nothing left.
+    let t = Instant::now();
+    let (n, _, isset, left) = select1(fd, Some(Duration::from_millis(5)));
+    within(t.elapsed(), 5, 1_000);
+    assert_eq!((n, isset, left), (0, false, Some(Duration::ZERO)));
+    // Data while spinning and after blocking: the set says which fd, and
+    // the time not slept is left in the timeval.
+    pin(0);
+    for delay_us in [30u64, 20_000] {
+        let w2 = w.try_clone().unwrap();
+        let h = std::thread::spawn(move || {
+            pin(1);
+            std::thread::sleep(Duration::from_micros(delay_us));
+            write1(&w2);
+        });
+        let (n, _, isset, left) = select1(fd, Some(Duration::from_secs(2)));
+        assert_eq!((n, isset), (1, true), "after {delay_us} µs");
+        let left = left.unwrap();
+        assert!(
+            left < Duration::from_secs(2) && left > Duration::from_secs(1),
+            "{left:?}"
+        );
+        let mut b = [0u8; 1];
+        // SAFETY: one byte into a live buffer.
+        let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
+        assert_eq!(n, 1);
+        h.join().unwrap();
+    }
+    // No timeout at all: waits for the data.
+    let w2 = w.try_clone().unwrap();
+    let h = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(5));
+        write1(&w2);
+    });
+    assert_eq!(select1(fd, None).0, 1);
+    h.join().unwrap();
+}
+
+#[test]
+fn select_keeps_its_semantics() {
+    let env = [("FASTWAKE_MODE", "hybrid"), ("FASTWAKE_BUDGET_US", "4000")];
+    let Some(out) = child("child_select", &env) else {
+        return;
+    };
+    assert!(counter(&out, "spins") > 0);
+}
+
 #[test]
 fn bad_configuration_prints_one_line_and_passes_through() {
     for (k, v) in [

@@ -1,0 +1,187 @@
+//! select interposition (through the wait engine). `pselect` is passed
+//! through (not interposed).
+//!
+//! select rewrites its fd sets in place, and a zero-timeout look that finds
+//! nothing clears them, so the hook keeps a copy of the caller's sets and
+//! puts it back before every look and before the real call. Like Linux's
+//! select, it leaves the time not slept in `*timeout`.
+
+use crate::real::Sym;
+use crate::wait;
+use std::ffi::{c_int, c_long};
+
+static SELECT: Sym = Sym::new(c"select");
+
+type SelectFn = unsafe extern "C" fn(
+    c_int,
+    *mut libc::fd_set,
+    *mut libc::fd_set,
+    *mut libc::fd_set,
+    *mut libc::timeval,
+) -> c_int;
+
+/// Words of an fd_set (glibc: FD_SETSIZE = 1024 bits).
+const WORDS: usize = std::mem::size_of::<libc::fd_set>() / 8;
+
+/// Resolve the real function (from the library constructor).
+pub fn resolve() {
+    SELECT.get();
+}
+
+/// The caller's three sets, as they were on entry (first `words` words).
+struct Saved {
+    sets: [*mut libc::fd_set; 3],
+    copy: [[u64; WORDS]; 3],
+    words: usize,
+}
+
+impl Saved {
+    fn new(sets: [*mut libc::fd_set; 3], nfds: usize) -> Saved {
+        let words = nfds.div_ceil(64);
+        let mut copy = [[0u64; WORDS]; 3];
+        for (i, s) in sets.iter().enumerate() {
+            if !s.is_null() {
+                for (w, c) in copy[i].iter_mut().enumerate().take(words) {
+                    // SAFETY: a non-null fd_set of the caller holds at least
+                    // `words` (≤ WORDS) u64s; read unaligned to be safe.
+                    *c = unsafe { s.cast::<u64>().add(w).read_unaligned() };
+                }
+            }
+        }
+        Saved { sets, copy, words }
+    }
+
+    fn restore(&self) {
+        for (i, s) in self.sets.iter().enumerate() {
+            if !s.is_null() {
+                for w in 0..self.words {
+                    // SAFETY: as in `new`; the caller's sets are writable.
+                    unsafe { s.cast::<u64>().add(w).write_unaligned(self.copy[i][w]) };
+                }
+            }
+        }
+    }
+
+    /// A readable fd among the results, for the peer-CPU sample.
+    fn readable(&self) -> Option<c_int> {
+        let r = self.sets[0];
+        if r.is_null() {
+            return None;
+        }
+        (0..self.words).find_map(|w| {
+            // SAFETY: as in `new`.
+            let v = unsafe { r.cast::<u64>().add(w).read_unaligned() };
+            (v != 0).then(|| (w * 64) as c_int + v.trailing_zeros() as c_int)
+        })
+    }
+}
+
+/// `pselect6` with a zero timeout as a raw syscall (never our hook).
+fn probe(nfds: c_int, s: &Saved, mask: *const u64) -> c_int {
+    s.restore();
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // pselect6's sixth argument: {const sigset_t *ss; size_t ss_len}.
+    let sig: [usize; 2] = [mask as usize, 8];
+    let sigp: *const [usize; 2] = if mask.is_null() {
+        std::ptr::null()
+    } else {
+        &sig
+    };
+    // SAFETY: the caller's sets as the real call would get them, a live
+    // zero timespec, a live sigset descriptor or null.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pselect6,
+            nfds as c_long,
+            s.sets[0],
+            s.sets[1],
+            s.sets[2],
+            &zero as *const libc::timespec,
+            sigp,
+        ) as c_int
+    }
+}
+
+/// # Safety
+/// The libc contract of `select`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    readfds: *mut libc::fd_set,
+    writefds: *mut libc::fd_set,
+    exceptfds: *mut libc::fd_set,
+    timeout: *mut libc::timeval,
+) -> c_int {
+    let a = SELECT.get();
+    if a == 0 {
+        // SAFETY: the thread's errno slot.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    }
+    // SAFETY: `a` is the address dlsym returned for this very symbol.
+    let real: SelectFn = unsafe { std::mem::transmute(a) };
+    let sets = [readfds, writefds, exceptfds];
+    let plain = || {
+        // SAFETY: the caller's arguments, unchanged.
+        unsafe { real(nfds, readfds, writefds, exceptfds, timeout) }
+    };
+    // Out of the range a copy can hold, nothing to watch, or a bad
+    // timeout: the real call handles (or rejects) it.
+    let Ok(n) = usize::try_from(nfds) else {
+        return plain();
+    };
+    if n == 0 || n > WORDS * 64 || sets.iter().all(|s| s.is_null()) {
+        return plain();
+    }
+    let orig_ns = if timeout.is_null() {
+        None
+    } else {
+        // SAFETY: a non-null timeval of the caller.
+        let tv = unsafe { timeout.read() };
+        if tv.tv_sec < 0 || !(0..1_000_000).contains(&tv.tv_usec) {
+            return plain();
+        }
+        Some(tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1_000)
+    };
+    let go = || {
+        let saved = Saved::new(sets, n);
+        let t0 = wait::now_ns();
+        let r = wait::wait(
+            orig_ns,
+            std::ptr::null(),
+            |m| probe(nfds, &saved, m),
+            |left| {
+                saved.restore();
+                if let Some(ns) = left {
+                    let us = ns.div_ceil(1_000);
+                    // SAFETY: non-null whenever there is time left.
+                    unsafe {
+                        timeout.write(libc::timeval {
+                            tv_sec: (us / 1_000_000) as _,
+                            tv_usec: (us % 1_000_000) as _,
+                        })
+                    };
+                }
+                plain()
+            },
+            || saved.readable(),
+        );
+        // Report the time not slept, as Linux's select does (the real
+        // call did too when it ran; this differs only by the return path).
+        if let Some(o) = orig_ns {
+            let left_us = o.saturating_sub(wait::now_ns().wrapping_sub(t0)) / 1_000;
+            // SAFETY: non-null when there was a timeout.
+            unsafe {
+                timeout.write(libc::timeval {
+                    tv_sec: (left_us / 1_000_000) as _,
+                    tv_usec: (left_us % 1_000_000) as _,
+                })
+            };
+        }
+        r
+    };
+    crate::guarded(go, plain)
+}
