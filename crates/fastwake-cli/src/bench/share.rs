@@ -66,6 +66,11 @@ pub struct Args {
     /// minutes).
     #[arg(long)]
     pub sweep: bool,
+    /// Also measure the CPU an idle dispatcher (threads) and an idle task
+    /// runtime use over one second after the idle threshold, with --conns
+    /// waiters and no traffic.
+    #[arg(long)]
+    pub idle_probe: bool,
     /// Print JSON (one object per row) instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -109,8 +114,10 @@ impl Mode {
                 policy: Policy::Idle,
                 cross: false,
             },
+            // SCHED_OTHER: on the client's core a SCHED_IDLE dispatcher
+            // would never run next to the busy-polling client.
             "threads:cross" => Mode::Threads {
-                policy: Policy::Idle,
+                policy: Policy::Normal,
                 cross: true,
             },
             "reference" => Mode::Reference,
@@ -174,9 +181,33 @@ struct ClientEnd {
     received: u64,
 }
 
+/// How the server side's waits went (dispatch modes), for the report.
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    handoffs: u64,
+    fallbacks: u64,
+    backstops: u64,
+}
+
+impl Counts {
+    fn of(s: &fastwake::wait::WaitStats) -> Counts {
+        Counts {
+            handoffs: s.handoffs,
+            fallbacks: s.dispatch_fallbacks,
+            backstops: s.dispatch_backstops,
+        }
+    }
+
+    fn add(&mut self, o: Counts) {
+        self.handoffs += o.handoffs;
+        self.fallbacks += o.fallbacks;
+        self.backstops += o.backstops;
+    }
+}
+
 /// A running server arrangement for one slice.
 struct Servers {
-    threads: Vec<JoinHandle<Result<()>>>,
+    threads: Vec<JoinHandle<Result<Counts>>>,
     clocks: Vec<libc::clockid_t>,
     dispatchers: Vec<Dispatcher>,
 }
@@ -191,19 +222,25 @@ impl Servers {
     }
 
     /// Wait for the server threads to finish (the client closed its ends).
-    fn finish(self) -> Result<()> {
+    fn finish(self) -> Result<Counts> {
         let mut first = Ok(());
+        let mut c = Counts::default();
         for t in self.threads {
-            let r = t
+            match t
                 .join()
                 .map_err(|_| Fail::new(libc::EIO, "server thread panicked"))
-                .and_then(|r| r);
-            if first.is_ok() {
-                first = r;
+                .and_then(|r| r)
+            {
+                Ok(n) => c.add(n),
+                Err(e) => {
+                    if first.is_ok() {
+                        first = Err(e);
+                    }
+                }
             }
         }
         drop(self.dispatchers);
-        first
+        first.map(|_| c)
     }
 }
 
@@ -254,8 +291,8 @@ fn spawn_server(
     name: String,
     cpu: u32,
     clocks: &mpsc::Sender<libc::clockid_t>,
-    f: impl FnOnce() -> Result<()> + Send + 'static,
-) -> Result<JoinHandle<Result<()>>> {
+    f: impl FnOnce() -> Result<Counts> + Send + 'static,
+) -> Result<JoinHandle<Result<Counts>>> {
     let clocks = clocks.clone();
     std::thread::Builder::new()
         .name(name)
@@ -264,7 +301,7 @@ fn spawn_server(
             fastwake::cpu::pin(cpu)?;
             let _ = clocks.send(thread_clock());
             drop(clocks);
-            closed_ok(f())
+            f()
         })
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn server thread: {e}")))
 }
@@ -302,10 +339,11 @@ fn start(
                 let cpu = layout.server_cpus[j % k];
                 threads.push(spawn_server(format!("fw-srv{j}"), cpu, &ctx, move || {
                     let mut w = Waiter::new(wm);
-                    loop {
+                    closed_ok((|| loop {
                         let m = w.wait(&mut rx)?;
                         echo(&mut rx, &mut tx, m)?;
-                    }
+                    })())?;
+                    Ok(Counts::of(&w.stats()))
                 })?);
             }
         }
@@ -329,10 +367,13 @@ fn start(
                             })())
                         })?;
                     }
-                    rt.run()?;
+                    let st = rt.run()?;
                     match rt.take_errors().into_iter().next() {
                         Some((i, e)) => Err(Fail::new(e.errno(), format!("task {i}: {e}"))),
-                        None => Ok(()),
+                        None => Ok(Counts {
+                            handoffs: st.handoffs,
+                            ..Counts::default()
+                        }),
                     }
                 })?);
             }
@@ -495,6 +536,7 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
     };
     let mut samples: Vec<Sample> = modes.iter().map(|_| Sample::new()).collect();
     let mut totals: Vec<Slice> = modes.iter().map(|_| Slice::default()).collect();
+    let mut counts: Vec<Counts> = modes.iter().map(|_| Counts::default()).collect();
     for round in 0..plan.rounds {
         let n = plan.iters / plan.rounds + u64::from(round < plan.iters % plan.rounds);
         for (i, &mode) in modes.iter().enumerate() {
@@ -530,7 +572,7 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
             drop(clients);
             let fin = servers.finish();
             let s = r?;
-            fin?;
+            counts[i].add(fin?);
             let t = &mut totals[i];
             t.client_cpu += s.client_cpu;
             t.server_cpu += s.server_cpu;
@@ -541,7 +583,8 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
     Ok(modes
         .iter()
         .zip(samples.iter().zip(totals))
-        .map(|(m, (s, t))| {
+        .zip(counts)
+        .map(|((m, (s, t)), c)| {
             let conns = if *m == Mode::Reference { 1 } else { plan.conns };
             let mut row = Row::from_sample(
                 "channel",
@@ -561,6 +604,11 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
             row.extra
                 .insert("cores".into(), layout.server_cpus.len().into());
             row.extra.insert("load".into(), plan.load.name().into());
+            row.extra.insert("handoffs".into(), c.handoffs.into());
+            row.extra
+                .insert("dispatch_fallbacks".into(), c.fallbacks.into());
+            row.extra
+                .insert("dispatch_backstops".into(), c.backstops.into());
             row.extra.insert(
                 "rtt_per_s".into(),
                 serde_json::Number::from_f64(rate.round())
@@ -574,18 +622,107 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
 
 fn print_rates(rows: &[Row]) {
     println!(
-        " {:<16} {:>6} {:>6} {:>12}",
-        "mode", "conns", "cores", "rtt/s"
+        " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10}",
+        "mode", "conns", "cores", "rtt/s", "handoffs", "fallbacks", "backstops"
     );
+    let get = |r: &Row, k: &str| r.extra.get(k).map(|v| v.to_string()).unwrap_or_default();
     for r in rows {
         println!(
-            " {:<16} {:>6} {:>6} {:>12}",
+            " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10}",
             r.mode,
-            r.extra.get("conns").cloned().unwrap_or_default(),
-            r.extra.get("cores").cloned().unwrap_or_default(),
-            r.extra.get("rtt_per_s").cloned().unwrap_or_default()
+            get(r, "conns"),
+            get(r, "cores"),
+            get(r, "rtt_per_s"),
+            get(r, "handoffs"),
+            get(r, "dispatch_fallbacks"),
+            get(r, "dispatch_backstops")
         );
     }
+}
+
+/// CPU used over `window` by an idle dispatcher serving `conns` waiting
+/// threads, and by an idle runtime of `conns` tasks, after `idle_after`.
+fn idle_probe(
+    layout: &Layout,
+    conns: usize,
+    idle_after: Option<Duration>,
+    window: Duration,
+) -> Result<String> {
+    let cpu = layout.server_cpus[0];
+    let cfg = ChanConfig::default();
+    let settle = idle_after.unwrap_or_default() + Duration::from_millis(50);
+    // Threads.
+    let mut dcfg = dispatch::Config::new(cpu);
+    dcfg.idle_after = idle_after;
+    let d = Dispatcher::start(dcfg)?;
+    let mut txs = Vec::new();
+    let (ctx, _crx) = mpsc::channel();
+    let mut threads = Vec::new();
+    let mut rxs = Vec::new();
+    for _ in 0..conns {
+        let (tx, rx) = channel::channel(cfg)?;
+        txs.push(tx);
+        rxs.push(rx);
+    }
+    for (j, mut rx) in rxs.into_iter().enumerate() {
+        threads.push(spawn_server(format!("fw-idle{j}"), cpu, &ctx, move || {
+            let mut w = Waiter::new(WaitMode::Dispatch);
+            closed_ok(w.wait(&mut rx).map(|_| ()))?;
+            Ok(Counts::of(&w.stats()))
+        })?);
+    }
+    std::thread::sleep(settle);
+    let state_d = d.state();
+    let c0 = d.cpu_time().unwrap_or_default();
+    std::thread::sleep(window);
+    let used_d = d.cpu_time().unwrap_or_default().saturating_sub(c0);
+    drop(txs);
+    for t in threads {
+        let _ = t.join();
+    }
+    drop(d);
+    // Tasks.
+    let (clk_tx, clk_rx) = mpsc::channel();
+    let mut txs = Vec::new();
+    let mut rxs = Vec::new();
+    for _ in 0..conns {
+        let (tx, rx) = channel::channel(cfg)?;
+        txs.push(tx);
+        rxs.push(rx);
+    }
+    let rt_thread = std::thread::spawn(move || -> Result<()> {
+        fastwake::cpu::pin(cpu)?;
+        let mut rt = Runtime::new(TaskConfig {
+            idle_after,
+            ..TaskConfig::default()
+        })?;
+        for mut rx in rxs {
+            rt.spawn(move |cx| closed_ok(cx.wait(&mut rx).map(|_| ())))?;
+        }
+        let _ = clk_tx.send((thread_clock(), rt.state()));
+        rt.run()?;
+        Ok(())
+    });
+    let (clk, st) = clk_rx
+        .recv()
+        .map_err(|_| Fail::new(libc::EIO, "task runtime failed to start"))?;
+    std::thread::sleep(settle);
+    let state_t = st.get();
+    let c0 = clock_time(clk);
+    std::thread::sleep(window);
+    let used_t = clock_time(clk).saturating_sub(c0);
+    drop(txs);
+    let _ = rt_thread.join();
+    Ok(format!(
+        "idle probe ({conns} waiters, no traffic, idle threshold {}): dispatcher for threads {:?}, {:.1} µs CPU in {:?}; task runtime {:?}, {:.1} µs CPU in {:?}",
+        idle_after.map_or("off".to_string(), |d| format!("{} µs", d.as_micros())),
+        state_d,
+        used_d.as_nanos() as f64 / 1000.0,
+        window,
+        state_t,
+        used_t.as_nanos() as f64 / 1000.0,
+        window
+    ))
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -649,6 +786,12 @@ pub fn run(a: Args) -> Result<()> {
                 &rows,
             );
             print_rates(&rows);
+        }
+        if a.idle_probe {
+            println!(
+                "{}",
+                idle_probe(&layout, a.conns, idle_after, Duration::from_secs(1))?
+            );
         }
         return Ok(());
     }

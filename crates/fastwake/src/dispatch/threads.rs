@@ -249,8 +249,9 @@ impl Core {
             && !self.stop.load(Ordering::SeqCst)
             && !self.pending_flag.load(Ordering::SeqCst)
         {
-            // The timeout only bounds how late a stop request is seen.
-            self.kick.wait(seq, Some(Duration::from_millis(100)));
+            // Stop requests and crash injection kick; the timeout is only a
+            // safety net, long enough to cost nothing.
+            self.kick.wait(seq, Some(Duration::from_secs(1)));
         }
         let _ = self.mode.compare_exchange(
             MODE_SLEEPING,
