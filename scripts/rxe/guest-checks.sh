@@ -110,17 +110,22 @@ check_fastwake_run_rc_pingpong() {
     rxe_need_fastwake || return
     rxe_need_preload || return
     local iters=${RXE_PP_ITERS:-1000}
-    rxe_pair rc -- "$RXE_FASTWAKE" run --mode hybrid -- ibv_rc_pingpong -d "$RXE_DEV" -g "$RXE_GID" -n "$iters" -e || return 1
-    rxe_pingpong_verify rc "$iters"
+    rxe_pair rc -- "$RXE_FASTWAKE" run --mode hybrid --verbose -- \
+        ibv_rc_pingpong -d "$RXE_DEV" -g "$RXE_GID" -n "$iters" -e || return 1
+    rxe_pingpong_verify rc "$iters" || return 1
+    rxe_shim_loaded_verify rc
 }
 
-# ibv_rc_pingpong -e with the preload shim on both sides: same protocol result
-# as without it (compare the rc.usec_per_iter rows of metrics.tsv as a ratio).
+# ibv_rc_pingpong with the preload shim on both sides (FASTWAKE_MODE
+# $RXE_SHIM_MODE, default hybrid): the same protocol result as without it;
+# compare the rc.usec_per_iter rows of metrics.tsv only as ratios.
 check_shim_rc_pingpong() {
     rxe_need_preload || return
     local iters=${RXE_PP_ITERS:-1000}
-    rxe_pair rc -- env LD_PRELOAD="$RXE_PRELOAD" ibv_rc_pingpong -d "$RXE_DEV" -g "$RXE_GID" -n "$iters" "$@" || return 1
-    rxe_pingpong_verify rc "$iters"
+    rxe_pair rc -- env LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="${RXE_SHIM_MODE:-hybrid}" FASTWAKE_VERBOSE=1 \
+        ibv_rc_pingpong -d "$RXE_DEV" -g "$RXE_GID" -n "$iters" "$@" || return 1
+    rxe_pingpong_verify rc "$iters" || return 1
+    rxe_shim_loaded_verify rc
 }
 
 # ---- the list ------------------------------------------------------------------

@@ -113,6 +113,19 @@ rxe_pingpong_verify() {
     rxe_info "$tag: $line"
 }
 
+# rxe_shim_loaded_verify TAG: with FASTWAKE_VERBOSE=1 the shim announces
+# itself on stderr ("fastwake-preload: ..."); both logs of the last rxe_pair
+# must show it, so a shim check cannot pass without the shim.
+rxe_shim_loaded_verify() {
+    local tag=$1 side
+    for side in "$RXE_SERVER_LOG" "$RXE_CLIENT_LOG"; do
+        grep -q '^fastwake-preload: ' "$side" ||
+            { rxe_fail "$tag: the shim did not announce itself in $(basename "$side") (FASTWAKE_VERBOSE=1)"; return 1; }
+    done
+    # The first line is the configuration, the last the counters at exit.
+    rxe_info "$tag client: $(grep '^fastwake-preload: ' "$RXE_CLIENT_LOG" | sed -n '1p;$p' | sed 's/^fastwake-preload: //' | paste -sd'|' | sed 's/|/ | /')"
+}
+
 # rxe_perftest_verify TAG ITERS [BYTES]: the client log of the last rxe_pair
 # must hold the perftest result row "BYTES ITERS t_min t_max t_typical ...".
 rxe_perftest_verify() {
