@@ -18,7 +18,8 @@
 //! Modules: [`config`] (environment), [`real`] (the next definitions of the
 //! hooked symbols), [`wait`] (the spin-then-block engine every hook uses),
 //! [`budget`] (the adaptive budget), [`peer`] (the peer's CPU), and one
-//! module per family of hooked calls: [`epoll`], [`poll`], [`select`].
+//! module per family of hooked calls: [`epoll`], [`poll`], [`select`],
+//! [`verbs`] (libibverbs: completion channels and the context's CQ ops).
 
 pub mod budget;
 pub mod config;
@@ -27,6 +28,7 @@ pub mod peer;
 pub mod poll;
 pub mod real;
 pub mod select;
+pub mod verbs;
 pub mod wait;
 
 /// Run a hook body; if it panics (it should not), make the plain call
@@ -84,6 +86,7 @@ fn hooks_resolve() {
     epoll::resolve();
     poll::resolve();
     select::resolve();
+    verbs::init();
 }
 
 #[used]
@@ -94,6 +97,7 @@ static INIT: extern "C" fn() = init;
 extern "C" fn fini() {
     if config::verbose() {
         let _ = std::panic::catch_unwind(wait::report);
+        let _ = std::panic::catch_unwind(verbs::report);
     }
 }
 

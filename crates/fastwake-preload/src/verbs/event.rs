@@ -1,0 +1,234 @@
+//! Completion events: `ibv_get_cq_event` with a spin phase, and the
+//! accounting that keeps the program's view exact.
+//!
+//! The program arms a CQ (`req_notify_cq`), then blocks in
+//! `ibv_get_cq_event`. In a spinning mode the shim first looks at the
+//! program's armed CQs on that channel for the spin budget; a CQE found there
+//! is stashed (returned first by the wrapped `poll_cq`) and reported as an
+//! event for that CQ at once, without waiting for the kernel's event — a
+//! *synthetic* event. Rules:
+//!
+//! 1. A synthetic event is only given for a CQ the program armed and that
+//!    has a CQE: exactly what a real event would announce.
+//! 2. The real arm that was outstanding still produces one real event. The
+//!    shim marks it owed (`swallow_next`); when it is read, the shim acks it
+//!    itself and does not pass it on. If the program has re-armed meanwhile,
+//!    the shim re-arms for real and looks at the CQ again before sleeping
+//!    (the arm → re-check rule), so no wake-up is lost.
+//! 3. `ibv_ack_cq_events(cq, n)` forwards at most as many acks as real events
+//!    the program received; the rest acked synthetic events. So the real
+//!    acks always balance the real events read, and `ibv_destroy_cq` (which
+//!    waits for that balance) never hangs because of the shim.
+//! 4. Events with no CQE stay possible, as without the shim (a stale arm);
+//!    rdma-core documents them and programs already tolerate them.
+//! 5. A non-blocking channel fd (a program waiting with epoll) is never
+//!    spun on: one look, then the real non-blocking read.
+
+use super::real::{self, GetCqEventFn};
+use super::stats::{self, STATS};
+use super::table::{self, CQS, STASHED};
+use crate::config::{Mode, budget_ns, mode};
+use crate::wait::now_ns;
+use fastwake::source::verbs::sys::{ibv_comp_channel, ibv_cq, ibv_wc};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
+
+/// Look at the fd only every this many spins: the CQs are the fast signal,
+/// the fd only matters for CQs the shim does not manage or stale events.
+const FD_EVERY: u32 = 64;
+
+fn fd_readable(fd: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; a raw syscall (never the shim's own hook).
+    let r = unsafe { libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1usize, 0i32) };
+    r > 0
+}
+
+fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL on the channel's fd; a raw syscall.
+    let fl = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
+    fl >= 0 && (fl as c_int) & libc::O_NONBLOCK != 0
+}
+
+/// A CQ on `channel` the program armed and that has a CQE (stashing one if
+/// needed): the event to report.
+fn synthetic(channel: *mut ibv_comp_channel) -> Option<*mut ibv_cq> {
+    let ch = channel as usize;
+    for s in CQS.iter() {
+        if s.channel.load(Ordering::Relaxed) != ch {
+            continue;
+        }
+        let cq = s.cq.load(Ordering::Acquire);
+        if cq == 0 || cq == usize::MAX || table::hands_off(s) {
+            continue;
+        }
+        let Ok(mut st) = s.state.try_lock() else {
+            continue;
+        };
+        if !st.app_armed || st.solicited {
+            continue;
+        }
+        if st.len == 0 {
+            let cq = cq as *mut ibv_cq;
+            // SAFETY: a managed CQ is live until destroy, which removes it
+            // from the table first under this lock's protection of state.
+            let Some((real_poll, _)) = table::real_ops(unsafe { (*cq).context }) else {
+                continue;
+            };
+            let mut wc = std::mem::MaybeUninit::<ibv_wc>::zeroed();
+            // SAFETY: live CQ, room for one entry.
+            let n = unsafe { real_poll(cq, 1, wc.as_mut_ptr()) };
+            if n != 1 {
+                continue;
+            }
+            // SAFETY: the provider wrote one entry.
+            st.push(unsafe { wc.assume_init() });
+            STASHED.fetch_add(1, Ordering::AcqRel);
+        }
+        st.app_armed = false;
+        if st.real_armed {
+            st.swallow_next = true;
+        }
+        return Some(cq as *mut ibv_cq);
+    }
+    None
+}
+
+enum Real {
+    Deliver,
+    Swallowed,
+}
+
+/// Account a real event the shim read for `cq`.
+fn classify(cq: *mut ibv_cq) -> Real {
+    let Some(s) = table::cq_slot(cq) else {
+        return Real::Deliver;
+    };
+    let mut st = table::lock(s);
+    st.real_armed = false;
+    if !st.swallow_next {
+        st.app_armed = false;
+        st.real_unacked += 1;
+        return Real::Deliver;
+    }
+    st.swallow_next = false;
+    stats::add(&STATS.swallowed, 1);
+    // SAFETY: the shim read this event; acking it once balances it.
+    unsafe { real::ack_cq_events()(cq, 1) };
+    if st.app_armed {
+        // The program re-armed while the owed event was outstanding (the
+        // shim skipped that arm): arm for real now; the caller's loop looks
+        // at the CQ again before it sleeps.
+        // SAFETY: a live managed CQ points at its live context.
+        let ctx = unsafe { (*cq).context };
+        if let Some((_, notify)) = table::real_ops(ctx) {
+            // SAFETY: the provider's req_notify_cq on a live CQ.
+            if unsafe { notify(cq, 0) } == 0 {
+                st.real_armed = true;
+            }
+        }
+    }
+    Real::Swallowed
+}
+
+/// The shim's `ibv_get_cq_event`.
+///
+/// # Safety
+/// libibverbs' contract for `ibv_get_cq_event`.
+pub unsafe fn get_cq_event(
+    real_get: GetCqEventFn,
+    channel: *mut ibv_comp_channel,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+) -> c_int {
+    let m = mode();
+    if m == Mode::Off || channel.is_null() || cq_out.is_null() || ctx_out.is_null() {
+        // SAFETY: forwarding unchanged.
+        return unsafe { real_get(channel, cq_out, ctx_out) };
+    }
+    stats::add(&STATS.waits, 1);
+    // SAFETY: a live channel (caller's contract).
+    let fd = unsafe { (*channel).fd };
+    let budget = if nonblocking(fd) {
+        0
+    } else {
+        match m {
+            Mode::Poll => u64::MAX,
+            Mode::Hybrid | Mode::Adaptive => budget_ns(),
+            Mode::Off | Mode::Interrupt => 0,
+        }
+    };
+    let t0 = now_ns();
+    let mut spinning = budget > 0;
+    let mut spins: u32 = 0;
+    loop {
+        if let Some(cq) = synthetic(channel) {
+            stats::add(&STATS.synthetic, 1);
+            // SAFETY: out-pointers valid (checked non-null, caller's
+            // contract); cq is live.
+            unsafe {
+                *cq_out = cq;
+                *ctx_out = (*cq).cq_context;
+            }
+            return 0;
+        }
+        // While spinning, read the fd only when it has something (so the
+        // read cannot block); after the spin, the real blocking read.
+        let go_real = !spinning || (spins.is_multiple_of(FD_EVERY) && fd_readable(fd));
+        if go_real {
+            if !spinning {
+                stats::add(&STATS.blocked, 1);
+            }
+            let mut ev_cq = std::ptr::null_mut();
+            let mut ev_ctx = std::ptr::null_mut();
+            // SAFETY: the caller's channel; our own out-pointers.
+            let rc = unsafe { real_get(channel, &mut ev_cq, &mut ev_ctx) };
+            if rc != 0 {
+                return rc; // errno as the real call set it (EAGAIN, EINTR, …)
+            }
+            match classify(ev_cq) {
+                Real::Deliver => {
+                    stats::add(&STATS.real, 1);
+                    // SAFETY: out-pointers valid.
+                    unsafe {
+                        *cq_out = ev_cq;
+                        *ctx_out = ev_ctx;
+                    }
+                    return 0;
+                }
+                Real::Swallowed => continue,
+            }
+        }
+        spins = spins.wrapping_add(1);
+        if budget != u64::MAX && spins.is_multiple_of(32) && now_ns().wrapping_sub(t0) >= budget {
+            spinning = false;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// The shim's `ibv_ack_cq_events`: forward the acks of real events only.
+///
+/// # Safety
+/// libibverbs' contract for `ibv_ack_cq_events`.
+pub unsafe fn ack_cq_events(cq: *mut ibv_cq, n: u32) {
+    let real_ack = real::ack_cq_events();
+    let fwd = match table::cq_slot(cq) {
+        None => n,
+        Some(s) => {
+            let mut st = table::lock(s);
+            let k = n.min(st.real_unacked);
+            st.real_unacked -= k;
+            k
+        }
+    };
+    stats::add(&STATS.acks_absorbed, (n - fwd) as u64);
+    if fwd > 0 {
+        // SAFETY: forwarding at most the real events delivered for cq.
+        unsafe { real_ack(cq, fwd) };
+    }
+}

@@ -1,0 +1,118 @@
+//! The real libibverbs entry points, by symbol version.
+//!
+//! A program built against rdma-core binds `ibv_*@IBVERBS_1.1`; the shim's
+//! unversioned definitions interpose those, and forward to exactly that
+//! version with `dlvsym(RTLD_NEXT, name, "IBVERBS_1.1")` (the `@IBVERBS_1.0`
+//! twins take pre-2016 struct layouts and are never what the shim wants).
+
+use fastwake::source::verbs::sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device};
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub type OpenDeviceFn = unsafe extern "C" fn(*mut ibv_device) -> *mut ibv_context;
+pub type CloseDeviceFn = unsafe extern "C" fn(*mut ibv_context) -> c_int;
+pub type GetDeviceNameFn = unsafe extern "C" fn(*mut ibv_device) -> *const c_char;
+pub type CreateCqFn = unsafe extern "C" fn(
+    *mut ibv_context,
+    c_int,
+    *mut c_void,
+    *mut ibv_comp_channel,
+    c_int,
+) -> *mut ibv_cq;
+pub type DestroyCqFn = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
+pub type GetCqEventFn =
+    unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
+pub type AckCqEventsFn = unsafe extern "C" fn(*mut ibv_cq, u32);
+pub type Mlx5dvInitObjFn = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
+
+/// One versioned symbol, resolved once.
+pub struct VSym {
+    name: &'static CStr,
+    version: Option<&'static CStr>,
+    addr: AtomicUsize,
+}
+
+impl VSym {
+    const fn new(name: &'static CStr, version: Option<&'static CStr>) -> VSym {
+        VSym {
+            name,
+            version,
+            addr: AtomicUsize::new(0),
+        }
+    }
+
+    /// The address, or 0 when no later object defines it.
+    pub fn get(&self) -> usize {
+        let a = self.addr.load(Ordering::Relaxed);
+        if a != 0 {
+            return a;
+        }
+        // SAFETY: RTLD_NEXT lookups with NUL-terminated names.
+        let p = unsafe {
+            match self.version {
+                Some(v) => libc::dlvsym(libc::RTLD_NEXT, self.name.as_ptr(), v.as_ptr()),
+                None => libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()),
+            }
+        } as usize;
+        self.addr.store(p, Ordering::Relaxed);
+        p
+    }
+}
+
+const V11: Option<&CStr> = Some(c"IBVERBS_1.1");
+
+pub static OPEN_DEVICE: VSym = VSym::new(c"ibv_open_device", V11);
+pub static CLOSE_DEVICE: VSym = VSym::new(c"ibv_close_device", V11);
+pub static GET_DEVICE_NAME: VSym = VSym::new(c"ibv_get_device_name", V11);
+pub static CREATE_CQ: VSym = VSym::new(c"ibv_create_cq", V11);
+pub static DESTROY_CQ: VSym = VSym::new(c"ibv_destroy_cq", V11);
+pub static GET_CQ_EVENT: VSym = VSym::new(c"ibv_get_cq_event", V11);
+pub static ACK_CQ_EVENTS: VSym = VSym::new(c"ibv_ack_cq_events", V11);
+pub static MLX5DV_INIT_OBJ: VSym = VSym::new(c"mlx5dv_init_obj", None);
+
+/// Resolve all (from the library constructor). libibverbs may not be
+/// loaded at all: then every address stays 0 and the hooks are never
+/// reached (nothing calls them) or fail like a missing symbol would.
+pub fn resolve() {
+    for s in [
+        &OPEN_DEVICE,
+        &CLOSE_DEVICE,
+        &GET_DEVICE_NAME,
+        &CREATE_CQ,
+        &DESTROY_CQ,
+        &GET_CQ_EVENT,
+        &ACK_CQ_EVENTS,
+        &MLX5DV_INIT_OBJ,
+    ] {
+        s.get();
+    }
+}
+
+macro_rules! typed {
+    ($f:ident, $s:ident, $t:ty) => {
+        /// The real function (None when libibverbs does not define it).
+        pub fn $f() -> Option<$t> {
+            let a = $s.get();
+            // SAFETY: a non-zero address of the symbol with this name and
+            // version, whose C signature is $t (verbs.h).
+            (a != 0).then(|| unsafe { std::mem::transmute::<usize, $t>(a) })
+        }
+    };
+}
+
+typed!(open_device, OPEN_DEVICE, OpenDeviceFn);
+typed!(close_device, CLOSE_DEVICE, CloseDeviceFn);
+typed!(get_device_name, GET_DEVICE_NAME, GetDeviceNameFn);
+typed!(create_cq, CREATE_CQ, CreateCqFn);
+typed!(destroy_cq, DESTROY_CQ, DestroyCqFn);
+typed!(get_cq_event, GET_CQ_EVENT, GetCqEventFn);
+typed!(mlx5dv_init_obj, MLX5DV_INIT_OBJ, Mlx5dvInitObjFn);
+
+/// The real `ibv_ack_cq_events`. Only called for CQs the shim manages,
+/// which exist only if libibverbs is loaded.
+pub fn ack_cq_events() -> AckCqEventsFn {
+    let a = ACK_CQ_EVENTS.get();
+    assert!(a != 0, "ibv_ack_cq_events resolved");
+    // SAFETY: as in `typed!`.
+    unsafe { std::mem::transmute::<usize, AckCqEventsFn>(a) }
+}

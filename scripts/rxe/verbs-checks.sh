@@ -1,0 +1,109 @@
+# shellcheck shell=bash
+# Verbs checks for the rxe-test guest (sourced by guest-checks.sh; owner: the
+# verbs source / libibverbs shim). Every check here needs the project's
+# binaries and SKIPs loudly without them. TCG timings are not performance:
+# latencies are only compared as ratios within one run.
+
+RXE_VERBS_MODES=${RXE_VERBS_MODES:-interrupt hybrid poll adaptive}
+RXE_VERBS_RC_ITERS=${RXE_VERBS_RC_ITERS:-1000}
+RXE_VERBS_LAT_ITERS=${RXE_VERBS_LAT_ITERS:-300}
+
+# awk helper: ratio a/b with 2 decimals.
+rxe_ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+
+# The project's verbs integration tests (built by the host before booting:
+# target/release/deps/verbs_source-*).
+check_verbs_tests() {
+    local t
+    t=$(ls -t "$RXE_BIN_DIR"/deps/verbs_source-* 2>/dev/null | grep -v '\.d$' | head -n 1)
+    [ -n "$t" ] && [ -x "$t" ] || { rxe_reason "verbs_source test binary not built (cargo test --release -p fastwake --test verbs_source --no-run)"; return $RXE_SKIP; }
+    FASTWAKE_TEST_VERBS_DEV=$RXE_DEV "$t" --test-threads=1 2>&1 | tee /dev/stderr | grep -q '^test result: ok' \
+        || { rxe_fail "verbs_source tests failed (see log)"; return 1; }
+    grep -q SKIPPED "$RXE_LOGDIR/$RXE_CUR_NAME.log" && { rxe_fail "a verbs test SKIPPED although $RXE_DEV exists"; return 1; }
+    return 0
+}
+
+# fastwake bench pingpong --source verbs in every library wait mode, one run;
+# per-mode latency as a ratio to poll.
+check_verbs_bench() {
+    rxe_need_fastwake || return
+    local out="$RXE_LOGDIR/verbs-bench.json"
+    "$RXE_FASTWAKE" bench pingpong --source verbs --dev "$RXE_DEV" --cpus "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" \
+        --mode poll,interrupt,hybrid --iters 3000 --warmup 300 --rounds 6 --json >"$out" \
+        || { rxe_fail "fastwake bench pingpong --source verbs failed: $(tail -n 1 "$out")"; return 1; }
+    cat "$out"
+    local n; n=$(grep -c '"source":"verbs"' "$out")
+    [ "$n" = 3 ] || { rxe_fail "expected 3 verbs rows, got $n"; return 1; }
+    local poll mode t
+    poll=$(grep '"mode":"poll"' "$out" | sed -E 's/.*"t_typical":([0-9.e+-]+).*/\1/')
+    for mode in poll interrupt hybrid; do
+        t=$(grep "\"mode\":\"$mode\"" "$out" | sed -E 's/.*"t_typical":([0-9.e+-]+).*/\1/')
+        rxe_metric "verbs.$mode.t_typical_ratio_to_poll" "$(rxe_ratio "$t" "$poll")"
+        rxe_info "bench verbs $mode: t_typical = $(rxe_ratio "$t" "$poll") x poll (TCG: ratio only)"
+    done
+}
+
+# check_shim_rc MODE: unmodified ibv_rc_pingpong -e -c (validates the data)
+# with both sides under `fastwake run --mode MODE`; same iteration count as
+# without the shim; the shim must have wrapped the context (verbose line).
+check_shim_rc() {
+    rxe_need_fastwake || return
+    rxe_need_preload || return
+    local mode=$1 iters=$RXE_VERBS_RC_ITERS base
+    rxe_pair base -- ibv_rc_pingpong -d "$RXE_DEV" -g "$RXE_GID" -n "$iters" -e -c || return 1
+    rxe_pingpong_verify base "$iters" || return 1
+    base=$(sed -E -n 's/.* = ([0-9.]+) usec\/iter.*/\1/p' "$RXE_CLIENT_LOG" | tail -n 1)
+    rxe_pair "$mode" -- "$RXE_FASTWAKE" run --mode "$mode" --verbose -- \
+        ibv_rc_pingpong -d "$RXE_DEV" -g "$RXE_GID" -n "$iters" -e -c || return 1
+    rxe_pingpong_verify "$mode" "$iters" || return 1
+    local shim; shim=$(sed -E -n 's/.* = ([0-9.]+) usec\/iter.*/\1/p' "$RXE_CLIENT_LOG" | tail -n 1)
+    local side
+    for side in "$RXE_SERVER_LOG" "$RXE_CLIENT_LOG"; do
+        grep -q 'verbs pid=.* contexts wrapped=1' "$side" \
+            || { rxe_fail "$mode: the shim did not wrap the context in $(basename "$side")"; return 1; }
+        grep 'verbs pid=' "$side"
+    done
+    rxe_info "rc_pingpong -e under shim $mode: $iters iters, data checked (-c); usec/iter = $(rxe_ratio "$shim" "$base") x no-shim (TCG: ratio only); $(grep -o 'events synthetic=[0-9]* real=[0-9]* swallowed=[0-9]*' "$RXE_CLIENT_LOG")"
+}
+
+# check_shim_send_lat MODE: unmodified ib_send_lat -e under the shim.
+check_shim_send_lat() {
+    rxe_need_fastwake || return
+    rxe_need_preload || return
+    local mode=$1 iters=$RXE_VERBS_LAT_ITERS
+    rxe_pair base -- ib_send_lat -d "$RXE_DEV" -x "$RXE_GID" -n "$iters" -e || return 1
+    rxe_perftest_verify base "$iters" || return 1
+    local base; base=$(grep -E "^ *2 +$iters +[0-9]" "$RXE_CLIENT_LOG" | tail -n 1 | awk '{print $5}')
+    rxe_pair "$mode" -- "$RXE_FASTWAKE" run --mode "$mode" --verbose -- \
+        ib_send_lat -d "$RXE_DEV" -x "$RXE_GID" -n "$iters" -e || return 1
+    rxe_perftest_verify "$mode" "$iters" || return 1
+    local shim; shim=$(grep -E "^ *2 +$iters +[0-9]" "$RXE_CLIENT_LOG" | tail -n 1 | awk '{print $5}')
+    grep -q 'verbs pid=.* contexts wrapped=1' "$RXE_CLIENT_LOG" \
+        || { rxe_fail "$mode: the shim did not wrap the context"; return 1; }
+    rxe_info "ib_send_lat -e under shim $mode: $iters iters; t_typical = $(rxe_ratio "$shim" "$base") x no-shim (TCG: ratio only)"
+}
+
+# Pass-through: a bad FASTWAKE_VERBS_VECTOR gives one line and the program
+# runs untouched.
+check_shim_bad_env() {
+    rxe_need_preload || return
+    local iters=200
+    rxe_pair bad -- env LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE=hybrid FASTWAKE_VERBOSE=1 FASTWAKE_VERBS_VECTOR=bogus \
+        ibv_rc_pingpong -d "$RXE_DEV" -g "$RXE_GID" -n "$iters" -e -c || return 1
+    rxe_pingpong_verify bad "$iters" || return 1
+    [ "$(grep -c "FASTWAKE_VERBS_VECTOR='bogus'" "$RXE_CLIENT_LOG")" = 1 ] \
+        || { rxe_fail "no single diagnostic line for FASTWAKE_VERBS_VECTOR=bogus"; return 1; }
+    grep -q 'contexts wrapped=' "$RXE_CLIENT_LOG" && { rxe_fail "verbs were not passed through"; return 1; }
+    return 0
+}
+
+rxe_verbs_checks() {
+    rxe_check verbs-tests check_verbs_tests
+    rxe_check verbs-bench-pingpong check_verbs_bench
+    local m
+    for m in $RXE_VERBS_MODES; do
+        rxe_check "shim-rc-pingpong-events-$m" check_shim_rc "$m"
+        rxe_check "shim-send-lat-events-$m" check_shim_send_lat "$m"
+    done
+    rxe_check shim-verbs-bad-env check_shim_bad_env
+}
