@@ -128,6 +128,10 @@ check_shim_rc_pingpong() {
     rxe_shim_loaded_verify rc
 }
 
+# The verbs source and libibverbs shim checks (verbs-tests, verbs-bench-pingpong,
+# shim-*-<mode>, shim-verbs-bad-env) live in their own file.
+. "$RXE_SELF_DIR/verbs-checks.sh"
+
 # ---- the list ------------------------------------------------------------------
 read -r up _ </proc/uptime
 echo "rxe-guest: [${up}s] checks start (accel $RXE_ACCEL, repo $RXE_REPO, binaries $RXE_BIN_DIR)"
@@ -141,6 +145,7 @@ rxe_check fastwake-bench-pingpong check_fastwake_bench_pingpong
 rxe_check fastwake-run-hybrid-rc-pingpong-events check_fastwake_run_rc_pingpong
 rxe_check shim-rc-pingpong-events check_shim_rc_pingpong -e
 rxe_check shim-rc-pingpong        check_shim_rc_pingpong
+rxe_verbs_checks
 
 # FASTWAKE_RXE_EXTRA on the host: a bash script run here, after the checks,
 # with guest-lib.sh loaded (it may call rxe_check itself; its output goes to

@@ -23,6 +23,8 @@
 //!    rdma-core documents them and programs already tolerate them.
 //! 5. A non-blocking channel fd (a program waiting with epoll) is never
 //!    spun on: one look, then the real non-blocking read.
+//! 6. Mode `interrupt` neither looks nor synthesizes: it is the plain
+//!    blocking read (with the shim's vector choice at CQ creation).
 
 use super::real::{self, GetCqEventFn};
 use super::stats::{self, STATS};
@@ -164,9 +166,12 @@ pub unsafe fn get_cq_event(
     };
     let t0 = now_ns();
     let mut spinning = budget > 0;
+    // Interrupt mode is the plain kernel wait (only the vector choice
+    // differs): no look at the CQs, no synthetic events.
+    let looks = m.spins();
     let mut spins: u32 = 0;
     loop {
-        if let Some(cq) = synthetic(channel) {
+        if looks && let Some(cq) = synthetic(channel) {
             stats::add(&STATS.synthetic, 1);
             // SAFETY: out-pointers valid (checked non-null, caller's
             // contract); cq is live.
