@@ -17,12 +17,15 @@
 //! - [`wait`]: wait modes and the [`wait::Waiter`] that applies them.
 //! - [`dispatch`]: the per-core dispatcher with direct hand-off, for tasks
 //!   and for ordinary threads ([`WaitMode::Dispatch`]).
+//! - [`adaptive`]: the controller behind [`WaitMode::Adaptive`] (learned
+//!   spin budget, CPU cap, pressure sampler).
 //! - [`cpu`]: CPU placement helpers (pinning, current CPU).
 //! - [`affinity`]: completion-vector / IRQ placement for RDMA CQs.
 //! - [`Fail`]: the error type.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod adaptive;
 pub mod affinity;
 pub mod cpu;
 pub mod dispatch;

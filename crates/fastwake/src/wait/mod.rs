@@ -6,6 +6,7 @@
 //! | [`WaitMode::Interrupt`] | arms, re-checks, sleeps | a kernel wake-up (~1 µs same core, ~4 µs cross core here) | completions are rare or the core is shared |
 //! | [`WaitMode::Hybrid`] | polls for a budget, then interrupt | CPU up to the budget per wait | the peer usually answers within the budget |
 //! | [`WaitMode::Dispatch`] | sleeps on a futex; its core's [`crate::dispatch::Dispatcher`] wakes it | a same-core wake-up (~1 µs); the dispatcher uses only idle CPU | many threads share a core |
+//! | [`WaitMode::Adaptive`] | learns its waits and picks a spin budget (0 = interrupt) per wait | what the learned distribution and the CPU cap allow | the load changes, or no one knows it in advance |
 //!
 //! The dispatch and adaptive modes build on these (see their modules when
 //! present). All blocking goes through [`crate::source::block_until_ready`].
@@ -38,6 +39,10 @@ pub enum WaitMode {
     /// hands off (see [`crate::dispatch`]). Interrupt mode when no
     /// dispatcher serves this CPU or the source has no peek handle.
     Dispatch,
+    /// Learn the wait-time distribution and choose per wait between
+    /// spinning (with a learned budget) and interrupt mode, under a CPU cap;
+    /// see [`crate::adaptive`].
+    Adaptive(crate::adaptive::Config),
 }
 
 impl WaitMode {
@@ -48,6 +53,7 @@ impl WaitMode {
             WaitMode::Interrupt => "interrupt",
             WaitMode::Hybrid { .. } => "hybrid",
             WaitMode::Dispatch => "dispatch",
+            WaitMode::Adaptive(_) => "adaptive",
         }
     }
 }
@@ -58,6 +64,7 @@ impl std::fmt::Display for WaitMode {
             WaitMode::Hybrid { budget } if *budget != DEFAULT_BUDGET => {
                 write!(f, "hybrid:{}us", budget.as_micros())
             }
+            WaitMode::Adaptive(c) => write!(f, "{c}"),
             m => f.write_str(m.name()),
         }
     }
@@ -66,13 +73,15 @@ impl std::fmt::Display for WaitMode {
 impl FromStr for WaitMode {
     type Err = Fail;
 
-    /// `poll`, `interrupt`, `hybrid` or `hybrid:<N>us` (budget in µs).
+    /// `poll`, `interrupt`, `hybrid`, `hybrid:<N>us` (budget in µs),
+    /// `adaptive` or `adaptive:cap=<N>%[,worth=<N>]`.
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
         match s {
             "poll" => Ok(WaitMode::Poll),
             "interrupt" | "int" | "event" => Ok(WaitMode::Interrupt),
             "dispatch" => Ok(WaitMode::Dispatch),
+            "adaptive" => Ok(WaitMode::Adaptive(Default::default())),
             "hybrid" => Ok(WaitMode::Hybrid {
                 budget: DEFAULT_BUDGET,
             }),
@@ -88,8 +97,13 @@ impl FromStr for WaitMode {
                         budget: Duration::from_micros(us),
                     });
                 }
+                if let Some(o) = s.strip_prefix("adaptive:") {
+                    return Ok(WaitMode::Adaptive(crate::adaptive::Config::parse_options(
+                        o,
+                    )?));
+                }
                 Err(Fail::invalid(format!(
-                    "unknown wait mode '{s}': expected poll, interrupt, hybrid[:Nus] or dispatch"
+                    "unknown wait mode '{s}': expected poll, interrupt, hybrid[:Nus], dispatch or adaptive[:cap=N%]"
                 )))
             }
         }
@@ -130,6 +144,7 @@ pub struct Waiter {
     mode: WaitMode,
     stats: WaitStats,
     link: crate::dispatch::Link,
+    adaptive: Option<Box<crate::adaptive::Controller>>,
 }
 
 impl Waiter {
@@ -139,7 +154,21 @@ impl Waiter {
             mode,
             stats: WaitStats::default(),
             link: crate::dispatch::Link::default(),
+            adaptive: match mode {
+                WaitMode::Adaptive(c) => Some(Box::new(crate::adaptive::Controller::new(c))),
+                _ => None,
+            },
         }
+    }
+
+    /// Adaptive mode: what the controller decided so far.
+    pub fn adaptive_stats(&self) -> Option<crate::adaptive::AdaptiveStats> {
+        self.adaptive.as_ref().map(|c| c.stats())
+    }
+
+    /// Adaptive mode: the controller (for [`crate::adaptive::Controller::explain`]).
+    pub fn adaptive(&self) -> Option<&crate::adaptive::Controller> {
+        self.adaptive.as_deref()
     }
 
     /// The mode.
@@ -190,6 +219,34 @@ impl Waiter {
             WaitMode::Hybrid { budget } => {
                 hybrid::spin_phase(src, budget, deadline, &mut self.stats)?
             }
+            WaitMode::Adaptive(_) => {
+                let ctl = self
+                    .adaptive
+                    .as_deref_mut()
+                    .expect("adaptive waiter has a controller");
+                let budget = match ctl.begin(src.peer_cpu()) {
+                    crate::adaptive::Plan::Spin(ns) => ns,
+                    crate::adaptive::Plan::Dispatch => {
+                        let (r, slept) =
+                            crate::dispatch::wait(src, deadline, &mut self.link, &mut self.stats);
+                        ctl.end(0, slept);
+                        return self.count(r, !slept);
+                    }
+                };
+                let r = hybrid::spin_phase(
+                    src,
+                    Duration::from_nanos(budget),
+                    deadline,
+                    &mut self.stats,
+                );
+                match &r {
+                    // Caught while spinning: the whole wait was spin.
+                    Ok(Some(_)) => ctl.end(u64::MAX, false),
+                    Ok(None) => ctl.set_spun(budget),
+                    Err(_) => ctl.end(budget, false),
+                }
+                r?
+            }
         };
         if let Some(c) = spun {
             return self.count(Ok(Some(c)), true);
@@ -200,6 +257,9 @@ impl Waiter {
         self.stats.rechecks_hit += rep.rechecks_hit as u64;
         self.stats.spurious += rep.spurious as u64;
         let no_sleep = rep.sleeps == 0;
+        if let Some(ctl) = self.adaptive.as_deref_mut() {
+            ctl.finish(!no_sleep);
+        }
         self.count(r, no_sleep)
     }
 

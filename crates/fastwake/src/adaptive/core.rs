@@ -1,0 +1,483 @@
+//! The decision, with time passed in: no clock, no syscall, no thread.
+//!
+//! [`Core`] learns the distribution of wait times `W` (from the start of a
+//! wait that found nothing to the completion) and picks, for the next wait,
+//! the plan that minimises
+//!
+//! ```text
+//! J(B) = latency(B) + CPU(B) / worth
+//! latency(B) = P(W > B) · wake                     (a caught wait costs ~nothing)
+//! CPU(B)     = E[min(W, B)] + P(W > B) · sleep_cpu  (spin, plus a sleep when it misses)
+//! ```
+//!
+//! over the spin budgets `B ∈ {0} ∪ {bucket edges}` (`B = 0` is interrupt
+//! mode), subject to the CPU cap: the predicted spin fraction
+//! `E[min(W, B)] · waits-per-second` must stay under it. `worth` says how
+//! many µs of CPU one µs of latency is worth (λ = 1/worth).
+//!
+//! Why this form: with `worth = 1` it is the classic ski-rental rule (spin
+//! up to about the wake-up cost, 2-competitive); a learned distribution lets
+//! it do better than the worst case, e.g. spin exactly through the short
+//! gaps inside a burst and not through the idle gap after it. Under a
+//! memoryless (Poisson) stream the optimum is all-or-nothing: spin when the
+//! mean gap is below `wake · worth + sleep_cpu`, else interrupt mode; that
+//! is what makes an idle stream fall back to interrupt mode.
+//!
+//! Guards around the model:
+//! - **hysteresis**: the budget changes only when the new one is better by
+//!   more than [`SWITCH_MARGIN`], so steady load gives a steady plan;
+//! - **token bucket**: spin time is paid from an allowance that refills at
+//!   `cap` × elapsed time, so the cap holds even when the model is wrong;
+//! - **environment** (from the caller): never spin against a producer on the
+//!   same CPU, nor on a CPU where other threads want to run.
+
+use super::hist::{self, Hist};
+use super::{AdaptiveStats, Config, Reason};
+
+/// Recompute the plan every this many waits (the scan over the buckets
+/// costs ~100 ns; amortised it is noise)...
+pub const RECOMPUTE_EVERY: u32 = 16;
+/// ...or when this much time has passed since the last recompute.
+pub const RECOMPUTE_NS: u64 = 10_000_000;
+/// Waits needed before the first spin (until then: interrupt mode, which
+/// also measures the waits, through the wake-up).
+pub const MIN_WEIGHT: f32 = 8.0;
+/// A new plan must beat the current one by this fraction of J (plus
+/// [`SWITCH_FLOOR_NS`]) to replace it.
+pub const SWITCH_MARGIN: f64 = 0.15;
+/// Margin for a switch from interrupt mode to spinning (a change of
+/// regime): wider, so a load near the break-even point stays in one regime
+/// instead of flapping on estimate noise. The way back (spin to interrupt)
+/// needs only [`SWITCH_MARGIN`]: near break-even the cheaper CPU wins.
+pub const REGIME_MARGIN: f64 = 0.25;
+/// Absolute part of the switching threshold, ns of J.
+pub const SWITCH_FLOOR_NS: f64 = 20.0;
+/// Shortest spin budget worth planning: below it a budget saves nothing a
+/// 1 µs one would not (the spin stops at the completion anyway), and the
+/// smallest buckets hold mostly the noise of wake-up estimates.
+pub const MIN_BUDGET_NS: u64 = 1_024;
+/// Longest spin budget: beyond it a wait is long enough to sleep through.
+pub const MAX_BUDGET_NS: u64 = 10_000_000;
+/// The spin allowance holds at most this much time's worth of refill.
+pub const BURST_NS: u64 = 100_000_000;
+
+/// What waiting costs on this machine (defaults: the measurements in
+/// shared/notes/wakeup-baseline.md).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Model {
+    /// Latency a blocking wait adds over a spinning one (cross-core futex
+    /// wake-up, p50 ≈ 4.3 µs here).
+    pub wake_ns: f64,
+    /// CPU the waiter spends per sleep (arm, futex wait, wake-up, re-check;
+    /// about half of the ~6 µs per futex round trip).
+    pub sleep_cpu_ns: f64,
+    /// Latency of a hand-off from the core's dispatcher (same-core wake).
+    pub dispatch_ns: f64,
+    /// CPU the waiter spends per dispatcher hand-off.
+    pub dispatch_cpu_ns: f64,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            wake_ns: 4_300.0,
+            sleep_cpu_ns: 3_000.0,
+            dispatch_ns: 1_000.0,
+            dispatch_cpu_ns: 1_500.0,
+        }
+    }
+}
+
+/// Interrupt mode, spinning or dispatch: switching between these needs a
+/// wider margin than adjusting a budget.
+fn regime(p: Plan) -> u8 {
+    match p {
+        Plan::Spin(0) => 0,
+        Plan::Spin(_) => 1,
+        Plan::Dispatch => 2,
+    }
+}
+
+/// What the caller knows about the world at a wait.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Env {
+    /// The producer last ran on this CPU.
+    pub same_cpu: bool,
+    /// Other threads want this CPU (from the pressure sampler).
+    pub contended: bool,
+    /// A live dispatcher serves this CPU, shared by this many waiters;
+    /// `None` when there is none (or dispatch is not built in).
+    pub dispatch_waiters: Option<u32>,
+}
+
+/// How to do one wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// Spin for at most this many ns, then block. 0 = interrupt mode.
+    Spin(u64),
+    /// Register with the core's dispatcher and sleep until it hands off.
+    Dispatch,
+}
+
+/// How one wait went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// From the start of the wait to the completion (or the deadline).
+    pub waited_ns: u64,
+    /// Of which spinning.
+    pub spun_ns: u64,
+    /// The thread slept (the completion came after the spin, if any).
+    pub slept: bool,
+}
+
+/// The plan the model prefers, and its predicted figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    pub plan: Plan,
+    /// Objective J, ns.
+    pub cost: f64,
+    /// Predicted probability that a wait is caught while spinning.
+    pub p_hit: f64,
+    /// Predicted fraction of a core spent spinning.
+    pub spin_frac: f64,
+    /// Predicted CPU per wait, ns (spin plus sleeps).
+    pub cpu: f64,
+}
+
+/// The learning controller, with time passed in (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Core {
+    cfg: Config,
+    model: Model,
+    hist: Hist,
+    plan: Plan,
+    choice: Option<Choice>,
+    since: u32,
+    last_recompute: u64,
+    /// EWMA of ns between waits (for the predicted spin fraction).
+    cycle_ns: f64,
+    last_wait: Option<u64>,
+    tokens: f64,
+    tok_last: Option<u64>,
+    pending: Option<(Plan, Reason)>,
+    /// The last recompute rejected the current plan.
+    rejected: bool,
+    stats: AdaptiveStats,
+}
+
+impl Core {
+    pub fn new(cfg: Config, model: Model) -> Self {
+        Core {
+            cfg,
+            model,
+            hist: Hist::default(),
+            plan: Plan::Spin(0),
+            choice: None,
+            since: 0,
+            last_recompute: 0,
+            cycle_ns: 0.0,
+            last_wait: None,
+            tokens: 0.0,
+            tok_last: None,
+            pending: None,
+            rejected: false,
+            stats: AdaptiveStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> Config {
+        self.cfg
+    }
+
+    pub fn model(&self) -> Model {
+        self.model
+    }
+
+    pub fn stats(&self) -> AdaptiveStats {
+        self.stats
+    }
+
+    /// Waits planned so far.
+    #[inline]
+    pub fn decisions(&self) -> u64 {
+        self.stats.decisions
+    }
+
+    pub fn hist(&self) -> &Hist {
+        &self.hist
+    }
+
+    /// The last choice of the model (before the environment and the cap).
+    pub fn choice(&self) -> Option<Choice> {
+        self.choice
+    }
+
+    fn cap(&self) -> f64 {
+        self.cfg.cap_pct as f64 / 100.0
+    }
+
+    fn capped(&self) -> bool {
+        self.cfg.cap_pct < 100
+    }
+
+    /// Decide how to do the wait that starts at `now` (ns, any epoch).
+    pub fn plan(&mut self, now: u64, env: Env) -> Plan {
+        if let Some(prev) = self.last_wait {
+            let gap = now.saturating_sub(prev) as f64;
+            self.cycle_ns = if self.cycle_ns == 0.0 {
+                gap
+            } else {
+                // ~1/16 weight per wait: close to the histogram's memory.
+                self.cycle_ns + (gap - self.cycle_ns) / 16.0
+            };
+        }
+        self.last_wait = Some(now);
+        if self.capped() {
+            let cap = self.cap();
+            let burst = cap * BURST_NS as f64;
+            match self.tok_last {
+                // Start with a full allowance: the learning phase spins not.
+                None => self.tokens = burst,
+                Some(t) => {
+                    self.tokens = (self.tokens + cap * now.saturating_sub(t) as f64).min(burst)
+                }
+            }
+            self.tok_last = Some(now);
+        }
+        if self.since >= RECOMPUTE_EVERY
+            || now.saturating_sub(self.last_recompute) >= RECOMPUTE_NS
+            || self.choice.is_none()
+        {
+            self.recompute(now, env);
+        }
+        self.stats.decisions += 1;
+        let (plan, reason) = self.apply_env(env);
+        self.stats.count(reason);
+        self.pending = Some((plan, reason));
+        plan
+    }
+
+    fn apply_env(&self, env: Env) -> (Plan, Reason) {
+        if self.hist.total() < MIN_WEIGHT {
+            return (Plan::Spin(0), Reason::Learning);
+        }
+        match self.plan {
+            Plan::Dispatch if env.dispatch_waiters.is_some() => (Plan::Dispatch, Reason::Dispatch),
+            Plan::Dispatch | Plan::Spin(0) => (Plan::Spin(0), Reason::LongWaits),
+            Plan::Spin(b) => {
+                if env.same_cpu {
+                    (Plan::Spin(0), Reason::SameCpu)
+                } else if env.contended {
+                    (Plan::Spin(0), Reason::Contended)
+                } else if self.capped() && self.tokens < b as f64 {
+                    (Plan::Spin(0), Reason::Cap)
+                } else {
+                    (Plan::Spin(b), Reason::Spin)
+                }
+            }
+        }
+    }
+
+    /// Record how the wait planned last went, finishing at `now`.
+    pub fn record(&mut self, outcome: Outcome) {
+        let (plan, _) = self.pending.take().unwrap_or((Plan::Spin(0), Reason::Spin));
+        if self.capped() {
+            self.tokens -= outcome.spun_ns as f64;
+        }
+        self.stats.spin_ns += outcome.spun_ns;
+        if let Plan::Spin(b) = plan
+            && b > 0
+        {
+            if outcome.slept {
+                self.stats.spin_misses += 1;
+            } else {
+                self.stats.spin_hits += 1;
+            }
+        }
+        // What the wait would have been with an infinite spin: exact when
+        // caught spinning; after a sleep the wake-up latency is in the
+        // measurement, so subtract the model's figure (never below what
+        // was already spun).
+        let w = if outcome.slept {
+            let est = match plan {
+                Plan::Dispatch => outcome.waited_ns as f64 - self.model.dispatch_ns,
+                Plan::Spin(_) => outcome.waited_ns as f64 - self.model.wake_ns,
+            };
+            (est.max(0.0) as u64).max(outcome.spun_ns)
+        } else {
+            outcome.waited_ns
+        };
+        self.hist.add(w);
+        self.since += 1;
+    }
+
+    /// Re-run the model over the histogram.
+    fn recompute(&mut self, now: u64, env: Env) {
+        self.since = 0;
+        self.last_recompute = now;
+        self.stats.recomputes += 1;
+        let Some((best, j_min)) = self.evaluate(env) else {
+            return;
+        };
+        // Keep the current plan while it is still near-optimal and not
+        // clearly dearer in CPU than the pick: estimates wobble with every
+        // few waits, and a plan that flips on noise is worse than either.
+        // Keep the current plan while it is still near-optimal: estimates
+        // wobble with every few waits, and a plan that flips on noise is
+        // worse than either. Leaving interrupt mode needs the wider
+        // REGIME_MARGIN; falling back to it happens as soon as it is
+        // near-optimal (`best` is then interrupt mode).
+        let keep = self.figures(self.plan, env).filter(|c| {
+            if c.plan == best.plan {
+                return true;
+            }
+            match (regime(c.plan), regime(best.plan)) {
+                (_, 0) => false,
+                (0, _) => c.cost <= j_min * (1.0 + REGIME_MARGIN) + SWITCH_FLOOR_NS,
+                _ => self.near_optimal(c, j_min),
+            }
+        });
+        // Debounce: a plan is replaced only when two recomputes in a row
+        // (≥ 2 × RECOMPUTE_EVERY waits apart) reject it.
+        let rejected_before = std::mem::replace(&mut self.rejected, keep.is_none());
+        match keep {
+            Some(c) => self.choice = Some(c),
+            None if !rejected_before && self.choice.is_some() => {}
+            None => {
+                self.rejected = false;
+                if best.plan != self.plan {
+                    self.stats.plan_changes += 1;
+                    self.plan = best.plan;
+                }
+                self.choice = Some(best);
+            }
+        }
+        if let Plan::Spin(b) = self.plan {
+            self.stats.budget_ns = b;
+        }
+    }
+
+    /// Is `c` within the switching margin of the optimum `j_min`?
+    fn near_optimal(&self, c: &Choice, j_min: f64) -> bool {
+        c.cost <= j_min * (1.0 + SWITCH_MARGIN) + SWITCH_FLOOR_NS
+    }
+
+    /// The model's figures for one plan; `None` if the plan is not allowed
+    /// (over the cap, or no dispatcher).
+    fn figures(&self, plan: Plan, env: Env) -> Option<Choice> {
+        let total = self.hist.total() as f64;
+        if total <= 0.0 {
+            return None;
+        }
+        let worth = self.cfg.worth.max(1) as f64;
+        let m = &self.model;
+        match plan {
+            Plan::Spin(b) => {
+                let (mut w_le, mut s_le) = (0.0f64, 0.0f64);
+                for i in 0..hist::BUCKETS {
+                    if hist::upper(i) > b {
+                        break;
+                    }
+                    let w = self.hist.weight(i) as f64;
+                    w_le += w;
+                    s_le += w * hist::mid(i) as f64;
+                }
+                Some(self.spin_figures(b, w_le / total, s_le / total)).filter(|c| self.fits(c))
+            }
+            Plan::Dispatch => {
+                let n = env.dispatch_waiters? as f64;
+                // The dispatcher spins through the gaps on idle CPU, shared
+                // by the n waiters of its core.
+                let mean = (0..hist::BUCKETS)
+                    .map(|i| self.hist.weight(i) as f64 * hist::mid(i) as f64)
+                    .sum::<f64>()
+                    / total;
+                let cpu = m.dispatch_cpu_ns + mean / n.max(1.0);
+                Some(Choice {
+                    plan,
+                    cost: m.dispatch_ns + cpu / worth,
+                    p_hit: 0.0,
+                    spin_frac: self.frac(mean / n.max(1.0)),
+                    cpu,
+                })
+                .filter(|c| self.fits(c))
+            }
+        }
+    }
+
+    fn spin_figures(&self, b: u64, p_le: f64, mean_le: f64) -> Choice {
+        let worth = self.cfg.worth.max(1) as f64;
+        let m = &self.model;
+        let p_over = (1.0 - p_le).max(0.0);
+        let spin = mean_le + p_over * b as f64;
+        let cpu = spin + p_over * m.sleep_cpu_ns;
+        Choice {
+            plan: Plan::Spin(b),
+            cost: p_over * m.wake_ns + cpu / worth,
+            p_hit: p_le,
+            spin_frac: self.frac(spin),
+            cpu,
+        }
+    }
+
+    /// Fraction of a core that spinning `spin_ns` per wait costs at the
+    /// current wait rate.
+    fn frac(&self, spin_ns: f64) -> f64 {
+        if self.cycle_ns <= 0.0 {
+            return 0.0;
+        }
+        (spin_ns / self.cycle_ns).min(1.0)
+    }
+
+    fn fits(&self, c: &Choice) -> bool {
+        !self.capped() || c.spin_frac <= self.cap()
+    }
+
+    /// The plan to take, and the minimum objective: interrupt mode when it
+    /// is within the switching margin of the minimum (near the optimum J is
+    /// flat while CPU is not: a 5 µs spin on a 1 ms gap barely moves J but
+    /// nearly triples the CPU of interrupt mode), else the plan with the
+    /// least J.
+    fn evaluate(&self, env: Env) -> Option<(Choice, f64)> {
+        let total = self.hist.total() as f64;
+        if total <= 0.0 {
+            return None;
+        }
+        let interrupt = self.spin_figures(0, 0.0, 0.0);
+        let mut best = interrupt;
+        let (mut w_le, mut s_le) = (0.0f64, 0.0f64);
+        let top = (0..hist::BUCKETS)
+            .rev()
+            .find(|&i| self.hist.weight(i) > 1e-3)
+            .unwrap_or(0);
+        for i in 0..=top {
+            let b = hist::upper(i);
+            if b > MAX_BUDGET_NS {
+                break;
+            }
+            let w = self.hist.weight(i) as f64;
+            w_le += w;
+            s_le += w * hist::mid(i) as f64;
+            if w <= 0.0 {
+                continue;
+            }
+            if b < MIN_BUDGET_NS {
+                continue;
+            }
+            let c = self.spin_figures(b, w_le / total, s_le / total);
+            if self.fits(&c) && c.cost < best.cost {
+                best = c;
+            }
+        }
+        if let Some(d) = self.figures(Plan::Dispatch, env)
+            && d.cost < best.cost
+        {
+            best = d;
+        }
+        let j_min = best.cost;
+        if self.near_optimal(&interrupt, j_min) {
+            best = interrupt;
+        }
+        Some((best, j_min))
+    }
+}

@@ -1,0 +1,364 @@
+//! Adaptive waiting: pick spin, interrupt or dispatch per wait, by load and
+//! CPU pressure.
+//!
+//! No single wait mode wins: polling is fastest but burns a core, interrupt
+//! mode is cheap but pays a kernel wake-up (~4 µs cross-core here), hybrid
+//! wins only when its fixed budget matches the peer. [`WaitMode::Adaptive`]
+//! learns, per [`Waiter`], the distribution of its wait times and decides
+//! each wait:
+//!
+//! - **spin budget** ([`core`]): the budget minimising expected latency +
+//!   CPU/worth under the learned distribution, 0 = interrupt mode (so idle
+//!   periods and slow peers fall back to plain interrupt mode);
+//! - **CPU cap** ([`Config::cap_pct`]): at most that share of one core spent
+//!   spinning, enforced by the model *and* a token bucket;
+//! - **environment**: never spins against a producer on the same CPU
+//!   ([`crate::Source::peer_cpu`]), nor while other threads want the CPU
+//!   (the [`pressure`] sampler, a lazily started low-frequency thread,
+//!   reads /proc off the fast path and publishes into an atomic);
+//! - **dispatch**: handing the wait to the core's dispatcher is one of the
+//!   plans the model weighs ([`Plan::Dispatch`]); it is offered only where a
+//!   dispatcher serves the CPU (see [`Env::dispatch_waiters`]).
+//!
+//! The fast path makes no syscall: two vDSO clock reads per wait that
+//! blocks or spins, a histogram increment, and every
+//! [`core::RECOMPUTE_EVERY`] waits a scan of 85 buckets. Decisions are
+//! observable through [`AdaptiveStats`] ([`Waiter::adaptive_stats`]) and
+//! [`Controller::explain`]. Design notes and measurements: docs/adaptive.md.
+//!
+//! [`WaitMode::Adaptive`]: crate::WaitMode::Adaptive
+//! [`Waiter`]: crate::Waiter
+//! [`Waiter::adaptive_stats`]: crate::Waiter::adaptive_stats
+
+pub mod core;
+pub mod hist;
+pub mod pressure;
+
+use crate::{Fail, Result};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub use self::core::{Choice, Core, Env, Model, Outcome, Plan};
+
+/// Settings of adaptive mode (part of [`crate::WaitMode::Adaptive`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Config {
+    /// Most of one core this waiter may spend spinning, in percent
+    /// (1..=100; 100 = no cap).
+    pub cap_pct: u8,
+    /// How many µs of CPU one µs of latency is worth (λ = 1/worth).
+    /// Under a Poisson stream the controller spins when the mean gap is
+    /// below about `4.3 µs · worth`: with the default 100, streams slower
+    /// than ~2,300 waits/s are served in interrupt mode.
+    pub worth: u16,
+}
+
+/// Default [`Config::worth`].
+pub const DEFAULT_WORTH: u16 = 100;
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cap_pct: 100,
+            worth: DEFAULT_WORTH,
+        }
+    }
+}
+
+impl std::fmt::Display for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("adaptive")?;
+        let mut sep = ':';
+        if self.cap_pct != 100 {
+            write!(f, "{sep}cap={}%", self.cap_pct)?;
+            sep = ',';
+        }
+        if self.worth != DEFAULT_WORTH {
+            write!(f, "{sep}worth={}", self.worth)?;
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Parse the part after `adaptive:`: comma-separated `cap=N%` (or
+    /// `cap=N`, percent of one core) and `worth=N`.
+    pub fn parse_options(s: &str) -> Result<Config> {
+        let mut c = Config::default();
+        for kv in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = kv.split_once('=').ok_or_else(|| {
+                Fail::invalid(format!(
+                    "bad adaptive option '{kv}': expected cap=N% or worth=N"
+                ))
+            })?;
+            match k.trim() {
+                "cap" => {
+                    let n = v.trim().trim_end_matches('%');
+                    c.cap_pct = n
+                        .parse::<u8>()
+                        .ok()
+                        .filter(|p| (1..=100).contains(p))
+                        .ok_or_else(|| {
+                            Fail::invalid(format!(
+                                "bad adaptive cap '{v}': expected 1% to 100% of a core"
+                            ))
+                        })?;
+                }
+                "worth" => {
+                    c.worth = v.trim().parse::<u16>().ok().filter(|w| *w >= 1).ok_or_else(|| {
+                        Fail::invalid(format!(
+                            "bad adaptive worth '{v}': expected 1 to 65535 (µs of CPU per µs of latency)"
+                        ))
+                    })?;
+                }
+                other => {
+                    return Err(Fail::invalid(format!(
+                        "unknown adaptive option '{other}': expected cap or worth"
+                    )));
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// Why a wait was done the way it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Spun with the learned budget.
+    Spin,
+    /// Interrupt mode: not enough waits seen yet.
+    Learning,
+    /// Interrupt mode: the waits are long (idle or slow peer), spinning
+    /// would cost more than it saves.
+    LongWaits,
+    /// Interrupt mode: the producer runs on this CPU.
+    SameCpu,
+    /// Interrupt mode: other threads want this CPU.
+    Contended,
+    /// Interrupt mode: the CPU cap's allowance is spent.
+    Cap,
+    /// Handed to the core's dispatcher.
+    Dispatch,
+}
+
+/// Counters of an adaptive waiter: what it decided and why.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AdaptiveStats {
+    /// Waits planned (waits that found nothing ready at first look).
+    pub decisions: u64,
+    /// Waits that spun first.
+    pub spins: u64,
+    /// Spinning waits caught while spinning.
+    pub spin_hits: u64,
+    /// Spinning waits that slept after the budget.
+    pub spin_misses: u64,
+    /// Interrupt-mode waits while learning.
+    pub learning: u64,
+    /// Interrupt-mode waits because waits were long (idle, slow peer).
+    pub long_waits: u64,
+    /// Interrupt-mode waits because the producer shared the CPU.
+    pub same_cpu: u64,
+    /// Interrupt-mode waits because the CPU was contended.
+    pub contended: u64,
+    /// Interrupt-mode waits because the CPU cap's allowance was spent.
+    pub capped: u64,
+    /// Waits handed to the dispatcher.
+    pub dispatched: u64,
+    /// Total ns spent spinning.
+    pub spin_ns: u64,
+    /// Times the model re-ran.
+    pub recomputes: u64,
+    /// Times the model changed its plan (steady load: stays small).
+    pub plan_changes: u64,
+    /// The current spin budget, ns.
+    pub budget_ns: u64,
+}
+
+impl AdaptiveStats {
+    fn count(&mut self, r: Reason) {
+        match r {
+            Reason::Spin => self.spins += 1,
+            Reason::Learning => self.learning += 1,
+            Reason::LongWaits => self.long_waits += 1,
+            Reason::SameCpu => self.same_cpu += 1,
+            Reason::Contended => self.contended += 1,
+            Reason::Cap => self.capped += 1,
+            Reason::Dispatch => self.dispatched += 1,
+        }
+    }
+}
+
+/// The per-waiter controller: a [`Core`] fed with real time, the pressure
+/// sampler and the source's producer CPU.
+#[derive(Debug)]
+pub struct Controller {
+    core: Core,
+    epoch: Instant,
+    start: Option<Instant>,
+    spun: u64,
+    shared: Arc<pressure::Shared>,
+    thread: Option<std::thread::ThreadId>,
+    /// Waiters of the live dispatcher on this CPU, if one serves it.
+    dispatch: Option<u32>,
+}
+
+impl Clone for Controller {
+    /// A clone keeps what was learned but registers its own thread.
+    fn clone(&self) -> Self {
+        Controller {
+            core: self.core.clone(),
+            epoch: self.epoch,
+            start: None,
+            spun: 0,
+            shared: Arc::new(pressure::Shared::default()),
+            thread: None,
+            dispatch: None,
+        }
+    }
+}
+
+impl Controller {
+    pub fn new(cfg: Config) -> Self {
+        Controller {
+            core: Core::new(cfg, Model::default()),
+            epoch: Instant::now(),
+            start: None,
+            spun: 0,
+            shared: Arc::new(pressure::Shared::default()),
+            thread: None,
+            dispatch: None,
+        }
+    }
+
+    fn now_ns(&self, t: Instant) -> u64 {
+        t.duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Start a wait (called after a first look found nothing). `peer` is
+    /// the source's producer CPU.
+    #[inline]
+    pub fn begin(&mut self, peer: Option<u32>) -> Plan {
+        let t = Instant::now();
+        self.start = Some(t);
+        let me = crate::cpu::current();
+        if self
+            .core
+            .decisions()
+            .is_multiple_of(core::RECOMPUTE_EVERY as u64)
+        {
+            self.refresh(me);
+        }
+        let env = Env {
+            same_cpu: peer.is_some() && peer == me,
+            contended: self.shared.contended(),
+            dispatch_waiters: self.dispatch,
+        };
+        self.core.plan(self.now_ns(t), env)
+    }
+
+    /// Every few waits: note the CPU, look for a dispatcher serving it (a
+    /// registry lookup under a lock: kept off the per-wait path), and
+    /// register this thread with the pressure sampler on the first wait and
+    /// whenever the waiter moved to another thread.
+    #[cold]
+    fn refresh(&mut self, cpu: Option<u32>) {
+        if let Some(c) = cpu {
+            self.shared.set_cpu(c);
+        }
+        self.dispatch = cpu.and_then(dispatch_waiters);
+        let id = std::thread::current().id();
+        if self.thread != Some(id) {
+            self.thread = Some(id);
+            pressure::register(&self.shared);
+        }
+    }
+
+    /// The wait begun last spun `ns` without a completion and goes on to
+    /// block; [`Controller::finish`] follows.
+    #[inline]
+    pub fn set_spun(&mut self, ns: u64) {
+        self.spun = ns;
+    }
+
+    /// Finish a wait that went on to block after [`Controller::set_spun`].
+    #[inline]
+    pub fn finish(&mut self, slept: bool) {
+        let spun = std::mem::take(&mut self.spun);
+        self.end(spun, slept);
+    }
+
+    /// Finish the wait begun last: `spun_ns` of it spinning, `slept` if it
+    /// blocked.
+    #[inline]
+    pub fn end(&mut self, spun_ns: u64, slept: bool) {
+        let Some(s) = self.start.take() else { return };
+        let waited = s.elapsed().as_nanos() as u64;
+        self.core.record(Outcome {
+            waited_ns: waited,
+            spun_ns: spun_ns.min(waited),
+            slept,
+        });
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> AdaptiveStats {
+        self.core.stats()
+    }
+
+    /// The learning core (for inspection).
+    pub fn core(&self) -> &Core {
+        &self.core
+    }
+
+    /// One line: what the controller decided and why.
+    pub fn explain(&self) -> String {
+        explain(&self.core, Some(&self.shared))
+    }
+}
+
+/// One-line account of a core's decisions (also used for a bare [`Core`]).
+pub fn explain(core: &Core, shared: Option<&pressure::Shared>) -> String {
+    let s = core.stats();
+    let h = core.hist();
+    let pct = |n: u64| {
+        if s.decisions == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / s.decisions as f64
+        }
+    };
+    let mut out = format!(
+        "{}: {} waits: spin {:.0}% (hit {}, miss {}), interrupt: long-waits {:.0}% contended {:.0}% same-cpu {:.0}% cap {:.0}% learning {:.0}%, dispatch {:.0}%; budget {:.1}us; wait p50 {:.1}us p90 {:.1}us; spun {:.3}s; plan changes {}",
+        core.config(),
+        s.decisions,
+        pct(s.spins),
+        s.spin_hits,
+        s.spin_misses,
+        pct(s.long_waits),
+        pct(s.contended),
+        pct(s.same_cpu),
+        pct(s.capped),
+        pct(s.learning),
+        pct(s.dispatched),
+        s.budget_ns as f64 / 1000.0,
+        h.quantile(0.5) as f64 / 1000.0,
+        h.quantile(0.9) as f64 / 1000.0,
+        s.spin_ns as f64 / 1e9,
+        s.plan_changes,
+    );
+    if let Some(c) = core.choice() {
+        out += &format!("; model: p_hit {:.2} spin-frac {:.2}", c.p_hit, c.spin_frac);
+    }
+    if let Some(sh) = shared {
+        out += &format!("; {}", sh.describe());
+    }
+    out
+}
+
+/// Waiters sharing the live dispatcher on `cpu` (counting this one), when
+/// one serves it; without one, adaptive mode never offers
+/// [`Plan::Dispatch`].
+fn dispatch_waiters(cpu: u32) -> Option<u32> {
+    crate::dispatch::threads::lookup(cpu).map(|c| (c.stats().registered as u32).max(1))
+}

@@ -1,0 +1,288 @@
+//! CPU pressure, sampled off the fast path.
+//!
+//! Spinning on a CPU that other threads want only steals their time and
+//! gets the spinner preempted (a wait then lasts a time slice). Whether
+//! others want *our* CPU is visible only in /proc, which costs syscalls, so
+//! a lazily started thread ("fw-pressure") reads it every [`PERIOD`] and
+//! publishes one flag per adaptive waiter into an atomic the waiter reads
+//! for free. Signals, over the last two periods:
+//!
+//! - **others' share of the waiter's CPU**: the CPU's busy time from
+//!   /proc/stat minus the CPU time of the adaptive waiters on it (from
+//!   /proc/self/task/TID/schedstat). A co-located hog shows as ~50-95 %
+//!   whether the waiter spins or sleeps.
+//! - **the waiter's run-queue delay** (schedstat field 2): while it spins
+//!   against others it waits for the CPU a time slice at a time; per
+//!   scheduling it stays a few µs when the CPU is free.
+//!
+//! Contended = others > 35 % or (delay > 5 % of the time and > 20 µs per
+//! scheduling); cleared only below 20 % and 2.5 % (hysteresis, so a waiter
+//! does not flip every period). System-wide figures (PSI cpu "some",
+//! procs_running) are read for reports only: on a shared machine they say
+//! little about one CPU. Where /proc cannot be read the sampler reports
+//! "unavailable" and nothing counts as contended.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// Sampling period.
+pub const PERIOD: Duration = Duration::from_millis(50);
+/// Period while no adaptive waiter exists.
+const IDLE_PERIOD: Duration = Duration::from_millis(500);
+
+const ENTER_OTHERS: f64 = 0.35;
+const EXIT_OTHERS: f64 = 0.20;
+const ENTER_DELAY: f64 = 0.05;
+const EXIT_DELAY: f64 = 0.025;
+const DELAY_PER_SLICE_NS: f64 = 20_000.0;
+
+const NO_CPU: u32 = u32::MAX;
+const UNKNOWN: u32 = u32::MAX;
+
+/// What the sampler publishes for one waiter.
+#[derive(Debug)]
+pub struct Shared {
+    tid: AtomicI32,
+    cpu: AtomicU32,
+    contended: AtomicBool,
+    /// Others' share of the waiter's CPU, ‰ (UNKNOWN until sampled).
+    others: AtomicU32,
+    /// The waiter's run-queue delay, ‰ of the time.
+    delay: AtomicU32,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            tid: AtomicI32::new(0),
+            cpu: AtomicU32::new(NO_CPU),
+            contended: AtomicBool::new(false),
+            others: AtomicU32::new(UNKNOWN),
+            delay: AtomicU32::new(UNKNOWN),
+        }
+    }
+}
+
+impl Shared {
+    /// Does the sampler consider this waiter's CPU contended?
+    #[inline]
+    pub fn contended(&self) -> bool {
+        self.contended.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_cpu(&self, cpu: u32) {
+        self.cpu.store(cpu, Ordering::Relaxed);
+    }
+
+    /// Others' share of the waiter's CPU (0..1), once sampled.
+    pub fn others_share(&self) -> Option<f64> {
+        let v = self.others.load(Ordering::Relaxed);
+        (v != UNKNOWN).then(|| v as f64 / 1000.0)
+    }
+
+    /// A short description for reports.
+    pub fn describe(&self) -> String {
+        let cpu = self.cpu.load(Ordering::Relaxed);
+        match (self.others_share(), self.delay.load(Ordering::Relaxed)) {
+            (Some(o), d) if d != UNKNOWN => format!(
+                "cpu{cpu}: others {:.0}%, run-queue delay {:.1}%{}",
+                o * 100.0,
+                d as f64 / 10.0,
+                if self.contended() { " (contended)" } else { "" }
+            ),
+            _ => format!("cpu{cpu}: pressure {}", status()),
+        }
+    }
+}
+
+struct Registry {
+    waiters: Vec<Weak<Shared>>,
+    started: bool,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    waiters: Vec::new(),
+    started: false,
+});
+static AVAILABLE: AtomicI32 = AtomicI32::new(-1);
+
+fn status() -> &'static str {
+    match AVAILABLE.load(Ordering::Relaxed) {
+        -1 => "not sampled yet",
+        0 => "unavailable (/proc/stat or schedstat unreadable)",
+        _ => "sampled",
+    }
+}
+
+/// Register the calling thread as the one waiting for `sh` (cold path:
+/// one gettid syscall) and start the sampler if it is not running.
+pub(crate) fn register(sh: &Arc<Shared>) {
+    sh.tid.store(
+        rustix::thread::gettid().as_raw_nonzero().get(),
+        Ordering::Relaxed,
+    );
+    let mut r = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    if !r.waiters.iter().any(|w| w.as_ptr() == Arc::as_ptr(sh)) {
+        r.waiters.push(Arc::downgrade(sh));
+    }
+    if !r.started {
+        // A failed spawn leaves the waiters uncontended forever: the
+        // controller then decides on its cost model alone.
+        r.started = std::thread::Builder::new()
+            .name("fw-pressure".into())
+            .spawn(sampler)
+            .is_ok();
+    }
+}
+
+struct Snapshot {
+    t: Instant,
+    busy: Vec<u64>,
+    tasks: HashMap<i32, (u64, u64, u64)>,
+}
+
+fn sampler() {
+    let tick_ns = {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        1_000_000_000 / if hz > 0 { hz as u64 } else { 100 }
+    };
+    let mut hist: VecDeque<Snapshot> = VecDeque::new();
+    loop {
+        let live: Vec<Arc<Shared>> = {
+            let mut r = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+            r.waiters.retain(|w| w.strong_count() > 0);
+            r.waiters.iter().filter_map(Weak::upgrade).collect()
+        };
+        if live.is_empty() {
+            hist.clear();
+            std::thread::sleep(IDLE_PERIOD);
+            continue;
+        }
+        let Some(busy) = read_busy(tick_ns) else {
+            AVAILABLE.store(0, Ordering::Relaxed);
+            std::thread::sleep(PERIOD);
+            continue;
+        };
+        let mut tasks = HashMap::new();
+        for w in &live {
+            let tid = w.tid.load(Ordering::Relaxed);
+            if tid > 0
+                && let Some(v) = read_task(tid)
+            {
+                tasks.insert(tid, v);
+            }
+        }
+        let now = Snapshot {
+            t: Instant::now(),
+            busy,
+            tasks,
+        };
+        if let Some(old) = hist.front() {
+            AVAILABLE.store(1, Ordering::Relaxed);
+            publish(old, &now, &live);
+        }
+        hist.push_back(now);
+        while hist.len() > 2 {
+            hist.pop_front();
+        }
+        std::thread::sleep(PERIOD);
+    }
+}
+
+fn publish(old: &Snapshot, now: &Snapshot, live: &[Arc<Shared>]) {
+    let dt = now.t.duration_since(old.t).as_nanos() as f64;
+    if dt <= 0.0 {
+        return;
+    }
+    // CPU time of the adaptive waiters, per CPU they last reported.
+    let mut own: HashMap<u32, f64> = HashMap::new();
+    for w in live {
+        let tid = w.tid.load(Ordering::Relaxed);
+        if let (Some(a), Some(b)) = (old.tasks.get(&tid), now.tasks.get(&tid)) {
+            *own.entry(w.cpu.load(Ordering::Relaxed)).or_default() +=
+                b.0.saturating_sub(a.0) as f64;
+        }
+    }
+    for w in live {
+        let cpu = w.cpu.load(Ordering::Relaxed);
+        let tid = w.tid.load(Ordering::Relaxed);
+        let (Some(b0), Some(b1)) = (old.busy.get(cpu as usize), now.busy.get(cpu as usize)) else {
+            continue;
+        };
+        let busy = b1.saturating_sub(*b0) as f64;
+        let others = ((busy - own.get(&cpu).copied().unwrap_or(0.0)) / dt).clamp(0.0, 1.0);
+        let (delay, per_slice) = match (old.tasks.get(&tid), now.tasks.get(&tid)) {
+            (Some(a), Some(b)) => {
+                let d = b.1.saturating_sub(a.1) as f64;
+                let n = b.2.saturating_sub(a.2).max(1) as f64;
+                (d / dt, d / n)
+            }
+            _ => (0.0, 0.0),
+        };
+        let was = w.contended();
+        let is = if was {
+            !(others < EXIT_OTHERS && delay < EXIT_DELAY)
+        } else {
+            others > ENTER_OTHERS || (delay > ENTER_DELAY && per_slice > DELAY_PER_SLICE_NS)
+        };
+        w.others.store((others * 1000.0) as u32, Ordering::Relaxed);
+        w.delay
+            .store((delay.min(1.0) * 1000.0) as u32, Ordering::Relaxed);
+        w.contended.store(is, Ordering::Relaxed);
+    }
+}
+
+/// Busy ns per CPU from /proc/stat (user+nice+system+irq+softirq; steal
+/// and idle excluded).
+fn read_busy(tick_ns: u64) -> Option<Vec<u64>> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let mut v = Vec::new();
+    for line in s.lines() {
+        let Some(rest) = line.strip_prefix("cpu") else {
+            break;
+        };
+        let mut f = rest.split_ascii_whitespace();
+        let Some(Ok(n)) = f.next().map(str::parse::<usize>) else {
+            continue; // the "cpu " total line
+        };
+        let x: Vec<u64> = f.filter_map(|t| t.parse().ok()).collect();
+        if x.len() < 7 {
+            return None;
+        }
+        if v.len() <= n {
+            v.resize(n + 1, 0);
+        }
+        v[n] = (x[0] + x[1] + x[2] + x[5] + x[6]) * tick_ns;
+    }
+    (!v.is_empty()).then_some(v)
+}
+
+/// (run ns, run-queue delay ns, times scheduled) of one of our threads.
+fn read_task(tid: i32) -> Option<(u64, u64, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let mut f = s.split_ascii_whitespace().map(|t| t.parse::<u64>().ok());
+    Some((f.next()??, f.next()??, f.next()??))
+}
+
+/// System-wide CPU pressure for reports: PSI cpu "some" avg10 (%) and
+/// procs_running, where readable.
+pub fn system() -> (Option<f64>, Option<u64>) {
+    let psi = std::fs::read_to_string("/proc/pressure/cpu")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("some"))?;
+            let v = line
+                .split_ascii_whitespace()
+                .find_map(|t| t.strip_prefix("avg10="))?;
+            v.parse().ok()
+        });
+    let running = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+        let l = s.lines().find(|l| l.starts_with("procs_running"))?;
+        l.split_ascii_whitespace().nth(1)?.parse().ok()
+    });
+    (psi, running)
+}

@@ -1,0 +1,352 @@
+//! Property tests of the adaptive controller's decision core, on synthetic
+//! wait-time distributions with simulated time (no threads, no clocks), so
+//! they are exact and fast. The real-thread behaviour is covered in
+//! adaptive_waiter.rs and measured by `fastwake bench load`.
+
+use fastwake::adaptive::{Config, Core, Env, Model, Outcome, Plan};
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A wait-time distribution, ns.
+#[derive(Debug, Clone, Copy)]
+enum Dist {
+    Exp(f64),
+    Const(f64),
+    /// With probability p an Exp(short), else Exp(long): bursts and gaps.
+    Mix {
+        p: f64,
+        short: f64,
+        long: f64,
+    },
+}
+
+impl Dist {
+    fn sample(&self, r: &mut StdRng) -> u64 {
+        let exp = |m: f64, r: &mut StdRng| -m * (1.0 - r.random::<f64>()).ln();
+        (match *self {
+            Dist::Exp(m) => exp(m, r),
+            Dist::Const(c) => c,
+            Dist::Mix { p, short, long } => {
+                if r.random::<f64>() < p {
+                    exp(short, r)
+                } else {
+                    exp(long, r)
+                }
+            }
+        }) as u64
+    }
+}
+
+struct Sim {
+    core: Core,
+    rng: StdRng,
+    now: u64,
+    model: Model,
+    /// Work between waits, ns.
+    service: u64,
+    spun: u64,
+}
+
+impl Sim {
+    fn new(cfg: Config, seed: u64) -> Sim {
+        Sim {
+            core: Core::new(cfg, Model::default()),
+            rng: StdRng::seed_from_u64(seed),
+            now: 1_000_000,
+            model: Model::default(),
+            service: 500,
+            spun: 0,
+        }
+    }
+
+    /// One wait of true length `w`; the wake-up has jitter, as on a real
+    /// machine, so the controller's estimates after a sleep are noisy.
+    fn step(&mut self, w: u64, env: Env) -> Plan {
+        let plan = self.core.plan(self.now, env);
+        let b = match plan {
+            Plan::Spin(b) => b,
+            Plan::Dispatch => 0,
+        };
+        let out = if b > 0 && w <= b {
+            Outcome {
+                waited_ns: w,
+                spun_ns: w,
+                slept: false,
+            }
+        } else {
+            let jitter = self.rng.random_range(0.6..1.6);
+            Outcome {
+                waited_ns: w.max(b) + (self.model.wake_ns * jitter) as u64,
+                spun_ns: b,
+                slept: true,
+            }
+        };
+        self.spun += out.spun_ns;
+        self.core.record(out);
+        self.now += out.waited_ns + self.service;
+        plan
+    }
+
+    fn run(&mut self, d: Dist, n: usize) -> Vec<Plan> {
+        (0..n)
+            .map(|_| {
+                let w = d.sample(&mut self.rng);
+                self.step(w, Env::default())
+            })
+            .collect()
+    }
+}
+
+/// The true expected objective of each spin budget under a distribution
+/// (0 = interrupt mode), with the controller's cost model, from a large
+/// sorted sample: cost(b) is then two lookups.
+struct Truth {
+    sorted: Vec<f64>,
+    prefix: Vec<f64>,
+}
+
+impl Truth {
+    fn new(d: Dist) -> Truth {
+        let mut r = StdRng::seed_from_u64(7);
+        let mut sorted: Vec<f64> = (0..50_000).map(|_| d.sample(&mut r) as f64).collect();
+        sorted.sort_by(f64::total_cmp);
+        let mut prefix = vec![0.0];
+        for w in &sorted {
+            prefix.push(prefix.last().unwrap() + w);
+        }
+        Truth { sorted, prefix }
+    }
+
+    fn cost(&self, b: u64, worth: f64) -> f64 {
+        let m = Model::default();
+        let n = self.sorted.len() as f64;
+        let k = if b == 0 {
+            0
+        } else {
+            self.sorted.partition_point(|w| *w <= b as f64)
+        };
+        let p_over = 1.0 - k as f64 / n;
+        let spin = self.prefix[k] / n + p_over * b as f64;
+        p_over * m.wake_ns + (spin + p_over * m.sleep_cpu_ns) / worth
+    }
+
+    /// Best objective over a fine grid of budgets.
+    fn best(&self, worth: f64) -> f64 {
+        let mut best = self.cost(0, worth);
+        let mut b = 64u64;
+        while b <= 20_000_000 {
+            best = best.min(self.cost(b, worth));
+            b = b * 17 / 16 + 1;
+        }
+        best
+    }
+}
+
+fn budget(p: Plan) -> u64 {
+    match p {
+        Plan::Spin(b) => b,
+        Plan::Dispatch => 0,
+    }
+}
+
+fn dist() -> impl Strategy<Value = Dist> {
+    prop_oneof![
+        (300.0f64..3_000_000.0).prop_map(Dist::Exp),
+        (100.0f64..2_000_000.0).prop_map(Dist::Const),
+        (0.3f64..0.95, 200.0f64..20_000.0, 200_000.0f64..5_000_000.0)
+            .prop_map(|(p, short, long)| Dist::Mix { p, short, long }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// After a warm-up the plan it settles on is within a small margin of
+    /// the best possible spin budget for the true distribution.
+    #[test]
+    fn converges_near_the_optimum(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
+        let cfg = Config { cap_pct: 100, worth };
+        let mut s = Sim::new(cfg, seed);
+        let plans = s.run(d, 2_000);
+        let chosen = budget(*plans.last().unwrap());
+        let t = Truth::new(d);
+        let got = t.cost(chosen, worth as f64);
+        let best = t.best(worth as f64);
+        // Bucket resolution (25 %), estimates from ~100 recent waits and
+        // the switching margins (up to 25 % near break-even) cost a little;
+        // a wrong regime far from break-even costs 2-10x.
+        prop_assert!(
+            got <= best * 1.3 + 100.0,
+            "{d:?} worth {worth}: chose {chosen} ns with cost {got:.0}, best {best:.0}; {}",
+            fastwake::adaptive::explain(&s.core, None)
+        );
+    }
+
+    /// Under steady load the plan settles: few changes once warmed up.
+    #[test]
+    fn does_not_oscillate(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
+        let mut s = Sim::new(Config { cap_pct: 100, worth }, seed);
+        s.run(d, 1_000);
+        let before = s.core.stats().plan_changes;
+        s.run(d, 5_000);
+        let changes = s.core.stats().plan_changes - before;
+        // A plan re-evaluated ~300 times; a flapping one changes ~100 times.
+        prop_assert!(changes <= 10, "{d:?}: {changes} plan changes in 5000 steady waits; {}",
+            fastwake::adaptive::explain(&s.core, None));
+    }
+
+    /// Spinning never exceeds the cap: spun ≤ cap × elapsed + the
+    /// allowance's burst + one budget.
+    #[test]
+    fn respects_the_cpu_cap(d in dist(), cap in 1u8..90, seed in any::<u64>()) {
+        let mut s = Sim::new(Config { cap_pct: cap, worth: 60_000 }, seed);
+        let t0 = s.now;
+        s.run(d, 6_000);
+        let elapsed = (s.now - t0) as f64;
+        let c = cap as f64 / 100.0;
+        let bound = c * elapsed
+            + c * fastwake::adaptive::core::BURST_NS as f64
+            + fastwake::adaptive::core::MAX_BUDGET_NS as f64;
+        prop_assert!(s.spun as f64 <= bound, "spun {} > bound {bound:.0} (cap {cap}%, {d:?})", s.spun);
+        // And over a long run the fraction itself approaches the cap.
+        if elapsed > 50.0 * fastwake::adaptive::core::BURST_NS as f64 {
+            prop_assert!(s.spun as f64 / elapsed <= c * 1.1 + 0.002);
+        }
+    }
+
+    /// A change of load is followed within a bounded number of waits:
+    /// from short waits (spinning pays) to long ones (it does not) and
+    /// back, the plan is near-optimal for the new load within 1,000 waits
+    /// and stays so. The bound is about eight half-lives of the histogram's
+    /// memory (128 waits): in the worst cases the old load's long waits
+    /// must fade to ~1 % before spinning through the new ones pays.
+    #[test]
+    fn reacts_to_a_load_change(a in dist(), b in dist(), seed in any::<u64>()) {
+        let worth = fastwake::adaptive::DEFAULT_WORTH as f64;
+        let mut s = Sim::new(Config::default(), seed);
+        s.run(a, 1_500);
+        for (from, to) in [(a, b), (b, a)] {
+            let t = Truth::new(to);
+            let best = t.best(worth);
+            let plans = s.run(to, 1_300);
+            let ok = |p: &Plan| t.cost(budget(*p), worth) <= best * 1.3 + 100.0;
+            let settled = plans.iter().rposition(|p| !ok(p)).map_or(0, |i| i + 1);
+            prop_assert!(settled <= 1_000, "{from:?} -> {to:?}: near-optimal only after {settled} waits; {}",
+                fastwake::adaptive::explain(&s.core, None));
+        }
+    }
+}
+
+#[test]
+fn never_spins_against_a_producer_on_its_cpu_or_a_contended_cpu() {
+    let mut s = Sim::new(Config::default(), 1);
+    s.run(Dist::Exp(1_000.0), 500);
+    let env = Env {
+        same_cpu: true,
+        ..Env::default()
+    };
+    assert_eq!(s.step(1_000, env), Plan::Spin(0));
+    let env = Env {
+        contended: true,
+        ..Env::default()
+    };
+    assert_eq!(s.step(1_000, env), Plan::Spin(0));
+    let st = s.core.stats();
+    assert_eq!((st.same_cpu, st.contended), (1, 1));
+    assert!(budget(s.step(1_000, Env::default())) > 0);
+}
+
+#[test]
+fn idle_stream_is_served_in_interrupt_mode() {
+    // 1,000 waits/s, Poisson: spinning would cost ~100x its saving.
+    let mut s = Sim::new(Config::default(), 2);
+    let plans = s.run(Dist::Exp(1_000_000.0), 3_000);
+    let spins = plans.iter().filter(|p| budget(**p) > 0).count();
+    assert!(spins < 30, "{spins} spinning waits on an idle stream");
+}
+
+#[test]
+fn bursts_spin_through_short_gaps_only() {
+    // 90 % of the gaps 2 µs (inside bursts), 10 % 2 ms (between them).
+    let d = Dist::Mix {
+        p: 0.9,
+        short: 2_000.0,
+        long: 2_000_000.0,
+    };
+    let mut s = Sim::new(Config::default(), 3);
+    let plans = s.run(d, 3_000);
+    let b = budget(*plans.last().unwrap());
+    assert!((4_000..200_000).contains(&b), "budget {b} ns");
+}
+
+#[test]
+fn dispatch_is_chosen_when_a_shared_dispatcher_is_cheaper() {
+    // Long-ish gaps, many waiters on the core: one dispatcher's spin is
+    // shared by all, a same-core hand-off beats a cross-core wake-up.
+    let mut s = Sim::new(Config::default(), 4);
+    let env = Env {
+        dispatch_waiters: Some(64),
+        ..Env::default()
+    };
+    let mut last = Plan::Spin(0);
+    for _ in 0..2_000 {
+        let w = Dist::Exp(300_000.0).sample(&mut s.rng);
+        last = s.step(w, env);
+    }
+    assert_eq!(
+        last,
+        Plan::Dispatch,
+        "{}",
+        fastwake::adaptive::explain(&s.core, None)
+    );
+    // Without a dispatcher the same waits are served in interrupt mode.
+    assert_eq!(s.step(300_000, Env::default()), Plan::Spin(0));
+}
+
+#[test]
+fn adaptive_parses_and_prints() {
+    use fastwake::WaitMode;
+    for (s, cap, worth) in [
+        ("adaptive", 100, 100),
+        ("adaptive:cap=20%", 20, 100),
+        ("adaptive:cap=5%,worth=10", 5, 10),
+        ("adaptive:worth=1000", 100, 1000),
+    ] {
+        let m: WaitMode = s.parse().unwrap();
+        assert_eq!(
+            m,
+            WaitMode::Adaptive(Config {
+                cap_pct: cap,
+                worth
+            })
+        );
+        assert_eq!(m.to_string(), s);
+    }
+    assert_eq!(
+        "adaptive:cap=20".parse::<WaitMode>().unwrap(),
+        WaitMode::Adaptive(Config {
+            cap_pct: 20,
+            worth: 100
+        })
+    );
+    for bad in [
+        "adaptive:",
+        "adaptive:cap=0%",
+        "adaptive:cap=101%",
+        "adaptive:cap=x",
+        "adaptive:foo=1",
+        "adaptive:worth=0",
+        "adaptive:cap",
+    ] {
+        let r = bad.parse::<WaitMode>();
+        if bad == "adaptive:" {
+            // No options: the defaults.
+            assert_eq!(r.unwrap(), WaitMode::Adaptive(Config::default()));
+            continue;
+        }
+        let e = r.unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL, "{bad}");
+        assert!(!e.to_string().contains('\n'));
+    }
+}

@@ -1,0 +1,185 @@
+//! Adaptive mode with real threads: delivery, the same-CPU rule, and the
+//! pressure sampler. Tests that spin hold the spin lock; each is bounded.
+
+mod common;
+
+use fastwake::source::channel::{self, Config};
+use fastwake::{WaitMode, Waiter};
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+fn adaptive() -> WaitMode {
+    "adaptive".parse().unwrap()
+}
+
+/// Producer on `cpus.0` sends `n` tagged messages with random gaps (bursts
+/// of back-to-back sends and pauses up to `max_gap`); the adaptive waiter on
+/// `cpus.1` must see every tag once, in order.
+fn deliver(cpus: (u32, u32), n: u64, max_gap: Duration, seed: u64) -> Waiter {
+    let (mut tx, mut rx) = channel::channel(Config::default()).unwrap();
+    let prod = std::thread::spawn(move || {
+        fastwake::cpu::pin(cpus.0).unwrap();
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        for t in 0..n {
+            if r.random_ratio(1, 8) {
+                let g = r.random_range(0..=max_gap.as_micros() as u64);
+                let end = Instant::now() + Duration::from_micros(g);
+                if g > 200 {
+                    std::thread::sleep(Duration::from_micros(g));
+                } else {
+                    while Instant::now() < end {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+            tx.send(t, &t.to_le_bytes()).unwrap();
+        }
+    });
+    fastwake::cpu::pin(cpus.1).unwrap();
+    let mut w = Waiter::new(adaptive());
+    for t in 0..n {
+        let m = w
+            .wait_timeout(&mut rx, Duration::from_secs(10))
+            .unwrap()
+            .expect("stalled: a lost wake-up");
+        assert_eq!(m.tag, t, "lost, duplicated or reordered");
+        assert_eq!(rx.payload(), t.to_le_bytes());
+    }
+    prod.join().unwrap();
+    // The producer is gone: the channel reports the close, not a message.
+    assert!(
+        !matches!(
+            w.wait_timeout(&mut rx, Duration::from_millis(1)),
+            Ok(Some(_))
+        ),
+        "a duplicate after the last message"
+    );
+    fastwake::cpu::unpin().unwrap();
+    w
+}
+
+/// A producer on `cpu` sending one message every `gap` (busy-waiting in
+/// between) for `run`, then closing.
+fn paced(
+    cpu: u32,
+    gap: Duration,
+    run: Duration,
+) -> (std::thread::JoinHandle<()>, channel::Receiver) {
+    let (mut tx, rx) = channel::channel(Config::default()).unwrap();
+    let prod = std::thread::spawn(move || {
+        fastwake::cpu::pin(cpu).unwrap();
+        let end = Instant::now() + run;
+        let mut t = 0;
+        while Instant::now() < end {
+            let until = Instant::now() + gap;
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            tx.send(t, b"").unwrap();
+            t += 1;
+        }
+    });
+    (prod, rx)
+}
+
+#[test]
+fn delivers_everything_across_load_changes() {
+    let _g = common::spin_lock();
+    for seed in 0..3 {
+        let w = deliver(
+            common::two_cpus(),
+            5_000,
+            Duration::from_micros(2_000),
+            seed,
+        );
+        let s = w.adaptive_stats().unwrap();
+        assert_eq!(w.stats().completions, 5_000);
+        // Every planned wait is accounted to exactly one reason.
+        assert_eq!(
+            s.decisions,
+            s.spins
+                + s.learning
+                + s.long_waits
+                + s.same_cpu
+                + s.contended
+                + s.capped
+                + s.dispatched,
+            "{s:?}"
+        );
+        assert_eq!(s.spins, s.spin_hits + s.spin_misses, "{s:?}");
+    }
+}
+
+#[test]
+fn never_spins_against_a_producer_on_its_cpu() {
+    let _g = common::spin_lock();
+    let w = deliver((0, 0), 2_000, Duration::from_micros(50), 7);
+    let s = w.adaptive_stats().unwrap();
+    eprintln!("{}", w.adaptive().unwrap().explain());
+    assert_eq!(s.spins, 0, "spun against a same-CPU producer: {s:?}");
+    assert!(s.same_cpu + s.learning + s.long_waits == s.decisions);
+}
+
+#[test]
+fn a_hog_on_the_waiters_cpu_is_seen_as_contention() {
+    let _g = common::spin_lock();
+    if fastwake::cpu::online() < 2 {
+        eprintln!("SKIPPED a_hog_on_the_waiters_cpu_is_seen_as_contention: needs 2 CPUs");
+        return;
+    }
+    if std::fs::read_to_string("/proc/self/schedstat").is_err() {
+        eprintln!("SKIPPED a_hog_on_the_waiters_cpu_is_seen_as_contention: no schedstat");
+        return;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let hog = std::thread::spawn(move || {
+        fastwake::cpu::pin(1).unwrap();
+        while !s2.load(Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+    });
+    // A quick stream the controller would spin on, for 1.5 s: the sampler
+    // (50 ms period) must flag the CPU well before the end.
+    let (prod, mut rx) = paced(0, Duration::from_micros(5), Duration::from_millis(1_500));
+    fastwake::cpu::pin(1).unwrap();
+    let mut w = Waiter::new(adaptive());
+    while let Ok(Some(_)) = w.wait_timeout(&mut rx, Duration::from_secs(5)) {}
+    stop.store(true, Ordering::Relaxed);
+    prod.join().unwrap();
+    hog.join().unwrap();
+    fastwake::cpu::unpin().unwrap();
+    let s = w.adaptive_stats().unwrap();
+    eprintln!("{}", w.adaptive().unwrap().explain());
+    assert!(
+        s.contended > 0,
+        "the hog on the waiter's CPU was never seen: {s:?}"
+    );
+}
+
+#[test]
+fn cap_limits_spinning_time() {
+    let _g = common::spin_lock();
+    // Gaps of ~30 µs the controller wants to spin through (default
+    // worth); a 10 % cap must keep the spin time near 10 % of the wall
+    // time (plus the allowance's initial burst).
+    let (a, b) = common::two_cpus();
+    let (prod, mut rx) = paced(a, Duration::from_micros(30), Duration::from_millis(1_000));
+    fastwake::cpu::pin(b).unwrap();
+    let mut w = Waiter::new("adaptive:cap=10%".parse().unwrap());
+    let t0 = Instant::now();
+    while let Ok(Some(_)) = w.wait_timeout(&mut rx, Duration::from_secs(5)) {}
+    let wall = t0.elapsed().as_nanos() as f64;
+    prod.join().unwrap();
+    fastwake::cpu::unpin().unwrap();
+    let s = w.adaptive_stats().unwrap();
+    eprintln!("{}", w.adaptive().unwrap().explain());
+    let burst = 0.10 * fastwake::adaptive::core::BURST_NS as f64;
+    assert!(
+        (s.spin_ns as f64) <= 0.10 * wall + burst + 1e6,
+        "spun {} ns of {wall} ns wall with a 10% cap: {s:?}",
+        s.spin_ns
+    );
+}
