@@ -20,7 +20,9 @@
 //!
 //! With [`SocketOptions::busy_poll_us`] the source sets `SO_BUSY_POLL` (and
 //! `SO_PREFER_BUSY_POLL`), which make the kernel spin on the NIC queue of
-//! the socket's last packet inside a blocking receive. That works only for
+//! the socket's last packet inside a blocking receive, and the same budget
+//! on its epoll instance (`EPIOCSPARAMS`, Linux 6.9+), since interrupt mode
+//! sleeps in `epoll_wait`, not in `recv`. That works only for
 //! traffic that came through a NAPI-driven device: the packets of loopback
 //! (and of veth without GRO/XDP) carry no NAPI id, and then the option does
 //! nothing. [`SocketSource::busy_poll`] reports which case holds, from
@@ -183,6 +185,7 @@ impl SocketSource {
                     Ok(()) => {
                         // Preferring busy polling over interrupts is a hint;
                         // older kernels lack it.
+                        // SO_PREFER_BUSY_POLL (69) is not in every libc.
                         let _ = setsockopt_int(sock.as_fd(), libc::SOL_SOCKET, 69, 1);
                         BusyPoll::Unknown { us }
                     }
@@ -192,6 +195,18 @@ impl SocketSource {
         };
         let ep = rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)
             .map_err(|e| Fail::os("epoll_create", e))?;
+        if let Some(us) = opts.busy_poll_us {
+            // Where the kernel lacks per-epoll busy polling this fails with
+            // ENOTTY/EINVAL and the socket option alone remains.
+            let p = libc::epoll_params {
+                busy_poll_usecs: us,
+                busy_poll_budget: 8,
+                prefer_busy_poll: 1,
+                __pad: 0,
+            };
+            // SAFETY: EPIOCSPARAMS reads one epoll_params from a live struct.
+            let _ = unsafe { libc::ioctl(ep.as_raw_fd(), libc::EPIOCSPARAMS, &p) };
+        }
         rustix::event::epoll::add(
             &ep,
             &sock,
