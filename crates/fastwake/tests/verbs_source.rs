@@ -280,3 +280,51 @@ fn stale_events_are_tolerated_and_destroy_never_hangs() {
     assert!(events > 0, "no completion event was ever read");
     eprintln!("events {events}, waiter {stats:?}");
 }
+
+#[test]
+fn dispatch_mode_hands_off_verbs_completions() {
+    let Some(dev) = device("dispatch_mode_hands_off_verbs_completions") else {
+        return;
+    };
+    // SAFETY: sysconf has no preconditions.
+    if unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } < 2 {
+        eprintln!("SKIPPED dispatch_mode_hands_off_verbs_completions: needs 2 CPUs");
+        return;
+    }
+    let _g = SPIN.lock().unwrap_or_else(|e| e.into_inner());
+    use fastwake::dispatch::{Config, Dispatcher};
+    // One dispatcher per end's CPU; each end's waiter registers its CQ's
+    // peek handle with the dispatcher of the CPU it runs on.
+    let d0 = Dispatcher::start(Config::new(0)).expect("dispatcher 0");
+    let d1 = Dispatcher::start(Config::new(1)).expect("dispatcher 1");
+    let (mut a, mut b) = connected(&dev, 16);
+    const N: u64 = 300;
+    let pong = std::thread::spawn(move || {
+        fastwake::cpu::pin(1).unwrap();
+        let mut w = Waiter::new(WaitMode::Dispatch);
+        for i in 0..N {
+            b.recv(&mut w, i);
+            b.send();
+        }
+        (b, w.stats())
+    });
+    let ping = std::thread::spawn(move || {
+        fastwake::cpu::pin(0).unwrap();
+        let mut w = Waiter::new(WaitMode::Dispatch);
+        for i in 0..N {
+            a.send();
+            a.recv(&mut w, i);
+        }
+        (a, w.stats())
+    });
+    let (a, sa) = ping.join().expect("ping");
+    let (b, sb) = pong.join().expect("pong");
+    assert_eq!(sa.completions + sb.completions, 2 * N);
+    eprintln!("dispatch: ping {sa:?}\ndispatch: pong {sb:?}");
+    assert!(
+        sa.handoffs + sb.handoffs > 0,
+        "no dispatcher ever handed off a verbs completion"
+    );
+    drop((a, b));
+    drop((d0, d1));
+}

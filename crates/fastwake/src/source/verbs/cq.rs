@@ -4,9 +4,11 @@
 //! chosen completion vector and tears them down acking every event first
 //! (`ibv_destroy_cq` blocks forever on unacked events). Data path:
 //!
-//! - peek ([`Source::ready`]): `poll_cq` into a small stash. For rxe and mlx5
-//!   polling reads a user-mapped queue, no syscall. A CQE that was looked at
-//!   is never lost: it waits in the stash for [`Source::try_take`].
+//! - peek ([`Source::ready`], and [`Peek::ready`] from the dispatcher's
+//!   thread): `poll_cq` into a small stash. For rxe and mlx5 polling reads a
+//!   user-mapped queue, no syscall. A CQE that was looked at is never lost:
+//!   it waits in the stash for [`Source::try_take`], which drains the stash
+//!   before polling again (under the stash lock, so order is kept).
 //! - arm: `req_notify_cq(cq, 0)` (one-shot; leaving it armed is harmless, it
 //!   only causes one event that the next sleep consumes).
 //! - sleep: `poll(2)` on the channel fd (non-blocking), then one
@@ -18,12 +20,12 @@
 use super::device::{Device, errno};
 use super::sys::*;
 use crate::affinity::{self, Placement, Policy, Replacement, Replacer, VectorMap};
-use crate::source::{Rechecked, Source};
+use crate::source::{Peek, Rechecked, Source};
 use crate::{Fail, Result};
-use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// One work completion (`struct ibv_wc`).
@@ -77,24 +79,100 @@ pub struct CqStats {
     pub arms: u64,
 }
 
+/// What the owner and [`Peek`] handles share: the CQ (null once dropped),
+/// its poll op and the stash of CQEs polled but not yet taken.
+struct Shared {
+    cq: AtomicPtr<ibv_cq>,
+    poll_fn: PollCqFn,
+    stash: Mutex<VecDeque<Wc>>,
+    /// Entries in the stash (read without the lock for the cheap check).
+    stashed: AtomicUsize,
+    /// A provider error from a poll (-errno), kept for `try_take`.
+    poll_error: AtomicI32,
+}
+
+// SAFETY: the CQ pointer is only dereferenced (by the provider's poll_cq,
+// which locks the CQ internally) under the stash lock and only while non-null;
+// Drop nulls it under that lock before destroying the CQ.
+unsafe impl Send for Shared {}
+// SAFETY: as above; every other field is Sync.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Wc>> {
+        self.stash.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Poll the CQ into the stash (lock held).
+    fn fill(&self, st: &mut VecDeque<Wc>) {
+        let cq = self.cq.load(Ordering::Acquire);
+        if cq.is_null() {
+            return;
+        }
+        let mut wc = [Wc::default(); POLL_BATCH];
+        // SAFETY: cq is live (non-null under the lock, see Drop); wc has room
+        // for POLL_BATCH entries.
+        let n = unsafe { (self.poll_fn)(cq, POLL_BATCH as i32, wc.as_mut_ptr()) };
+        if n < 0 {
+            self.poll_error.store(-n, Ordering::Release);
+            return;
+        }
+        st.extend(&wc[..n as usize]);
+        self.stashed.store(st.len(), Ordering::Release);
+    }
+
+    fn ready(&self) -> bool {
+        if self.stashed.load(Ordering::Acquire) > 0 || self.poll_error.load(Ordering::Acquire) != 0
+        {
+            return true;
+        }
+        let mut st = self.lock();
+        self.fill(&mut st);
+        !st.is_empty() || self.poll_error.load(Ordering::Acquire) != 0
+    }
+
+    fn take(&self) -> Result<Option<Wc>> {
+        let mut st = self.lock();
+        if st.is_empty() {
+            self.fill(&mut st);
+        }
+        let e = self.poll_error.swap(0, Ordering::AcqRel);
+        if e != 0 {
+            return Err(Fail::new(e, format!("ibv_poll_cq failed (errno {e})")));
+        }
+        let w = st.pop_front();
+        self.stashed.store(st.len(), Ordering::Release);
+        Ok(w)
+    }
+}
+
+/// The dispatcher's handle on a [`VerbsCq`]: peeking polls CQEs into the
+/// CQ's stash, where the owner's `try_take` finds them first. After the CQ is
+/// dropped it reports whatever was left (nothing is taken any more).
+struct VerbsPeek(Arc<Shared>);
+
+impl Peek for VerbsPeek {
+    fn ready(&self) -> bool {
+        self.0.ready()
+    }
+    // No summary flag: the producer is the NIC, which cannot raise one.
+}
+
 /// A CQ with a completion channel, usable with every wait mode.
 pub struct VerbsCq {
     dev: Arc<Device>,
     cq: *mut ibv_cq,
     channel: *mut ibv_comp_channel,
-    poll_fn: PollCqFn,
     notify_fn: ReqNotifyCqFn,
-    stash: RefCell<VecDeque<Wc>>,
-    poll_error: Cell<Option<i32>>,
+    shared: Arc<Shared>,
     unacked: u32,
     ack_batch: u32,
     replacer: Replacer,
     stats: CqStats,
 }
 
-// SAFETY: the CQ and channel belong to this value only; libibverbs objects
-// may be used from any thread. VerbsCq is not Sync (RefCell/Cell), so only one
-// thread uses it at a time.
+// SAFETY: the CQ and channel belong to this value; libibverbs objects may be
+// used from any thread, and the parts other threads touch are in `Shared`.
 unsafe impl Send for VerbsCq {}
 
 impl VerbsCq {
@@ -168,10 +246,14 @@ impl VerbsCq {
             dev: Arc::clone(dev),
             cq,
             channel,
-            poll_fn,
             notify_fn,
-            stash: RefCell::new(VecDeque::with_capacity(POLL_BATCH)),
-            poll_error: Cell::new(None),
+            shared: Arc::new(Shared {
+                cq: AtomicPtr::new(cq),
+                poll_fn,
+                stash: Mutex::new(VecDeque::with_capacity(POLL_BATCH)),
+                stashed: AtomicUsize::new(0),
+                poll_error: AtomicI32::new(0),
+            }),
             unacked: 0,
             ack_batch: cfg.ack_batch.max(1),
             replacer: Replacer::new(placement, cfg.policy),
@@ -205,19 +287,6 @@ impl VerbsCq {
         self.stats
     }
 
-    /// Poll the CQ into the stash. Returns false on a provider error (kept
-    /// for `try_take` to report).
-    fn fill(&self) {
-        let mut wc = [Wc::default(); POLL_BATCH];
-        // SAFETY: cq is live; wc has room for POLL_BATCH entries.
-        let n = unsafe { (self.poll_fn)(self.cq, POLL_BATCH as i32, wc.as_mut_ptr()) };
-        if n < 0 {
-            self.poll_error.set(Some(-n));
-            return;
-        }
-        self.stash.borrow_mut().extend(&wc[..n as usize]);
-    }
-
     fn ack(&mut self) {
         if self.unacked > 0 {
             // SAFETY: cq is live and we read exactly `unacked` events for it.
@@ -236,25 +305,11 @@ impl Source for VerbsCq {
     }
 
     fn ready(&self) -> bool {
-        if !self.stash.borrow().is_empty() || self.poll_error.get().is_some() {
-            return true;
-        }
-        self.fill();
-        !self.stash.borrow().is_empty() || self.poll_error.get().is_some()
+        self.shared.ready()
     }
 
     fn try_take(&mut self) -> Result<Option<Wc>> {
-        if let Some(e) = self.poll_error.take() {
-            return Err(Fail::new(e, format!("ibv_poll_cq failed (errno {e})")));
-        }
-        if let Some(w) = self.stash.get_mut().pop_front() {
-            return Ok(Some(w));
-        }
-        self.fill();
-        if let Some(e) = self.poll_error.take() {
-            return Err(Fail::new(e, format!("ibv_poll_cq failed (errno {e})")));
-        }
-        Ok(self.stash.get_mut().pop_front())
+        self.shared.take()
     }
 
     fn arm(&mut self) -> Result<()> {
@@ -312,12 +367,23 @@ impl Source for VerbsCq {
         // SAFETY: the channel (and its fd) lives as long as self.
         Some(unsafe { BorrowedFd::borrow_raw((*self.channel).fd) })
     }
+
+    fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
+        Some(Arc::new(VerbsPeek(Arc::clone(&self.shared))))
+    }
 }
 
 impl Drop for VerbsCq {
     fn drop(&mut self) {
         // Every event read must be acked before destroy, or it blocks forever.
         self.ack();
+        // Peek handles may outlive us: stop them polling before the CQ goes.
+        {
+            let _st = self.shared.lock();
+            self.shared
+                .cq
+                .store(std::ptr::null_mut(), Ordering::Release);
+        }
         // SAFETY: QPs using this CQ are destroyed by their owners first; cq and
         // channel were created in new() and are destroyed once.
         unsafe {
