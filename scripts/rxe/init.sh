@@ -53,7 +53,14 @@ mount -t tmpfs tmpfs /dev/shm
 mount -t proc proc /host/proc
 mount -t sysfs sysfs /host/sys
 mount -o bind /dev /host/dev
+# A checkout or build under the host's /tmp (e.g. a fresh clone in /tmp)
+# would be hidden by the guest's own /tmp: set it aside and bind it back.
+keep_repo="" keep_bin=""
+case "$RXE_REPO" in /tmp/*) mkdir -p /keep/repo && mount -o bind "/host$RXE_REPO" /keep/repo && keep_repo=1 ;; esac
+case "$RXE_BIN_DIR" in /tmp/*) mkdir -p /keep/bin && mount -o bind "/host$RXE_BIN_DIR" /keep/bin && keep_bin=1 ;; esac
 mount -t tmpfs tmpfs /host/tmp
+[ -n "$keep_repo" ] && mkdir -p "/host$RXE_REPO" && mount -o bind /keep/repo "/host$RXE_REPO"
+[ -n "$keep_bin" ] && { mkdir -p "/host$RXE_BIN_DIR" 2>/dev/null; mount -o bind /keep/bin "/host$RXE_BIN_DIR"; }
 mount -t tmpfs tmpfs /host/run
 mount -o bind /results "/host$RXE_OUT" || halt "FATAL: cannot bind the results dir at $RXE_OUT"
 
