@@ -25,13 +25,14 @@ check_verbs_tests() {
     rxe_info "$(grep -E '^test result' "$out")"
 }
 
-# fastwake bench pingpong --source verbs in every library wait mode, one run;
+# fastwake bench pingpong --source verbs in every library wait mode (dispatch:
+# see verbs-tests; the bench starts no dispatchers), one run;
 # per-mode latency as a ratio to poll.
 check_verbs_bench() {
     rxe_need_fastwake || return
     local out="$RXE_LOGDIR/verbs-bench.json"
     "$RXE_FASTWAKE" bench pingpong --source verbs --dev "$RXE_DEV" --cpus "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" \
-        --mode poll,interrupt,hybrid --iters 1500 --warmup 150 --rounds 5 --json >"$out" \
+        --mode poll,interrupt,hybrid,adaptive --iters 1500 --warmup 150 --rounds 5 --json >"$out" \
         || { rxe_fail "fastwake bench pingpong --source verbs failed: $(tail -n 1 "$out")"; return 1; }
     cat "$out"
     local ratios
@@ -39,7 +40,7 @@ check_verbs_bench() {
 import json, sys
 rows = json.load(open(sys.argv[1]))
 rows = [r for r in rows if r["source"] == "verbs"]
-assert len(rows) == 3, f"expected 3 verbs rows, got {len(rows)}"
+assert len(rows) == 4, f"expected 4 verbs rows, got {len(rows)}"
 poll = next(r for r in rows if r["mode"] == "poll")["t_typical"]
 for r in rows:
     assert r["iters"] == 1500, r
