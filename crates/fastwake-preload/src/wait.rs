@@ -298,6 +298,10 @@ fn sample(t: &mut Thread, ready_fd: impl FnOnce() -> Option<c_int>) {
 pub fn report() {
     let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let s = &STATS;
+    // Helper processes that never waited (shell wrappers, …) stay quiet.
+    if l(&s.waits) == 0 && l(&s.spins) == 0 {
+        return;
+    }
     crate::diag(&format!(
         "pid={} waits={} spins={} spin_hits={} spin_ms={:.3} blocked={} same_cpu_skips={} capped={}",
         std::process::id(),
