@@ -28,6 +28,18 @@ set +a
 mkdir -p "$RXE_LOGDIR"
 
 # ---- used inside a check -----------------------------------------------------
+# (Hot paths use bash builtins only: every exec costs ~0.2 s under TCG.)
+
+# rxe_last_match FILE REGEX: print the last line of FILE matching REGEX
+# (bash ERE); status 1 if none.
+rxe_last_match() {
+    local line found="" ok=1
+    while IFS= read -r line || [ -n "$line" ]; do
+        [[ $line =~ $2 ]] && { found=$line; ok=0; }
+    done <"$1"
+    [ $ok = 0 ] && printf '%s\n' "$found"
+    return $ok
+}
 rxe_reason() { printf '%s\n' "$*" >"$RXE_CUR_REASON"; }
 rxe_info() { printf '%s\n' "$*" >>"$RXE_CUR_INFO"; }
 # rxe_metric KEY VALUE: one row "check<TAB>key<TAB>value" in metrics.tsv
@@ -46,12 +58,24 @@ rxe_need_preload() {
     return $RXE_SKIP
 }
 
-# rxe_wait_listen PORT [SECONDS]: wait until a TCP listener is on PORT.
+# rxe_sleep SECONDS: sleep without an exec (process creation is slow under TCG).
+rxe_sleep() {
+    [ -n "${RXE_SLEEP_FD:-}" ] || exec {RXE_SLEEP_FD}<> <(:) || RXE_SLEEP_FD=none
+    if [ "$RXE_SLEEP_FD" = none ]; then sleep "$1"; else read -r -t "$1" -u "$RXE_SLEEP_FD" _ || true; fi
+}
+
+# rxe_wait_listen PORT [SECONDS]: wait until a TCP listener is on PORT
+# (reads /proc/net/tcp{,6} with builtins: no exec per poll).
 rxe_wait_listen() {
-    local port=$1 n=$(( ${2:-20} * 10 ))
+    local port n=$(( ${2:-20} * 20 )) f _sl local_addr _rem st
+    port=$(printf ':%04X' "$1")
     while [ $n -gt 0 ]; do
-        ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && return 0
-        sleep 0.1; n=$((n - 1))
+        for f in /proc/net/tcp /proc/net/tcp6; do
+            while read -r _sl local_addr _rem st _; do
+                [ "$st" = 0A ] && [[ $local_addr == *"$port" ]] && return 0
+            done <"$f"
+        done
+        rxe_sleep 0.05; n=$((n - 1))
     done
     return 1
 }
@@ -59,7 +83,7 @@ rxe_wait_listen() {
 # Each pair of processes gets its own TCP port (no TIME_WAIT surprises).
 rxe_next_port() {
     local f="$RXE_LOGDIR/.port" p
-    p=$(cat "$f" 2>/dev/null || echo 18515)
+    p=18515; [ -f "$f" ] && read -r p <"$f"
     echo $((p + 1)) >"$f"
     echo "$p"
 }
@@ -82,14 +106,16 @@ rxe_pair() {
     echo "+ server: taskset -c $RXE_SERVER_CPU $* -p $port"
     echo "+ client: taskset -c $RXE_CLIENT_CPU $* -p $port $RXE_IP"
     timeout -k 2 "$t" taskset -c "$RXE_SERVER_CPU" "$@" -p "$port" >"$RXE_SERVER_LOG" 2>&1 &
-    local spid=$!
+    local spid=$! t0=$EPOCHREALTIME
     if ! rxe_wait_listen "$port" 20; then
         kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
         rxe_fail "$tag: server did not listen on port $port: $(tail -n 1 "$RXE_SERVER_LOG")"; return 1
     fi
-    local crc=0 src=0
+    local crc=0 src=0 t1=$EPOCHREALTIME
     timeout -k 2 "$t" taskset -c "$RXE_CLIENT_CPU" "$@" -p "$port" "$RXE_IP" >"$RXE_CLIENT_LOG" 2>&1 || crc=$?
+    local t2=$EPOCHREALTIME
     wait "$spid" || src=$?
+    echo "+ times: server listening after $(( (${t1/./} - ${t0/./}) / 1000 )) ms, client ran $(( (${t2/./} - ${t1/./}) / 1000 )) ms, server done $(( (${EPOCHREALTIME/./} - ${t2/./}) / 1000 )) ms later"
     if [ $crc != 0 ] || [ $src != 0 ]; then
         local why="exit"; { [ $crc = 124 ] || [ $src = 124 ]; } && why="timeout/exit"
         rxe_fail "$tag: client $why $crc, server $why $src: $(grep -v '^$' "$RXE_CLIENT_LOG" "$RXE_SERVER_LOG" | tail -n 1)"
@@ -103,11 +129,11 @@ rxe_pair() {
 rxe_pingpong_verify() {
     local tag=$1 iters=$2 side line
     for side in "$RXE_SERVER_LOG" "$RXE_CLIENT_LOG"; do
-        line=$(grep -E '^[0-9]+ iters in [0-9.]+ seconds = [0-9.]+ usec/iter' "$side" | tail -n 1)
+        line=$(rxe_last_match "$side" '^[0-9]+ iters in [0-9.]+ seconds = [0-9.]+ usec/iter')
         [ -n "$line" ] || { rxe_fail "$tag: no 'N iters in' line in $(basename "$side")"; return 1; }
         [ "${line%% *}" = "$iters" ] || { rxe_fail "$tag: expected $iters iters, got: $line"; return 1; }
     done
-    local usec; usec=$(sed -E -n 's/.* = ([0-9.]+) usec\/iter.*/\1/p' <<<"$line")
+    local usec=""; [[ $line =~ \ =\ ([0-9.]+)\ usec/iter ]] && usec=${BASH_REMATCH[1]}
     rxe_metric "$tag.usec_per_iter" "$usec"
     rxe_metric "$tag.iters" "$iters"
     rxe_info "$tag: $line"
@@ -119,21 +145,26 @@ rxe_pingpong_verify() {
 rxe_shim_loaded_verify() {
     local tag=$1 side
     for side in "$RXE_SERVER_LOG" "$RXE_CLIENT_LOG"; do
-        grep -q '^fastwake-preload: ' "$side" ||
+        rxe_last_match "$side" '^fastwake-preload: ' >/dev/null ||
             { rxe_fail "$tag: the shim did not announce itself in $(basename "$side") (FASTWAKE_VERBOSE=1)"; return 1; }
     done
     # The first line is the configuration, the last the counters at exit.
-    rxe_info "$tag client: $(grep '^fastwake-preload: ' "$RXE_CLIENT_LOG" | sed -n '1p;$p' | sed 's/^fastwake-preload: //' | paste -sd'|' | sed 's/|/ | /')"
+    local first="" last="" line
+    while IFS= read -r line; do
+        [[ $line == "fastwake-preload: "* ]] || continue
+        line=${line#fastwake-preload: }; [ -n "$first" ] || first=$line; last=$line
+    done <"$RXE_CLIENT_LOG"
+    rxe_info "$tag client: $first${last:+ | $last}"
 }
 
 # rxe_perftest_verify TAG ITERS [BYTES]: the client log of the last rxe_pair
 # must hold the perftest result row "BYTES ITERS t_min t_max t_typical ...".
 rxe_perftest_verify() {
     local tag=$1 iters=$2 bytes=${3:-2} row
-    row=$(grep -E "^ *$bytes +$iters +[0-9]" "$RXE_CLIENT_LOG" | tail -n 1)
+    row=$(rxe_last_match "$RXE_CLIENT_LOG" "^ *$bytes +$iters +[0-9]")
     [ -n "$row" ] || { rxe_fail "$tag: no result row '$bytes $iters ...' in the client output"; return 1; }
     # columns: #bytes #iterations t_min t_max t_typical t_avg t_stdev p99 p99.9
-    local typical; typical=$(awk '{print $5}' <<<"$row")
+    local -a col; read -r -a col <<<"$row"; local typical=${col[4]}
     rxe_metric "$tag.t_typical_usec" "$typical"
     rxe_info "$tag: t_typical ${typical} usec (TCG: not a performance figure)"
 }
@@ -159,19 +190,24 @@ rxe_check() {
     local log="$RXE_LOGDIR/$name.log"
     RXE_CUR_NAME=$name RXE_CUR_REASON="$RXE_LOGDIR/.$name.reason" RXE_CUR_INFO="$RXE_LOGDIR/.$name.info"
     local expired="$RXE_LOGDIR/.$name.expired"
-    rm -f "$RXE_CUR_REASON" "$RXE_CUR_INFO" "$expired"
+    : >"$RXE_CUR_REASON"; : >"$RXE_CUR_INFO"; [ -e "$expired" ] && rm -f "$expired"
     local rc=0 t0=$EPOCHREALTIME pid wd
     set -m   # background jobs get their own process group
     ( "$fn" "$@" ) >"$log" 2>&1 </dev/null &
     pid=$!
-    ( trap 'exit 0' TERM; sleep "$RXE_CHECK_TIMEOUT" & wait $!
-      : >"$expired"; kill -TERM -- "-$pid"; sleep 5; kill -KILL -- "-$pid" ) >/dev/null 2>&1 &
+    # The watchdog sleeps in the background so that its TERM trap runs at once.
+    ( s=""; trap 'kill $s; exit 0' TERM
+      sleep "$RXE_CHECK_TIMEOUT" & s=$!; wait $s
+      : >"$expired"; kill -TERM -- "-$pid"
+      sleep 5 & s=$!; wait $s
+      kill -KILL -- "-$pid" ) >/dev/null 2>&1 &
     wd=$!
     set +m
     wait "$pid" || rc=$?
     kill -TERM "$wd" 2>/dev/null; wait "$wd" 2>/dev/null
     [ -e "$expired" ] && rc=124
-    local reason=""; [ -s "$RXE_CUR_REASON" ] && reason=$(tail -n 1 "$RXE_CUR_REASON")
+    local reason="" line
+    while IFS= read -r line; do reason=$line; done <"$RXE_CUR_REASON"
     case $rc in
         0) rxe_emit PASS "$name" ;;
         "$RXE_SKIP") rxe_emit SKIPPED "$name" "${reason:-skipped}" ;;
@@ -179,10 +215,9 @@ rxe_check() {
         *) [ -n "$reason" ] || reason="exit $rc: $(grep -v '^$' "$log" | tail -n 1)"
            rxe_emit FAIL "$name" "$reason" ;;
     esac
-    [ -s "$RXE_CUR_INFO" ] && sed "s/^/INFO $name: /" "$RXE_CUR_INFO"
+    while IFS= read -r line; do echo "INFO $name: $line"; done <"$RXE_CUR_INFO"
     local t1=$EPOCHREALTIME
     printf '%s\t%s\n' "$name" "$(( (${t1/./} - ${t0/./}) / 1000 ))ms" >>"$RXE_LOGDIR/.durations"
-    rm -f "$RXE_CUR_REASON" "$RXE_CUR_INFO" "$expired"
     return 0
 }
 

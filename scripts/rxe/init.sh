@@ -37,6 +37,11 @@ done </lib/modules/order
 say "modules loaded"
 
 mkdir -p /host /results /dev/pts /dev/shm
+# What udev would add to /dev (bash process substitution needs /dev/fd).
+ln -sf /proc/self/fd /dev/fd
+ln -sf /proc/self/fd/0 /dev/stdin
+ln -sf /proc/self/fd/1 /dev/stdout
+ln -sf /proc/self/fd/2 /dev/stderr
 O=trans=virtio,version=9p2000.L,msize=512000
 tags=""
 for t in /sys/bus/virtio/drivers/9pnet_virtio/virtio*/mount_tag; do
