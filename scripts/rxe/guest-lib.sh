@@ -161,12 +161,18 @@ rxe_shim_loaded_verify() {
 # must hold the perftest result row "BYTES ITERS t_min t_max t_typical ...".
 rxe_perftest_verify() {
     local tag=$1 iters=$2 bytes=${3:-2} row
-    row=$(rxe_last_match "$RXE_CLIENT_LOG" "^ *$bytes +$iters +[0-9]")
+    # perftest's cycle calibration can fail under TCG on a loaded host: the
+    # row then reads "inf"/"-nan". The iterations still completed.
+    row=$(rxe_last_match "$RXE_CLIENT_LOG" "^ *$bytes +$iters +([0-9]|inf|-?nan)")
     [ -n "$row" ] || { rxe_fail "$tag: no result row '$bytes $iters ...' in the client output"; return 1; }
     # columns: #bytes #iterations t_min t_max t_typical t_avg t_stdev p99 p99.9
     local -a col; read -r -a col <<<"$row"; local typical=${col[4]}
     rxe_metric "$tag.t_typical_usec" "$typical"
-    rxe_info "$tag: t_typical ${typical} usec (TCG: not a performance figure)"
+    if [[ $typical =~ ^[0-9] ]]; then
+        rxe_info "$tag: t_typical ${typical} usec (TCG: not a performance figure)"
+    else
+        rxe_info "$tag: $iters iterations done; t_typical '$typical' (perftest calibration failed under TCG)"
+    fi
 }
 
 # ---- used by guest-checks.sh ---------------------------------------------------
