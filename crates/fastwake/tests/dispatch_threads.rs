@@ -78,24 +78,30 @@ fn produce(cpu: u32, txs: Vec<Sender>, n: u64, start: Arc<Barrier>) {
     produce_random(txs, n);
 }
 
+/// Random arrival order over many threads, below and above the point where
+/// the dispatcher switches to the readiness summary (32 sources).
 #[test]
 fn many_threads_no_loss_no_starvation() {
     let _g = spin_lock();
+    for threads in [24, 48] {
+        stress(threads, 300);
+    }
+}
+
+fn stress(threads: usize, n: u64) {
     let (wcpu, pcpu) = cpus();
     let mut cfg = Config::new(wcpu);
     cfg.idle_after = Some(Duration::from_millis(1));
     let d = Dispatcher::start(cfg).expect("start dispatcher");
-    const THREADS: usize = 24;
-    const N: u64 = 300;
-    let start = Arc::new(Barrier::new(THREADS + 1));
-    let (txs, hs) = consumers(wcpu, THREADS, N, &start);
+    let start = Arc::new(Barrier::new(threads + 1));
+    let (txs, hs) = consumers(wcpu, threads, n, &start);
     let t0 = Instant::now();
-    produce(pcpu, txs, N, start);
+    produce(pcpu, txs, n, start);
     let mut handoffs = 0;
     for h in hs {
         // Each join proves that thread got all N: no starvation.
         let s = h.join().expect("consumer failed");
-        assert_eq!(s.completions, N);
+        assert_eq!(s.completions, n);
         // Backstops (a dispatcher that did not run for 2 ms) happen when
         // other work starves the SCHED_IDLE dispatcher; they cost latency,
         // not completions.
@@ -108,7 +114,7 @@ fn many_threads_no_loss_no_starvation() {
         handoffs += s.handoffs;
     }
     eprintln!(
-        "{THREADS} threads × {N}: {:?}, hand-offs {handoffs}, dispatcher {:?}",
+        "{threads} threads × {n}: {:?}, hand-offs {handoffs}, dispatcher {:?}",
         t0.elapsed(),
         d.stats()
     );
