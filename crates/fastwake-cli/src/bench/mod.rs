@@ -2,6 +2,7 @@
 
 pub mod harness;
 pub mod ipc;
+pub mod load;
 pub mod pingpong;
 pub mod share;
 pub mod sources;
@@ -25,6 +26,9 @@ pub enum Bench {
     /// N connections sharing K cores: thread-per-connection interrupt and
     /// polling against the per-core dispatcher (tasks, kernel threads).
     Share(share::Args),
+    /// Open-loop request streams (Poisson, ON/OFF bursts) at several rates,
+    /// with and without a CPU hog: p50/p99 latency and CPU per wait mode.
+    Load(load::Args),
 }
 
 /// Options every benchmark shares.
@@ -113,6 +117,7 @@ pub fn run(b: Bench) -> Result<()> {
     match b {
         Bench::Pingpong(a) => pingpong::run(a),
         Bench::Ipc(a) => run_ipc(a),
+        Bench::Load(a) => load::run(a),
         Bench::Share(a) => share::run(a),
     }
 }

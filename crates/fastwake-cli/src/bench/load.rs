@@ -1,0 +1,659 @@
+//! `fastwake bench load`: open-loop request streams over a completion
+//! source, every wait mode side by side, with and without a CPU hog.
+//!
+//! A *producer* thread (pinned to the first CPU of `--cpus`) sends requests
+//! at scheduled times drawn from a Poisson process or an ON/OFF burst
+//! process at a nominal rate; a *consumer* thread (pinned to the second)
+//! waits for them in one wait mode. Open loop: the schedule does not wait
+//! for the consumer, so a slow consumer queues requests and pays for it.
+//!
+//! - **latency** = consumer got the request − its *scheduled* send time
+//!   (includes any lateness of the producer and any queueing);
+//! - **CPU** = the consumer thread's CPU time (CLOCK_THREAD_CPUTIME_ID)
+//!   over the measured windows, plus the CPU of any helper thread the mode
+//!   uses (the dispatcher in dispatch mode). The producer's CPU is not in
+//!   it: its pacing spin dwarfs its sends; the doorbell rings a sleeping
+//!   consumer costs the producer show in the `sleeps` column instead.
+//!
+//! Modes are interleaved within each scenario: the measured time of each
+//! mode is cut into `--rounds` windows, and the rounds rotate through the
+//! modes (the starting mode shifts every round), so a noisy second on this
+//! shared machine is spread over all modes.
+
+mod plot;
+
+use super::stats::{self, Row, Sample};
+use fastwake::dispatch::{self, Dispatcher};
+use fastwake::source::channel::{self, Config as ChanConfig, Doorbell, Receiver, Sender};
+use fastwake::{Fail, Result, WaitMode, Waiter};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Nominal request rates, requests per second (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    pub rates: Vec<u64>,
+    /// Arrival patterns: poisson, onoff (bursts at 10x the rate for 10 %
+    /// of the time: ON periods of mean 2 ms, OFF periods of mean 18 ms).
+    #[arg(long, value_delimiter = ',', default_value = "poisson,onoff")]
+    pub patterns: Vec<String>,
+    /// CPU hog on the consumer's CPU: off, on or both.
+    #[arg(long, default_value = "both")]
+    pub hog: String,
+    /// Wait modes to compare (comma separated; adaptive[:cap=N%] allowed).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "poll,interrupt,hybrid,dispatch,adaptive"
+    )]
+    pub mode: Vec<String>,
+    /// Completion source (channel).
+    #[arg(long, default_value = "channel")]
+    pub source: String,
+    /// Measured seconds per mode and scenario.
+    #[arg(long, default_value_t = 2.0)]
+    pub secs: f64,
+    /// Interleaving rounds per scenario.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: u32,
+    /// Unmeasured warm-up per mode and scenario, ms (the adaptive
+    /// controller learns here, and keeps learning while measured).
+    #[arg(long, default_value_t = 200)]
+    pub warmup_ms: u64,
+    /// CPUs of the producer and the consumer, `P,C`.
+    #[arg(long, default_value = "0,1", value_parser = super::parse_cpus)]
+    pub cpus: (u32, u32),
+    /// Payload bytes per request.
+    #[arg(long, default_value_t = 8)]
+    pub size: usize,
+    /// Seed of the arrival schedules.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print JSON (one object per mode and scenario) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print what the adaptive controller decided and why, per scenario.
+    #[arg(long)]
+    pub explain: bool,
+    /// Write one latency-vs-CPU plot per scenario into DIR (SVG and PNG).
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pattern {
+    Poisson,
+    OnOff,
+}
+
+impl Pattern {
+    fn parse(s: &str) -> Result<Pattern> {
+        match s.trim() {
+            "poisson" => Ok(Pattern::Poisson),
+            "onoff" | "on-off" | "bursts" => Ok(Pattern::OnOff),
+            o => Err(Fail::invalid(format!(
+                "unknown pattern '{o}': expected poisson or onoff"
+            ))),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Pattern::Poisson => "poisson",
+            Pattern::OnOff => "onoff",
+        }
+    }
+}
+
+/// ON/OFF: bursts at this multiple of the nominal rate...
+const BURST_FACTOR: f64 = 10.0;
+/// ...lasting this long on average...
+const MEAN_ON_NS: f64 = 2_000_000.0;
+/// ...separated by idle periods this long on average (duty 10 %).
+const MEAN_OFF_NS: f64 = 18_000_000.0;
+
+#[derive(Debug, Clone, Copy)]
+struct Scenario {
+    pattern: Pattern,
+    rate: u64,
+    hog: bool,
+}
+
+impl Scenario {
+    fn name(&self) -> String {
+        let r = if self.rate >= 1000 && self.rate.is_multiple_of(1000) {
+            format!("{}k", self.rate / 1000)
+        } else {
+            self.rate.to_string()
+        };
+        format!(
+            "{}-{}{}",
+            self.pattern.name(),
+            r,
+            if self.hog { "+hog" } else { "" }
+        )
+    }
+}
+
+/// The arrival schedule, ns on the shared clock.
+struct Arrivals {
+    rng: StdRng,
+    pattern: Pattern,
+    mean_gap: f64,
+    next: f64,
+    on_end: f64,
+}
+
+impl Arrivals {
+    fn new(pattern: Pattern, rate: u64, start: u64, seed: u64) -> Arrivals {
+        let mut a = Arrivals {
+            rng: StdRng::seed_from_u64(seed),
+            pattern,
+            mean_gap: 1e9 / rate as f64,
+            next: start as f64,
+            on_end: 0.0,
+        };
+        if pattern == Pattern::OnOff {
+            a.mean_gap /= BURST_FACTOR;
+            a.on_end = a.next + a.exp(MEAN_ON_NS);
+        }
+        a
+    }
+
+    fn exp(&mut self, mean: f64) -> f64 {
+        -mean * (1.0 - self.rng.random::<f64>()).ln()
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut t = self.next + self.exp(self.mean_gap);
+        if self.pattern == Pattern::OnOff && t > self.on_end {
+            t = self.on_end + self.exp(MEAN_OFF_NS);
+            self.on_end = t + self.exp(MEAN_ON_NS);
+        }
+        self.next = t;
+        t as u64
+    }
+}
+
+/// One measured or warm-up window of one mode.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    mode: usize,
+    ns: u64,
+    measured: bool,
+}
+
+const START: u64 = u64::MAX - 1;
+const STOP: u64 = u64::MAX;
+/// Lead between a window's START marker and its first scheduled request.
+const LEAD_NS: u64 = 200_000;
+
+/// What the consumer measured for one mode in one scenario.
+struct Measured {
+    sample: Sample,
+    cpu: Duration,
+    helper_cpu: Duration,
+    wall: Duration,
+    msgs: u64,
+    sleeps: u64,
+    explain: Option<String>,
+}
+
+fn segments(modes: usize, a: &Args) -> Vec<Segment> {
+    let mut v = Vec::new();
+    for m in 0..modes {
+        v.push(Segment {
+            mode: m,
+            ns: a.warmup_ms * 1_000_000,
+            measured: false,
+        });
+    }
+    let per = (a.secs * 1e9 / a.rounds as f64) as u64;
+    for r in 0..a.rounds as usize {
+        for k in 0..modes {
+            v.push(Segment {
+                mode: (r + k) % modes,
+                ns: per,
+                measured: true,
+            });
+        }
+    }
+    v
+}
+
+fn now_ns(epoch: Instant) -> u64 {
+    epoch.elapsed().as_nanos() as u64
+}
+
+/// Sleep most of the way, spin the rest: the send must leave on time, and
+/// a nanosleep wakes late by tens of µs.
+fn wait_until(epoch: Instant, t: u64) {
+    loop {
+        let now = now_ns(epoch);
+        if now >= t {
+            return;
+        }
+        let d = t - now;
+        if d > 200_000 {
+            std::thread::sleep(Duration::from_nanos(d - 120_000));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+fn producer(
+    mut txs: Vec<Sender>,
+    segs: Vec<Segment>,
+    sc: Scenario,
+    seed: u64,
+    epoch: Instant,
+    cpu: u32,
+    payload: usize,
+) -> Result<()> {
+    fastwake::cpu::pin(cpu)?;
+    // SAFETY: prctl(PR_SET_TIMERSLACK) takes an integer argument and only
+    // changes this thread's timer slack (1 ns: sleeps end when asked).
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+    }
+    let data = vec![0x5a; payload];
+    for (i, s) in segs.iter().enumerate() {
+        let tx = &mut txs[s.mode];
+        let t0 = now_ns(epoch) + LEAD_NS;
+        tx.send(START, &data)?;
+        let end = t0 + s.ns;
+        let mut arr = Arrivals::new(sc.pattern, sc.rate, t0, seed ^ (i as u64) << 32);
+        loop {
+            let t = arr.next();
+            if t >= end {
+                break;
+            }
+            wait_until(epoch, t);
+            tx.send(t, &data)?;
+        }
+        wait_until(epoch, end);
+        tx.send(STOP, &data)?;
+    }
+    Ok(())
+}
+
+struct Ends {
+    rx: Receiver,
+    waiter: Waiter,
+}
+
+fn consumer(
+    mut ends: Vec<Ends>,
+    segs: Vec<Segment>,
+    epoch: Instant,
+    cpu: u32,
+    helper: Option<Arc<Dispatcher>>,
+) -> Result<Vec<Measured>> {
+    fastwake::cpu::pin(cpu)?;
+    let mut out: Vec<Measured> = (0..ends.len())
+        .map(|_| Measured {
+            sample: Sample::new(),
+            cpu: Duration::ZERO,
+            helper_cpu: Duration::ZERO,
+            wall: Duration::ZERO,
+            msgs: 0,
+            sleeps: 0,
+            explain: None,
+        })
+        .collect();
+    let helper_cpu = || {
+        helper
+            .as_ref()
+            .and_then(|d| d.cpu_time())
+            .unwrap_or_default()
+    };
+    for s in &segs {
+        let e = &mut ends[s.mode];
+        loop {
+            if e.waiter.wait(&mut e.rx)?.tag == START {
+                break;
+            }
+        }
+        let sleeps0 = e.waiter.stats().sleeps;
+        let (c0, h0, w0) = (
+            fastwake::cpu::thread_cpu_time(),
+            helper_cpu(),
+            Instant::now(),
+        );
+        let o = &mut out[s.mode];
+        loop {
+            let m = e.waiter.wait(&mut e.rx)?;
+            let got = now_ns(epoch);
+            if m.tag == STOP {
+                break;
+            }
+            if s.measured {
+                o.sample
+                    .record_one_way(Duration::from_nanos(got.saturating_sub(m.tag)));
+                o.msgs += 1;
+            }
+        }
+        if s.measured {
+            o.cpu += fastwake::cpu::thread_cpu_time() - c0;
+            o.helper_cpu += helper_cpu().saturating_sub(h0);
+            o.wall += w0.elapsed();
+            o.sleeps += e.waiter.stats().sleeps - sleeps0;
+        }
+    }
+    for (e, o) in ends.iter().zip(out.iter_mut()) {
+        o.explain = e.waiter.adaptive().map(|c| c.explain());
+    }
+    Ok(out)
+}
+
+/// A thread that burns the consumer's CPU until told to stop.
+fn hog(cpu: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        if fastwake::cpu::pin(cpu).is_err() {
+            return;
+        }
+        while !stop.load(Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+    })
+}
+
+fn run_scenario(
+    a: &Args,
+    sc: Scenario,
+    modes: &[WaitMode],
+    names: &[String],
+) -> Result<(Vec<Row>, Vec<Option<String>>)> {
+    let cfg = ChanConfig {
+        capacity: 4096,
+        slot_size: a.size.max(1) as u32,
+        doorbell: Doorbell::Futex,
+    };
+    let mut txs = Vec::new();
+    let mut ends = Vec::new();
+    for m in modes {
+        let (tx, rx) = channel::channel(cfg)?;
+        txs.push(tx);
+        ends.push(Ends {
+            rx,
+            waiter: Waiter::new(*m),
+        });
+    }
+    let helper = if modes.contains(&WaitMode::Dispatch) {
+        Some(Arc::new(Dispatcher::start(dispatch::Config::new(
+            a.cpus.1,
+        ))?))
+    } else {
+        None
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let hog_t = sc.hog.then(|| hog(a.cpus.1, stop.clone()));
+    let segs = segments(modes.len(), a);
+    let epoch = Instant::now();
+    let (pc, cc) = a.cpus;
+    let (seed, size) = (a.seed, a.size);
+    let segs2 = segs.clone();
+    let prod = std::thread::Builder::new()
+        .name("fw-load-prod".into())
+        .spawn(move || producer(txs, segs2, sc, seed, epoch, pc, size))
+        .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn producer: {e}")))?;
+    let h2 = helper.clone();
+    let cons = std::thread::Builder::new()
+        .name("fw-load-cons".into())
+        .spawn(move || consumer(ends, segs, epoch, cc, h2))
+        .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn consumer: {e}")))?;
+    let pr = prod.join();
+    let cr = cons.join();
+    stop.store(true, Ordering::Relaxed);
+    if let Some(h) = hog_t {
+        let _ = h.join();
+    }
+    drop(helper);
+    pr.map_err(|_| Fail::new(libc::EIO, "producer panicked"))??;
+    let measured = cr.map_err(|_| Fail::new(libc::EIO, "consumer panicked"))??;
+    let place = if a.cpus.0 == a.cpus.1 {
+        "same"
+    } else {
+        "cross"
+    };
+    let mut rows = Vec::new();
+    let mut explains = Vec::new();
+    for (i, m) in measured.into_iter().enumerate() {
+        let mut r = Row::from_sample(
+            &a.source,
+            &names[i],
+            place,
+            a.size,
+            &m.sample,
+            m.cpu,
+            m.helper_cpu,
+        );
+        let cpu_s = (m.cpu + m.helper_cpu).as_secs_f64();
+        let wall = m.wall.as_secs_f64().max(1e-9);
+        let x = &mut r.extra;
+        x.insert("scenario".into(), sc.name().into());
+        x.insert("pattern".into(), sc.pattern.name().into());
+        x.insert("rate".into(), sc.rate.into());
+        x.insert("hog".into(), sc.hog.into());
+        x.insert("cpu_s".into(), cpu_s.into());
+        x.insert("wall_s".into(), wall.into());
+        x.insert("cpu_pct_of_core".into(), (100.0 * cpu_s / wall).into());
+        x.insert("msgs".into(), m.msgs.into());
+        x.insert("sleeps".into(), m.sleeps.into());
+        if let Some(e) = &m.explain {
+            x.insert("adaptive".into(), e.clone().into());
+        }
+        rows.push(r);
+        explains.push(m.explain);
+    }
+    Ok((rows, explains))
+}
+
+fn f(r: &Row, k: &str) -> f64 {
+    r.extra.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN)
+}
+
+fn is_adaptive(r: &Row) -> bool {
+    r.mode.starts_with("adaptive")
+}
+
+/// The acceptance ratios for one scenario, as printable lines.
+fn verdict(rows: &[&Row], lowest_rate: bool) -> Vec<String> {
+    let fixed: Vec<&&Row> = rows.iter().filter(|r| !is_adaptive(r)).collect();
+    let Some(best) = fixed
+        .iter()
+        .min_by(|a, b| a.t_typical.total_cmp(&b.t_typical))
+    else {
+        return vec![];
+    };
+    let near: Vec<&&&Row> = fixed
+        .iter()
+        .filter(|r| r.t_typical <= 1.3 * best.t_typical)
+        .collect();
+    let cheapest = near
+        .iter()
+        .min_by(|a, b| f(a, "cpu_s").total_cmp(&f(b, "cpu_s")))
+        .expect("the best is near itself");
+    let interrupt = fixed.iter().find(|r| r.mode == "interrupt");
+    let mut out = vec![];
+    for a in rows.iter().filter(|r| is_adaptive(r)) {
+        let rp = a.t_typical / best.t_typical;
+        let rc = f(a, "cpu_s") / f(cheapest, "cpu_s");
+        out.push(format!(
+            "  {}: p50 {:.2}x best fixed ({} {:.2}us) [{}]; cpu {:.2}x cheapest fixed within 1.3x of best p50 ({} {:.3}s) [{}]",
+            a.mode,
+            rp,
+            best.mode,
+            best.t_typical,
+            if rp <= 1.3 { "ok" } else { "FAIL" },
+            rc,
+            cheapest.mode,
+            f(cheapest, "cpu_s"),
+            if rc <= 1.3 { "ok" } else { "FAIL" },
+        ));
+        if lowest_rate && let Some(i) = interrupt {
+            let ri = f(a, "cpu_s") / f(i, "cpu_s");
+            out.push(format!(
+                "  {}: lowest rate: cpu {:.2}x interrupt's ({:.3}s) [{}]",
+                a.mode,
+                ri,
+                f(i, "cpu_s"),
+                if ri <= 1.3 { "ok" } else { "FAIL" }
+            ));
+        }
+    }
+    out
+}
+
+fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
+    let (psi, running) = fastwake::adaptive::pressure::system();
+    println!(
+        "fastwake bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU",
+        a.source, a.cpus.0, a.cpus.1, a.secs, a.rounds
+    );
+    println!(
+        "machine at the end: load average {}, PSI cpu some avg10 {}, procs_running {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|| "?".into()),
+        psi.map_or("?".into(), |v| format!("{v:.1}%")),
+        running.map_or("?".into(), |v| v.to_string()),
+    );
+    let line = "-".repeat(112);
+    let lowest = scenarios.iter().map(|s| s.rate).min().unwrap_or(0);
+    for sc in scenarios {
+        let name = sc.name();
+        let rs: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.extra.get("scenario").and_then(|v| v.as_str()) == Some(&name))
+            .collect();
+        println!("{line}");
+        println!(
+            " {:<18} {:<18} {:>9} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9}",
+            "scenario",
+            "mode",
+            "requests",
+            "p50[us]",
+            "p99[us]",
+            "p99.9[us]",
+            "cpu[s]",
+            "cpu%core",
+            "sleeps"
+        );
+        for r in &rs {
+            println!(
+                " {:<18} {:<18} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>9.4} {:>10.2} {:>9}",
+                name,
+                r.mode,
+                r.iters,
+                r.t_typical,
+                r.p99,
+                r.p999,
+                f(r, "cpu_s"),
+                f(r, "cpu_pct_of_core"),
+                r.extra.get("sleeps").and_then(|v| v.as_u64()).unwrap_or(0),
+            );
+        }
+        for l in verdict(&rs, sc.rate == lowest) {
+            println!("{l}");
+        }
+    }
+    println!("{line}");
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.source != "channel" {
+        return Err(Fail::invalid(format!(
+            "unknown source '{}': bench load supports: channel",
+            a.source
+        )));
+    }
+    if a.rates.is_empty() || a.rates.iter().any(|r| *r == 0 || *r > 2_000_000) {
+        return Err(Fail::invalid("--rates must be 1 to 2000000 requests/s"));
+    }
+    if !(a.secs > 0.0 && a.secs <= 3600.0) || a.rounds == 0 {
+        return Err(Fail::invalid(
+            "--secs must be in (0, 3600] and --rounds at least 1",
+        ));
+    }
+    if a.size > 4096 {
+        return Err(Fail::invalid("--size must be at most 4096"));
+    }
+    let patterns = a
+        .patterns
+        .iter()
+        .map(|p| Pattern::parse(p))
+        .collect::<Result<Vec<_>>>()?;
+    let hogs: &[bool] = match a.hog.as_str() {
+        "off" => &[false],
+        "on" => &[true],
+        "both" => &[false, true],
+        o => {
+            return Err(Fail::invalid(format!(
+                "bad --hog '{o}': expected off, on or both"
+            )));
+        }
+    };
+    let modes = a
+        .mode
+        .iter()
+        .map(|m| m.parse::<WaitMode>())
+        .collect::<Result<Vec<_>>>()?;
+    let names: Vec<String> = modes.iter().map(|m| m.to_string()).collect();
+    if let Some(d) = &a.plot {
+        std::fs::create_dir_all(d).map_err(|e| {
+            Fail::new(
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!("create plot directory {}: {e}", d.display()),
+            )
+        })?;
+    }
+    let mut scenarios = Vec::new();
+    for &hog in hogs {
+        for &pattern in &patterns {
+            for &rate in &a.rates {
+                scenarios.push(Scenario { pattern, rate, hog });
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for sc in &scenarios {
+        if !a.json {
+            eprintln!("bench load: scenario {} ...", sc.name());
+        }
+        let (r, explains) = run_scenario(&a, *sc, &modes, &names)?;
+        if a.explain && !a.json {
+            for (m, e) in names.iter().zip(explains) {
+                if let Some(e) = e {
+                    eprintln!("  explain {} {m}: {e}", sc.name());
+                }
+            }
+        }
+        rows.extend(r);
+    }
+    if let Some(d) = &a.plot {
+        for sc in &scenarios {
+            let name = sc.name();
+            let rs: Vec<&Row> = rows
+                .iter()
+                .filter(|r| r.extra.get("scenario").and_then(|v| v.as_str()) == Some(&name))
+                .collect();
+            let paths = plot::write(d, &name, &rs)?;
+            if !a.json {
+                eprintln!("plot: {}", paths.join(" "));
+            }
+        }
+    }
+    if a.json {
+        stats::print_json(&rows);
+    } else {
+        print_table(&a, &rows, &scenarios);
+    }
+    Ok(())
+}
