@@ -183,6 +183,9 @@ impl Arrivals {
 #[derive(Debug, Clone, Copy)]
 struct Segment {
     mode: usize,
+    /// Interleaving round (0 = warm-up); every mode of a round gets the
+    /// same arrival schedule, so modes differ only in how they wait.
+    round: u64,
     ns: u64,
     measured: bool,
 }
@@ -208,6 +211,7 @@ fn segments(modes: usize, a: &Args) -> Vec<Segment> {
     for m in 0..modes {
         v.push(Segment {
             mode: m,
+            round: 0,
             ns: a.warmup_ms * 1_000_000,
             measured: false,
         });
@@ -217,6 +221,7 @@ fn segments(modes: usize, a: &Args) -> Vec<Segment> {
         for k in 0..modes {
             v.push(Segment {
                 mode: (r + k) % modes,
+                round: r as u64 + 1,
                 ns: per,
                 measured: true,
             });
@@ -262,12 +267,12 @@ fn producer(
         libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
     }
     let data = vec![0x5a; payload];
-    for (i, s) in segs.iter().enumerate() {
+    for s in &segs {
         let tx = &mut txs[s.mode];
         let t0 = now_ns(epoch) + LEAD_NS;
         tx.send(START, &data)?;
         let end = t0 + s.ns;
-        let mut arr = Arrivals::new(sc.pattern, sc.rate, t0, seed ^ (i as u64) << 32);
+        let mut arr = Arrivals::new(sc.pattern, sc.rate, t0, seed ^ (s.round << 32));
         loop {
             let t = arr.next();
             if t >= end {
