@@ -38,7 +38,8 @@ pub struct Args {
     pub load: String,
     /// Server arrangements to compare, comma separated: interrupt, poll,
     /// tasks, threads, threads:fifo, threads:yield, threads:normal,
-    /// threads:cross, reference.
+    /// threads:cross, reference, evloop (one thread per core polling all
+    /// its connections: the floor for N connections on a core).
     #[arg(
         long,
         value_delimiter = ',',
@@ -102,6 +103,9 @@ enum Mode {
     Tasks,
     /// One connection, both ends busy-polling: the floor.
     Reference,
+    /// One thread per core busy-polling all its connections in a loop (a
+    /// hand-written event loop): the floor for N connections on a core.
+    EventLoop,
 }
 
 impl Mode {
@@ -121,6 +125,7 @@ impl Mode {
                 cross: true,
             },
             "reference" => Mode::Reference,
+            "evloop" => Mode::EventLoop,
             _ => match s.strip_prefix("threads:") {
                 Some(p) => Mode::Threads {
                     policy: Policy::parse(p)?,
@@ -146,6 +151,7 @@ impl Mode {
             Mode::Threads { policy, .. } => format!("threads:{}", policy.name()),
             Mode::Tasks => "tasks".into(),
             Mode::Reference => "reference".into(),
+            Mode::EventLoop => "evloop".into(),
         }
     }
 }
@@ -344,6 +350,38 @@ fn start(
                         echo(&mut rx, &mut tx, m)?;
                     })())?;
                     Ok(Counts::of(&w.stats()))
+                })?);
+            }
+        }
+        Mode::EventLoop => {
+            let mut per_core: Vec<Vec<(Receiver, Sender)>> = (0..k).map(|_| Vec::new()).collect();
+            for (j, e) in ends.into_iter().enumerate() {
+                per_core[j % k].push(e);
+            }
+            for (c, mut ends) in per_core.into_iter().enumerate() {
+                let cpu = layout.server_cpus[c];
+                threads.push(spawn_server(format!("fw-ev{c}"), cpu, &ctx, move || {
+                    let mut n: u32 = 0;
+                    while !ends.is_empty() {
+                        n = n.wrapping_add(1);
+                        let mut closed = None;
+                        for (j, (rx, tx)) in ends.iter_mut().enumerate() {
+                            // A close shows only through try_take.
+                            if !rx.ready() && !n.is_multiple_of(1024) {
+                                continue;
+                            }
+                            match rx.try_take() {
+                                Ok(Some(m)) => echo(rx, tx, m)?,
+                                Ok(None) => {}
+                                Err(e) if e.is_closed() => closed = Some(j),
+                                Err(e) => return Err(e),
+                            }
+                        }
+                        if let Some(j) = closed {
+                            ends.swap_remove(j);
+                        }
+                    }
+                    Ok(Counts::default())
                 })?);
             }
         }

@@ -195,7 +195,7 @@ impl Core {
                 Some(p) => {
                     watch.insert(i, p);
                     // The attach may have missed a completion: peek once.
-                    if watch.ready(i) && self.slots[i].hand(HANDED) {
+                    if watch.ready_full(i) && self.slots[i].hand(HANDED) {
                         self.handoffs.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -309,6 +309,17 @@ impl Core {
             if empty.is_multiple_of(PASSES_PER_CLOCK) {
                 self.passes.store(passes, Ordering::Relaxed);
                 self.beat(Instant::now());
+                // Now and then the complete test, for closed sources.
+                let mut n = 0;
+                watch.slow_pass(
+                    |w| self.waitset.word(w),
+                    |i| {
+                        if self.slots[i].hand(HANDED) {
+                            n += 1;
+                        }
+                    },
+                );
+                self.handoffs.fetch_add(n, Ordering::Relaxed);
                 if let Some(t) = self.cfg.idle_after
                     && last_busy.elapsed() >= t
                 {

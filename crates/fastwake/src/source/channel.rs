@@ -764,4 +764,13 @@ impl Peek for ChannelPeek {
             .summary
             .store(std::ptr::null_mut(), std::sync::atomic::Ordering::Release);
     }
+
+    fn counters(&self) -> Option<super::Counters<'_>> {
+        let h = self.r.header();
+        Some(super::Counters {
+            produced: &h.prod.0.head_armed,
+            shift: 1,
+            consumed: &h.cons.0.tail,
+        })
+    }
 }

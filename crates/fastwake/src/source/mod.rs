@@ -91,6 +91,36 @@ pub trait Peek: Send + Sync {
     /// Stop raising the attached flag (a late raise may still happen and
     /// is harmless: flags are hints).
     fn detach_summary(&self) {}
+
+    /// Optional fast path: the two counters whose comparison *is* the
+    /// readiness test, so a dispatcher can peek without a virtual call or
+    /// pointer chase (it caches the addresses). The references must point
+    /// into memory that stays put while this handle lives (the handle's own
+    /// allocation, or a mapping it keeps). A source that is also ready for
+    /// other reasons (closed) still reports those through
+    /// [`Peek::ready`], which dispatchers call now and then.
+    fn counters(&self) -> Option<Counters<'_>> {
+        None
+    }
+}
+
+/// See [`Peek::counters`]: ready iff `(produced >> shift) > consumed`.
+#[derive(Clone, Copy)]
+pub struct Counters<'a> {
+    /// Completions published so far (shifted left by `shift`).
+    pub produced: &'a crate::sync::AtomicU64,
+    /// Low bits of `produced` that are not part of the count.
+    pub shift: u32,
+    /// Completions consumed so far.
+    pub consumed: &'a crate::sync::AtomicU64,
+}
+
+impl std::fmt::Debug for Counters<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counters")
+            .field("shift", &self.shift)
+            .finish()
+    }
 }
 
 /// Proof that the source was armed and then found empty. Only

@@ -93,9 +93,10 @@ impl Summary {
         }
     }
 
-    /// Lower and visit every raised flag. Visit order is by index.
-    pub fn drain(&self, mut visit: impl FnMut(usize)) {
-        for (g, group) in self.groups.iter().enumerate() {
+    /// Lower and visit every raised flag among the first `groups` groups of
+    /// 64. Visit order is by index.
+    pub fn drain(&self, groups: usize, mut visit: impl FnMut(usize)) {
+        for (g, group) in self.groups.iter().take(groups).enumerate() {
             // Plain load first: on an idle core the line stays shared and
             // the pass costs no write.
             if group.load(Ordering::Relaxed) == 0 || group.swap(0, Ordering::SeqCst) == 0 {
