@@ -147,3 +147,81 @@ pub fn move_irq(irq: u32, cpu: u32) -> Result<()> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::affinity::How;
+
+    fn placement(cpu: u32, irq: Option<u32>) -> Placement {
+        Placement {
+            vector: 0,
+            irq,
+            cpu: Some(cpu),
+            wanted_cpu: Some(cpu),
+            how: How::IrqAffinity,
+        }
+    }
+
+    fn two_cpus() -> bool {
+        // SAFETY: sysconf has no preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        if n < 2 {
+            eprintln!("SKIPPED re-placement test: needs 2 CPUs");
+        }
+        n >= 2
+    }
+
+    #[test]
+    fn thread_policy_moves_the_waiter_to_the_signal_cpu() {
+        if !two_cpus() {
+            return;
+        }
+        std::thread::spawn(|| {
+            crate::cpu::pin(0).unwrap();
+            let mut r = Replacer::new(placement(1, Some(90)), Policy::Thread);
+            let rep = r.check().cloned().expect("a re-placement");
+            assert_eq!((rep.waiter_cpu, rep.signal_cpu), (0, 1));
+            assert_eq!(rep.action, "thread-moved");
+            // Where the thread runs now (the kernel migrates it at once).
+            assert_eq!(crate::cpu::current(), Some(1));
+            assert!(r.check().is_none(), "nothing to do the second time");
+            assert_eq!(r.log().0.len(), 1);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn report_policy_only_records_and_irq_policy_reports_refusals() {
+        if !two_cpus() {
+            return;
+        }
+        std::thread::spawn(|| {
+            crate::cpu::pin(0).unwrap();
+            let mut r = Replacer::new(placement(1, Some(90)), Policy::Report);
+            assert_eq!(r.check().unwrap().action, "recorded");
+            assert_eq!(crate::cpu::current(), Some(0));
+            // An IRQ that does not exist: the kernel refuses, nothing moves,
+            // the refusal is reported in one line.
+            let mut r = Replacer::new(placement(1, Some(999_999)), Policy::Irq);
+            let a = r.check().unwrap().action.clone();
+            assert!(a.starts_with("refused: "), "{a}");
+            assert!(!a.contains('\n'));
+            assert_eq!(r.placement().cpu, Some(1));
+            // No IRQ behind the vector (rxe): nothing to move.
+            let mut r = Replacer::new(placement(1, None), Policy::Irq);
+            assert!(r.check().unwrap().action.contains("no IRQ"));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn policy_names() {
+        assert_eq!("thread".parse::<Policy>().unwrap(), Policy::Thread);
+        assert_eq!("irq".parse::<Policy>().unwrap(), Policy::Irq);
+        assert_eq!("report".parse::<Policy>().unwrap(), Policy::Report);
+        assert!("move".parse::<Policy>().is_err());
+    }
+}

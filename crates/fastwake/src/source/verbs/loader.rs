@@ -2,8 +2,11 @@
 //!
 //! fastwake links nothing from rdma-core: the library, the CLI and the tests
 //! build and run on hosts without it. The first verbs call dlopens
-//! `libibverbs.so.1` and resolves each entry point by its symbol version
-//! (`dlvsym`), the same version a C program built against rdma-core binds.
+//! `libibverbs.so.1` (into the global scope) and resolves each entry point
+//! by its symbol version through the global scope (`dlvsym(RTLD_DEFAULT)`),
+//! as the dynamic linker binds a C program built against rdma-core: an
+//! `LD_PRELOAD` interposer such as `libfastwake_preload.so` applies to
+//! fastwake's own calls as it does to any program's.
 //! A missing library or symbol becomes one [`Fail`] line, never a loader
 //! error.
 
@@ -80,10 +83,11 @@ unsafe fn fn_ptr<F: Copy>(p: *mut c_void) -> F {
 
 fn load() -> Result<Verbs> {
     let name = c"libibverbs.so.1";
-    // SAFETY: dlopen with a valid C string; RTLD_LOCAL keeps its symbols out
-    // of the global namespace (a preload shim in the same process must keep
-    // seeing the program's own libibverbs first).
-    let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    // SAFETY: dlopen with a valid C string. RTLD_GLOBAL, and lookups through
+    // the global scope below, make fastwake bind exactly as a C program
+    // linked with -libverbs does: an LD_PRELOADed interposer (fastwake's own
+    // shim included) sees fastwake's calls too.
+    let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
     if h.is_null() {
         let why = dlerror_line();
         return Err(Fail::unsupported(format!(
@@ -92,8 +96,9 @@ fn load() -> Result<Verbs> {
         )));
     }
     let sym = |n: &CStr, v: &CStr| -> Result<*mut c_void> {
-        // SAFETY: h is a live handle from dlopen; n and v are C strings.
-        let p = unsafe { libc::dlvsym(h, n.as_ptr(), v.as_ptr()) };
+        // SAFETY: n and v are C strings; the global scope now contains the
+        // library (h keeps it loaded for the life of the process).
+        let p = unsafe { libc::dlvsym(libc::RTLD_DEFAULT, n.as_ptr(), v.as_ptr()) };
         if p.is_null() {
             Err(Fail::unsupported(format!(
                 "{LIBIBVERBS} lacks {}@{} (unsupported rdma-core version)",
