@@ -8,9 +8,11 @@
 //!   (`verbs_context`), replace `ops.poll_cq` / `ops.req_notify_cq` with
 //!   [`ops`]'s wrappers (the program's inline `ibv_poll_cq` /
 //!   `ibv_req_notify_cq` call through them).
-//! - `ibv_create_cq`: choose the completion vector whose signal lands on the
-//!   creating thread's CPU (`fastwake::affinity`; `FASTWAKE_VERBS_VECTOR=keep`
-//!   keeps the program's), and manage the CQ if it has a channel.
+//! - `ibv_create_cq`: when the program asks for vector 0 (the "don't care"
+//!   default), choose the vector whose signal lands on the creating thread's
+//!   CPU (`fastwake::affinity`; `FASTWAKE_VERBS_VECTOR=keep` keeps 0 too);
+//!   a non-zero vector was chosen on purpose and is kept. Manage the CQ if
+//!   it has a channel.
 //! - `ibv_get_cq_event` / `ibv_ack_cq_events`: [`event`] (spin on the armed
 //!   CQs for the budget, synthetic events, exact ack accounting).
 //! - `ibv_destroy_cq` / `ibv_close_device`: forget the CQ / context.
@@ -163,7 +165,10 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
 }
 
 fn choose_vector(ctx: *mut ibv_context, asked: c_int) -> c_int {
-    if VECTOR.load(Ordering::Relaxed) != VEC_AUTO {
+    // Vector 0 is what programs pass when they do not care (ibv_rc_pingpong,
+    // perftest); a program that asks for another vector chose it (fastwake's
+    // own library does, by affinity), so it is kept.
+    if VECTOR.load(Ordering::Relaxed) != VEC_AUTO || asked != 0 {
         return asked;
     }
     // SAFETY: a live context.

@@ -3,8 +3,8 @@
 //! fastwake links nothing from rdma-core: the library, the CLI and the tests
 //! build and run on hosts without it. The first verbs call dlopens
 //! `libibverbs.so.1` (into the global scope) and resolves each entry point
-//! by its symbol version through the global scope (`dlvsym(RTLD_DEFAULT)`),
-//! as the dynamic linker binds a C program built against rdma-core: an
+//! checking its symbol version (`dlvsym`), then binds it through the global
+//! scope as the dynamic linker binds a C program built against rdma-core: an
 //! `LD_PRELOAD` interposer such as `libfastwake_preload.so` applies to
 //! fastwake's own calls as it does to any program's.
 //! A missing library or symbol becomes one [`Fail`] line, never a loader
@@ -96,9 +96,8 @@ fn load() -> Result<Verbs> {
         )));
     }
     let sym = |n: &CStr, v: &CStr| -> Result<*mut c_void> {
-        // SAFETY: n and v are C strings; the global scope now contains the
-        // library (h keeps it loaded for the life of the process).
-        let p = unsafe { libc::dlvsym(libc::RTLD_DEFAULT, n.as_ptr(), v.as_ptr()) };
+        // SAFETY: h is a live handle from dlopen; n and v are C strings.
+        let p = unsafe { libc::dlvsym(h, n.as_ptr(), v.as_ptr()) };
         if p.is_null() {
             Err(Fail::unsupported(format!(
                 "{LIBIBVERBS} lacks {}@{} (unsupported rdma-core version)",
@@ -106,7 +105,14 @@ fn load() -> Result<Verbs> {
                 v.to_string_lossy()
             )))
         } else {
-            Ok(p)
+            // Bind through the global scope, as the dynamic linker binds a
+            // program's reference: an interposer's definition comes first.
+            // (dlvsym there would insist on an exact version and skip an
+            // interposer's unversioned definition; the unversioned lookup
+            // finds libibverbs' default version, the same one as above.)
+            // SAFETY: a C string; the library is in the global scope.
+            let g = unsafe { libc::dlsym(libc::RTLD_DEFAULT, n.as_ptr()) };
+            Ok(if g.is_null() { p } else { g })
         }
     };
     macro_rules! f {
