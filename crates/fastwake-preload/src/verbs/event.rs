@@ -71,13 +71,16 @@ fn synthetic(channel: *mut ibv_comp_channel) -> Option<*mut ibv_cq> {
         let Ok(mut st) = s.state.try_lock() else {
             continue;
         };
-        if !st.app_armed || st.solicited {
+        // Re-read under the lock: ibv_destroy_cq clears the key under it
+        // before destroying, so a CQ seen here is still alive.
+        if s.cq.load(Ordering::Acquire) != cq || !st.app_armed || st.solicited {
             continue;
         }
         if st.len == 0 {
             let cq = cq as *mut ibv_cq;
-            // SAFETY: a managed CQ is live until destroy, which removes it
-            // from the table first under this lock's protection of state.
+            // SAFETY: the key was re-checked under the state lock, and
+            // ibv_destroy_cq removes the key under that lock before it
+            // destroys the CQ: the CQ is live while we hold the lock.
             let Some((real_poll, _)) = table::real_ops(unsafe { (*cq).context }) else {
                 continue;
             };

@@ -225,15 +225,20 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     let Some(real) = real::destroy_cq() else {
         return libc::ENOSYS;
     };
-    let slot = table::cq_slot(cq);
+    // Forget the CQ first: a thread looking at a shared channel must not
+    // poll a CQ being destroyed.
+    let saved = table::cq_slot(cq).map(table::remove_cq);
     // SAFETY: forwarding unchanged. Every real event the shim read was
     // either delivered to the program (which must ack it, as without the
     // shim) or acked by the shim, so the real destroy's wait is balanced.
     let rc = unsafe { real(cq) };
-    if rc == 0
-        && let Some(s) = slot
+    if rc != 0
+        && let Some(saved) = saved
+        && !table::restore_cq(cq, saved)
     {
-        table::remove_cq(s);
+        crate::diag(
+            "verbs: ibv_destroy_cq failed and the CQ's stashed completions could not be kept",
+        );
     }
     rc
 }

@@ -209,14 +209,40 @@ pub fn add_cq(cq: *mut ibv_cq, channel: *mut ibv_comp_channel, ctx: *mut ibv_con
     false
 }
 
-/// Stop managing a CQ; drops its stash.
-pub fn remove_cq(s: &CqSlot) {
+/// Stop managing a CQ (before destroying it, so no other thread's look at
+/// the channel polls it any more). Returns what the slot held, for
+/// [`restore_cq`] if the destroy fails.
+pub fn remove_cq(s: &CqSlot) -> (CqState, usize, usize) {
     let mut st = lock(s);
+    let old = *st;
     STASHED.fetch_sub(st.len as u32, Ordering::Relaxed);
     *st = CqState::NEW;
-    drop(st);
-    s.channel.store(0, Ordering::Relaxed);
+    let channel = s.channel.swap(0, Ordering::Relaxed);
+    let ctx = s.ctx.load(Ordering::Relaxed);
+    // Cleared while the state lock is held: a look that holds the lock has
+    // finished polling this CQ, later ones no longer find it.
     s.cq.store(0, Ordering::Release);
+    drop(st);
+    (old, channel, ctx)
+}
+
+/// Manage `cq` again with the state [`remove_cq`] returned (its destroy
+/// failed, e.g. EBUSY: QPs still use it). False if the table filled up
+/// meanwhile; then the CQ passes through and any stashed CQEs are lost,
+/// which the caller reports.
+pub fn restore_cq(cq: *mut ibv_cq, (st, channel, ctx): (CqState, usize, usize)) -> bool {
+    if !add_cq(
+        cq,
+        channel as *mut ibv_comp_channel,
+        ctx as *mut ibv_context,
+    ) {
+        return st.len == 0;
+    }
+    if let Some(s) = cq_slot(cq) {
+        *lock(s) = st;
+        STASHED.fetch_add(st.len as u32, Ordering::AcqRel);
+    }
+    true
 }
 
 /// Lock a CQ's state, ignoring poisoning (a panic in a hook is caught and
