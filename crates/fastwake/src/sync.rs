@@ -48,22 +48,35 @@ impl FutexWord {
     /// Change the word and wake one sleeper.
     pub(crate) fn bump_and_wake(&self) {
         self.word.fetch_add(1, Ordering::Release);
-        self.wake_all();
+        self.wake_all(false);
+    }
+
+    /// [`FutexWord::bump_and_wake`] for a word that never leaves this
+    /// process: `FUTEX_PRIVATE` skips the kernel's page lookup. Pair with
+    /// [`FutexWord::wait_private`].
+    pub(crate) fn bump_and_wake_private(&self) {
+        self.word.fetch_add(1, Ordering::Release);
+        self.wake_all(true);
     }
 
     #[cfg(not(loom))]
-    fn wake_all(&self) {
+    fn flags(private: bool) -> rustix::thread::futex::Flags {
+        if private {
+            rustix::thread::futex::Flags::PRIVATE
+        } else {
+            rustix::thread::futex::Flags::empty()
+        }
+    }
+
+    #[cfg(not(loom))]
+    fn wake_all(&self, private: bool) {
         // Errors cannot be acted on: the only failures are EFAULT/EINVAL,
         // impossible for a word we own. A waiter re-checks state anyway.
-        let _ = rustix::thread::futex::wake(
-            &self.word,
-            rustix::thread::futex::Flags::empty(),
-            u32::MAX,
-        );
+        let _ = rustix::thread::futex::wake(&self.word, Self::flags(private), u32::MAX);
     }
 
     #[cfg(loom)]
-    fn wake_all(&self) {
+    fn wake_all(&self, _private: bool) {
         let _g = self.lock.lock().unwrap();
         self.cv.notify_all();
     }
@@ -72,16 +85,28 @@ impl FutexWord {
     /// signal or spuriously: callers always re-check their condition.
     #[cfg(not(loom))]
     pub(crate) fn wait(&self, expected: u32, timeout: Option<Duration>) {
+        self.wait_flags(expected, timeout, false)
+    }
+
+    /// [`FutexWord::wait`] for a process-private word.
+    #[cfg(not(loom))]
+    pub(crate) fn wait_private(&self, expected: u32, timeout: Option<Duration>) {
+        self.wait_flags(expected, timeout, true)
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn wait_private(&self, expected: u32, timeout: Option<Duration>) {
+        self.wait(expected, timeout)
+    }
+
+    #[cfg(not(loom))]
+    fn wait_flags(&self, expected: u32, timeout: Option<Duration>, private: bool) {
         let ts = timeout.map(|d| rustix::thread::futex::Timespec {
             tv_sec: d.as_secs() as _,
             tv_nsec: d.subsec_nanos() as _,
         });
-        let _ = rustix::thread::futex::wait(
-            &self.word,
-            rustix::thread::futex::Flags::empty(),
-            expected,
-            ts.as_ref(),
-        );
+        let _ =
+            rustix::thread::futex::wait(&self.word, Self::flags(private), expected, ts.as_ref());
     }
 
     #[cfg(loom)]

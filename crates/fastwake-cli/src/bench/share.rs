@@ -192,7 +192,6 @@ struct ClientEnd {
 struct Counts {
     handoffs: u64,
     fallbacks: u64,
-    backstops: u64,
 }
 
 impl Counts {
@@ -200,14 +199,12 @@ impl Counts {
         Counts {
             handoffs: s.handoffs,
             fallbacks: s.dispatch_fallbacks,
-            backstops: s.dispatch_backstops,
         }
     }
 
     fn add(&mut self, o: Counts) {
         self.handoffs += o.handoffs;
         self.fallbacks += o.fallbacks;
-        self.backstops += o.backstops;
     }
 }
 
@@ -645,8 +642,6 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
             row.extra.insert("handoffs".into(), c.handoffs.into());
             row.extra
                 .insert("dispatch_fallbacks".into(), c.fallbacks.into());
-            row.extra
-                .insert("dispatch_backstops".into(), c.backstops.into());
             row.extra.insert(
                 "rtt_per_s".into(),
                 serde_json::Number::from_f64(rate.round())
@@ -660,20 +655,19 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
 
 fn print_rates(rows: &[Row]) {
     println!(
-        " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10}",
-        "mode", "conns", "cores", "rtt/s", "handoffs", "fallbacks", "backstops"
+        " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10}",
+        "mode", "conns", "cores", "rtt/s", "handoffs", "fallbacks"
     );
     let get = |r: &Row, k: &str| r.extra.get(k).map(|v| v.to_string()).unwrap_or_default();
     for r in rows {
         println!(
-            " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10}",
+            " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10}",
             r.mode,
             get(r, "conns"),
             get(r, "cores"),
             get(r, "rtt_per_s"),
             get(r, "handoffs"),
-            get(r, "dispatch_fallbacks"),
-            get(r, "dispatch_backstops")
+            get(r, "dispatch_fallbacks")
         );
     }
 }

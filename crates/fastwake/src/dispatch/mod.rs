@@ -44,6 +44,11 @@ pub(crate) use waiter::wait;
 /// that an idle core stops spinning almost at once.
 pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_millis(2);
 
+/// A peek handle's identity: the address of its allocation.
+fn handle_id(p: &std::sync::Arc<dyn crate::source::Peek>) -> usize {
+    std::sync::Arc::as_ptr(p) as *const () as usize
+}
+
 /// What a dispatcher is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {

@@ -99,7 +99,7 @@ impl Slot {
         if s != WAITING {
             return s;
         }
-        self.bell.wait(seq, timeout);
+        self.bell.wait_private(seq, timeout);
         self.state()
     }
 
@@ -130,7 +130,7 @@ impl Slot {
         {
             return false;
         }
-        self.bell.bump_and_wake();
+        self.bell.bump_and_wake_private();
         true
     }
 
@@ -153,7 +153,7 @@ impl Slot {
             {
                 Ok(_) => {
                     if s == WAITING {
-                        self.bell.bump_and_wake();
+                        self.bell.bump_and_wake_private();
                     }
                     return;
                 }

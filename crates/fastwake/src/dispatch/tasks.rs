@@ -109,7 +109,6 @@ pub struct TaskStats {
 pub struct TaskCtx<'a> {
     y: &'a Yielder<(), Ask>,
     key: Cell<usize>,
-    peekable: Cell<bool>,
 }
 
 impl TaskCtx<'_> {
@@ -120,19 +119,21 @@ impl TaskCtx<'_> {
             if let Some(c) = src.try_take()? {
                 return Ok(c);
             }
-            let key = src as *const S as *const () as usize;
-            let ask = if self.key.get() != key {
-                self.key.set(key);
-                let p = src.peek_handle();
-                self.peekable.set(p.is_some());
-                match p {
-                    Some(p) => Ask::Wait(Some(p)),
-                    None => Ask::Poll,
+            // Same identity rule as dispatch-mode threads: the handle's
+            // address, kept unique by the runtime holding the handle.
+            let ask = match src.peek_handle() {
+                Some(p) => {
+                    let key = super::handle_id(&p);
+                    if self.key.replace(key) == key {
+                        Ask::Wait(None)
+                    } else {
+                        Ask::Wait(Some(p))
+                    }
                 }
-            } else if self.peekable.get() {
-                Ask::Wait(None)
-            } else {
-                Ask::Poll
+                None => {
+                    self.key.set(0);
+                    Ask::Poll
+                }
             };
             self.y.suspend(ask);
         }
@@ -233,7 +234,6 @@ impl Runtime {
             let ctx = TaskCtx {
                 y,
                 key: Cell::new(0),
-                peekable: Cell::new(false),
             };
             f(&ctx)
         });

@@ -171,7 +171,7 @@ impl Core {
                 )
                 .is_ok()
         {
-            self.kick.bump_and_wake();
+            self.kick.bump_and_wake_private();
         }
     }
 
@@ -251,7 +251,7 @@ impl Core {
         {
             // Stop requests and crash injection kick; the timeout is only a
             // safety net, long enough to cost nothing.
-            self.kick.wait(seq, Some(Duration::from_secs(1)));
+            self.kick.wait_private(seq, Some(Duration::from_secs(1)));
         }
         let _ = self.mode.compare_exchange(
             MODE_SLEEPING,
@@ -266,7 +266,8 @@ impl Core {
     fn step_aside(&self) {
         let seq = self.kick.load();
         self.mode.store(MODE_SLEEPING, Ordering::SeqCst);
-        self.kick.wait(seq, Some(Duration::from_micros(100)));
+        self.kick
+            .wait_private(seq, Some(Duration::from_micros(100)));
         let _ = self.mode.compare_exchange(
             MODE_SLEEPING,
             MODE_POLLING,

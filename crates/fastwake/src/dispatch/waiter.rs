@@ -16,13 +16,7 @@ use crate::source::{BlockReport, Source, block_until_ready};
 use crate::sync::{Ordering, fence};
 use crate::wait::WaitStats;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// Longest a dispatch-mode thread sleeps before peeking its own source: a
-/// backstop against a dispatcher that is alive but not running (starved by
-/// busy threads on its core, which `SCHED_IDLE` allows) or watching a stale
-/// handle. Not reached on a core that has idle time.
-const BACKSTOP: Duration = Duration::from_millis(2);
+use std::time::Instant;
 
 struct Registration {
     core: Arc<Core>,
@@ -64,16 +58,20 @@ impl Link {
     }
 
     fn ensure<S: Source + ?Sized>(&mut self, src: &S) -> bool {
-        let key = src as *const S as *const () as usize;
+        // The handle's address identifies the source: the registration
+        // keeps the handle alive, so the address cannot be reused by
+        // another source meanwhile (unlike the source's own address).
+        let Some(peek) = src.peek_handle() else {
+            self.reg = None;
+            return false;
+        };
+        let key = super::handle_id(&peek);
         if self.key == key && self.registered() {
             return true;
         }
         self.reg = None;
         self.key = key;
         let Some(core) = crate::cpu::current().and_then(lookup) else {
-            return false;
-        };
-        let Some(peek) = src.peek_handle() else {
             return false;
         };
         match core.register(peek) {
@@ -140,24 +138,25 @@ pub(crate) fn wait<S: Source + ?Sized>(
         let st = if src.ready() {
             slot.cancel()
         } else {
+            // No timeout unless the caller has a deadline: in a VM arming
+            // a timer per sleep costs more than a microsecond (measured:
+            // docs/dispatch.md). A dispatcher that dies rings every slot;
+            // one starved of CPU is only late, and new waits avoid it
+            // (`stale` above).
             loop {
-                let now = Instant::now();
-                let mut t = BACKSTOP;
+                let mut t = None;
                 if let Some(d) = deadline {
+                    let now = Instant::now();
                     if now >= d {
                         break slot.cancel();
                     }
-                    t = t.min(d - now);
+                    t = Some(d - now);
                 }
                 stats.sleeps += 1;
                 slept = true;
-                let s = slot.sleep(Some(t));
+                let s = slot.sleep(t);
                 if s != WAITING {
                     break s;
-                }
-                if Instant::now() >= now + BACKSTOP {
-                    stats.dispatch_backstops += 1;
-                    break slot.cancel();
                 }
             }
         };

@@ -555,6 +555,9 @@ pub struct Receiver {
     cached_head: Cell<u64>,
     armed_seq: u32,
     payload: Vec<u8>,
+    /// The peek handle, made once: dispatch-mode waits ask for it on every
+    /// wait to notice a changed source.
+    peek: std::cell::OnceCell<Arc<dyn Peek>>,
 }
 
 impl Receiver {
@@ -571,6 +574,7 @@ impl Receiver {
             cached_head: Cell::new(tail),
             armed_seq: 0,
             payload,
+            peek: std::cell::OnceCell::new(),
         })
     }
 
@@ -729,7 +733,11 @@ impl Source for Receiver {
     }
 
     fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
-        Some(Arc::new(ChannelPeek { r: self.r.clone() }))
+        Some(
+            self.peek
+                .get_or_init(|| Arc::new(ChannelPeek { r: self.r.clone() }))
+                .clone(),
+        )
     }
 }
 

@@ -175,7 +175,9 @@ pub trait Source {
     /// A handle other threads may use to peek this source (the per-core
     /// dispatcher does). `None` (the default) means the source cannot be
     /// peeked from another thread; dispatch-mode waits then fall back to
-    /// interrupt mode.
+    /// interrupt mode. Dispatch-mode waits call this on *every* wait and
+    /// compare the handle's address with the registered one to notice a
+    /// different source, so return a clone of one cached `Arc`.
     fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
         None
     }

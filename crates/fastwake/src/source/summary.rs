@@ -75,7 +75,7 @@ impl Summary {
     /// Sleep until a producer rings after [`Summary::arm`], `timeout`
     /// passes, or spuriously.
     pub fn sleep(&self, token: u32, timeout: Option<Duration>) {
-        self.bell.wait(token, timeout);
+        self.bell.wait_private(token, timeout);
     }
 
     /// Number of flags.
@@ -133,7 +133,7 @@ impl Flag {
         // before the read of `sleeping` (Dekker with `Summary::arm`).
         s.groups[self.index / GROUP].swap(1, Ordering::SeqCst);
         if s.sleeping.load(Ordering::SeqCst) != 0 && s.sleeping.swap(0, Ordering::SeqCst) != 0 {
-            s.bell.bump_and_wake();
+            s.bell.bump_and_wake_private();
         }
     }
 

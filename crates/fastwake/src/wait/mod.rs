@@ -134,8 +134,6 @@ pub struct WaitStats {
     /// Dispatch mode: waits handed back to interrupt mode by an idle
     /// dispatcher.
     pub dispatch_paused: u64,
-    /// Dispatch mode: sleeps that hit the backstop timeout (should stay 0).
-    pub dispatch_backstops: u64,
 }
 
 /// Waits for completions in one [`WaitMode`], keeping [`WaitStats`].
