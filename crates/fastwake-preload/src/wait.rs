@@ -28,6 +28,13 @@ const MIN_SPIN_NS: u64 = 1_000;
 /// CPU-cap bucket: spinning may burst this long before the cap's average
 /// rate applies.
 const BUCKET_NS: i64 = 5_000_000;
+/// A gap this long between two looks of one spin means the thread was
+/// preempted (a look is a ~1 µs syscall): another task wants this CPU.
+const PREEMPTED_NS: u64 = 100_000;
+/// After a preempted spin, do not spin for this long (doubling while it
+/// keeps happening, up to `MAX_BACKOFF_NS`).
+const MIN_BACKOFF_NS: u64 = 10_000_000;
+const MAX_BACKOFF_NS: u64 = 1_000_000_000;
 /// Sample the peer's CPU on one wait in this many.
 const SAMPLE_EVERY: u32 = 16;
 const NO_CPU: u32 = u32::MAX;
@@ -49,6 +56,9 @@ const fn bit(sig: c_int) -> u64 {
 }
 
 struct Thread {
+    /// No spinning before this time (contention backoff).
+    quiet_until: u64,
+    backoff_ns: u64,
     last_ns: u64,
     tokens: i64,
     ctl: InterArrival,
@@ -61,6 +71,8 @@ thread_local! {
     // destructor registration, safe to touch from any hook at any time.
     static THREAD: RefCell<Thread> = const {
         RefCell::new(Thread {
+            quiet_until: 0,
+            backoff_ns: MIN_BACKOFF_NS,
             last_ns: 0,
             tokens: BUCKET_NS,
             ctl: InterArrival::new(),
@@ -78,6 +90,7 @@ pub struct Stats {
     pub spin_ns: AtomicU64,
     pub same_cpu: AtomicU64,
     pub capped: AtomicU64,
+    pub contended: AtomicU64,
     pub blocked: AtomicU64,
 }
 
@@ -88,6 +101,7 @@ pub static STATS: Stats = Stats {
     spin_ns: AtomicU64::new(0),
     same_cpu: AtomicU64::new(0),
     capped: AtomicU64::new(0),
+    contended: AtomicU64::new(0),
     blocked: AtomicU64::new(0),
 };
 
@@ -207,6 +221,10 @@ fn engine(
         count(&STATS.same_cpu, 1);
         budget = 0;
     }
+    if budget > 0 && t0 < t.quiet_until {
+        count(&STATS.contended, 1);
+        budget = 0;
+    }
     if budget > t.tokens.max(0) as u64 {
         count(&STATS.capped, 1);
         budget = t.tokens.max(0) as u64;
@@ -219,9 +237,19 @@ fn engine(
         sigmask(libc::SIG_SETMASK, &block, &mut old);
         let eff: *const u64 = if user_mask.is_null() { &old } else { user_mask };
         let mut n;
+        let mut prev = t0;
+        let mut preempted = false;
         loop {
             n = probe(eff);
-            if n != 0 || now_ns().wrapping_sub(t0) >= budget {
+            let now = now_ns();
+            if now.wrapping_sub(prev) > PREEMPTED_NS {
+                // The CPU is contended: spinning now only makes this thread
+                // a CPU hog the scheduler will make wait. Back off.
+                preempted = true;
+                break;
+            }
+            prev = now;
+            if n != 0 || now.wrapping_sub(t0) >= budget {
                 break;
             }
             std::hint::spin_loop();
@@ -230,6 +258,12 @@ fn engine(
         sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         set_errno(e);
         let spun = now_ns().wrapping_sub(t0);
+        if preempted {
+            t.quiet_until = t0.wrapping_add(spun).wrapping_add(t.backoff_ns);
+            t.backoff_ns = (t.backoff_ns * 2).min(MAX_BACKOFF_NS);
+        } else if n > 0 {
+            t.backoff_ns = MIN_BACKOFF_NS;
+        }
         t.tokens = t.tokens.saturating_sub(spun.min(i64::MAX as u64) as i64);
         count(&STATS.spin_ns, spun);
         if n > 0 {
@@ -303,7 +337,7 @@ pub fn report() {
         return;
     }
     crate::diag(&format!(
-        "pid={} waits={} spins={} spin_hits={} spin_ms={:.3} blocked={} same_cpu_skips={} capped={}",
+        "pid={} waits={} spins={} spin_hits={} spin_ms={:.3} blocked={} same_cpu_skips={} capped={} contended={}",
         std::process::id(),
         l(&s.waits),
         l(&s.spins),
@@ -311,6 +345,7 @@ pub fn report() {
         l(&s.spin_ns) as f64 / 1e6,
         l(&s.blocked),
         l(&s.same_cpu),
-        l(&s.capped)
+        l(&s.capped),
+        l(&s.contended)
     ));
 }
