@@ -133,7 +133,7 @@ impl Mode {
                 },
                 None => {
                     return Err(Fail::invalid(format!(
-                        "unknown mode '{s}': expected interrupt, poll, tasks, threads[:idle|fifo|yield|normal|cross] or reference"
+                        "unknown mode '{s}': expected interrupt, poll, tasks, threads[:idle|fifo|yield|normal|cross], reference or evloop"
                     )));
                 }
             },

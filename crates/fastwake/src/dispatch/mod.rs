@@ -65,6 +65,9 @@ pub enum State {
 pub struct DispatchStats {
     /// Threads woken because their source was ready.
     pub handoffs: u64,
+    /// Threads woken by the watchdog because the dispatcher itself was not
+    /// getting the CPU.
+    pub rescued: u64,
     /// Passes over the waiting sources (updated every few hundred passes).
     pub passes: u64,
     /// Times it went to sleep under the idle policy.

@@ -102,9 +102,18 @@ pub(crate) struct Core {
     paused: AtomicU64,
     registered: AtomicU64,
     clock: Mutex<Option<libc::clockid_t>>,
+    /// The watchdog thread's CPU clock.
+    wclock: Mutex<Option<libc::clockid_t>>,
     epoch: Instant,
     /// µs since `epoch` at the dispatcher's last clock read.
     heartbeat: AtomicU64,
+    /// Registered handles, for the watchdog (the dispatcher keeps its own
+    /// copies in its `Watch`).
+    handles: Mutex<Vec<Option<Arc<dyn Peek>>>>,
+    /// Bumped when the dispatcher leaves its idle sleep or dies: the
+    /// watchdog sleeps on it meanwhile.
+    awake: FutexWord,
+    rescued: AtomicU64,
 }
 
 impl Core {
@@ -141,6 +150,7 @@ impl Core {
             return None;
         }
         let i = lock(&self.free).pop()?;
+        lock(&self.handles)[i] = Some(peek.clone());
         lock(&self.pending).push((i, Some(peek)));
         self.pending_flag.store(true, Ordering::SeqCst);
         self.registered.fetch_add(1, Ordering::Relaxed);
@@ -151,6 +161,7 @@ impl Core {
         if self.is_dead() {
             return;
         }
+        lock(&self.handles)[i] = None;
         lock(&self.pending).push((i, None));
         self.pending_flag.store(true, Ordering::SeqCst);
         self.registered.fetch_sub(1, Ordering::Relaxed);
@@ -178,6 +189,7 @@ impl Core {
     pub(crate) fn stats(&self) -> DispatchStats {
         DispatchStats {
             handoffs: self.handoffs.load(Ordering::Relaxed),
+            rescued: self.rescued.load(Ordering::Relaxed),
             passes: self.passes.load(Ordering::Relaxed),
             idle_sleeps: self.idle_sleeps.load(Ordering::Relaxed),
             paused: self.paused.load(Ordering::Relaxed),
@@ -259,6 +271,35 @@ impl Core {
             Ordering::SeqCst,
             Ordering::SeqCst,
         );
+        self.awake.bump_and_wake_private();
+    }
+
+    /// µs since the dispatcher last read its clock (it does every few
+    /// hundred empty passes and after each hand-off).
+    fn heartbeat_age(&self) -> Duration {
+        let now = self.epoch.elapsed().as_micros() as u64;
+        Duration::from_micros(now.saturating_sub(self.heartbeat.load(Ordering::Relaxed)))
+    }
+
+    /// The watchdog's pass, for a dispatcher that is not getting the CPU:
+    /// hand off every waiting thread whose source is ready.
+    fn rescue(&self) {
+        let handles = lock(&self.handles);
+        let mut n = 0;
+        for w in 0..self.waitset.words() {
+            let mut bits = self.waitset.word(w);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if self.slots[i].state() == WAITING
+                    && handles[i].as_ref().is_some_and(|p| p.ready())
+                    && self.slots[i].hand(HANDED)
+                {
+                    n += 1;
+                }
+            }
+        }
+        self.rescued.fetch_add(n, Ordering::Relaxed);
     }
 
     /// FIFO policy: after a hand-off, let the woken thread run until it
@@ -340,6 +381,7 @@ impl Core {
             s.kill();
         }
         unregister_core(self);
+        self.awake.bump_and_wake_private();
     }
 }
 
@@ -388,6 +430,7 @@ impl Drop for DeathGuard {
 pub struct Dispatcher {
     core: Arc<Core>,
     thread: Option<JoinHandle<()>>,
+    watchdog: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -434,8 +477,12 @@ impl Dispatcher {
             paused: AtomicU64::new(0),
             registered: AtomicU64::new(0),
             clock: Mutex::new(None),
+            wclock: Mutex::new(None),
             epoch: Instant::now(),
             heartbeat: AtomicU64::new(0),
+            handles: Mutex::new(vec![None; cfg.capacity]),
+            awake: FutexWord::new(0),
+            rescued: AtomicU64::new(0),
         });
         {
             let mut reg = lock(&REGISTRY);
@@ -470,9 +517,15 @@ impl Dispatcher {
                 return Err(e);
             }
         };
+        let c3 = core.clone();
+        let watchdog = std::thread::Builder::new()
+            .name(format!("fw-watchdog{}", cfg.cpu))
+            .spawn(move || watchdog(&c3))
+            .ok();
         let d = Dispatcher {
             core,
             thread: Some(thread),
+            watchdog,
         };
         match rx.recv() {
             Ok(Ok(())) => Ok(d),
@@ -496,20 +549,27 @@ impl Dispatcher {
         self.core.cfg
     }
 
-    /// CPU time the dispatcher thread has used (`None` once it exited).
+    /// CPU time the dispatcher thread and its watchdog have used (`None`
+    /// once they exited).
     pub fn cpu_time(&self) -> Option<Duration> {
-        let clock = (*lock(&self.core.clock))?;
         if self.core.is_dead() {
             return None;
         }
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
+        let read = |clock: libc::clockid_t| {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: ts is a valid out-pointer; a stale clock id fails
+            // with EINVAL, which we report as None.
+            let r = unsafe { libc::clock_gettime(clock, &mut ts) };
+            (r == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
         };
-        // SAFETY: ts is a valid out-pointer; a stale clock id fails with
-        // EINVAL, which we report as None.
-        let r = unsafe { libc::clock_gettime(clock, &mut ts) };
-        (r == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+        let d = read((*lock(&self.core.clock))?)?;
+        let w = (*lock(&self.core.wclock))
+            .and_then(read)
+            .unwrap_or_default();
+        Some(d + w)
     }
 
     /// Make the dispatcher thread panic, to test that its waiters survive.
@@ -525,6 +585,9 @@ impl Dispatcher {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        if let Some(t) = self.watchdog.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -532,8 +595,47 @@ impl Drop for Dispatcher {
     fn drop(&mut self) {
         self.core.stop.store(true, Ordering::SeqCst);
         self.core.kick();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        self.join();
+    }
+}
+
+/// How often the watchdog looks at a polling dispatcher.
+const WATCHDOG_PERIOD: Duration = Duration::from_millis(1);
+
+/// The watchdog: a normal-priority thread, allowed on every CPU, that does
+/// the dispatcher's job when the dispatcher is polling but has not run for
+/// a period (a `SCHED_IDLE` thread gets next to no CPU on a busy core). It
+/// bounds how long a thread that went to sleep trusting the dispatcher can
+/// be left waiting, without a timer on every sleep. It costs one wake-up per
+/// period while the dispatcher polls, and nothing while the dispatcher
+/// sleeps (it sleeps too) or is dead (it exits).
+fn watchdog(core: &Core) {
+    // Not pinned with whoever started the dispatcher: it must be able to
+    // run where the dispatcher cannot.
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
+    let mut set = rustix::thread::CpuSet::new();
+    for c in 0..n.min(rustix::thread::CpuSet::MAX_CPU) {
+        set.set(c);
+    }
+    let _ = rustix::thread::sched_setaffinity(None, &set);
+    *lock(&core.wclock) = thread_clock();
+    loop {
+        let seq = core.awake.load();
+        match core.mode.load(Ordering::SeqCst) {
+            MODE_DEAD => return,
+            MODE_SLEEPING => {
+                // Bounded only so a FIFO dispatcher's short step-asides
+                // (also SLEEPING) cannot park the watchdog for long.
+                core.awake
+                    .wait_private(seq, Some(Duration::from_millis(100)));
+                continue;
+            }
+            _ => {}
+        }
+        std::thread::sleep(WATCHDOG_PERIOD);
+        if core.heartbeat_age() > WATCHDOG_PERIOD {
+            core.rescue();
         }
     }
 }
