@@ -181,6 +181,31 @@ fn child_timeouts() {
         assert_eq!(n, 0);
         t.elapsed()
     };
+    let raw_poll = |ms: i32| {
+        let mut p = libc::pollfd {
+            fd: r.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: ms as i64 * 1_000_000,
+        };
+        let t = Instant::now();
+        // SAFETY: one live pollfd, a live timespec, no sigmask.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_ppoll,
+                &mut p as *mut libc::pollfd,
+                1,
+                &ts as *const libc::timespec,
+                std::ptr::null::<u64>(),
+                8,
+            )
+        };
+        assert_eq!(n, 0);
+        t.elapsed()
+    };
     let budget = Duration::from_micros(
         std::env::var("FASTWAKE_BUDGET_US")
             .ok()
@@ -188,8 +213,8 @@ fn child_timeouts() {
             .unwrap_or(50),
     );
     for ms in [1, 5, 20] {
-        let (mut best_shim, mut best_raw, mut best_poll) =
-            (Duration::MAX, Duration::MAX, Duration::MAX);
+        let (mut best_shim, mut best_raw, mut best_poll, mut best_raw_poll) =
+            (Duration::MAX, Duration::MAX, Duration::MAX, Duration::MAX);
         for _ in 0..5 {
             let t = Instant::now();
             assert_eq!(ewait(&ep, ms).0, 0);
@@ -202,14 +227,15 @@ fn child_timeouts() {
             within(d, ms as u64, 1_000);
             best_poll = best_poll.min(d);
             best_raw = best_raw.min(raw(ms));
+            best_raw_poll = best_raw_poll.min(raw_poll(ms));
         }
         // The shim may add at most its spin (the remaining time is rounded
-        // up to whole ms only after whole ms were asked for), plus 1 ms of
-        // scheduling noise.
-        let limit = best_raw + budget + Duration::from_millis(1);
+        // up to whole ms only after whole ms were asked for), plus 2 ms of
+        // scheduling noise on a shared machine.
+        let noise = budget + Duration::from_millis(2);
         assert!(
-            best_shim <= limit && best_poll <= limit,
-            "{ms} ms: epoll {best_shim:?} poll {best_poll:?} vs plain {best_raw:?}"
+            best_shim <= best_raw + noise && best_poll <= best_raw_poll + noise,
+            "{ms} ms: epoll {best_shim:?} vs plain {best_raw:?}, poll {best_poll:?} vs plain {best_raw_poll:?}"
         );
     }
 }
@@ -272,17 +298,31 @@ fn data_arrives_while_spinning_and_while_blocked() {
     // machine loaded by other work a writer can still miss every spin, so
     // allow three runs; every run must deliver everything regardless.
     let env = [("FASTWAKE_MODE", "hybrid"), ("FASTWAKE_BUDGET_US", "4000")];
-    let mut seen = (0, 0);
+    let mut seen = (0, 0, 0);
     for _ in 0..3 {
         let Some(out) = child("child_delivery", &env) else {
             return;
         };
-        seen = (counter(&out, "spin_hits"), counter(&out, "blocked"));
+        seen = (
+            counter(&out, "spin_hits"),
+            counter(&out, "blocked"),
+            counter(&out, "contended"),
+        );
         if seen.0 > 0 && seen.1 > 0 {
             return;
         }
     }
-    panic!("spin hits / blocked waits: {seen:?}; expected both > 0");
+    if seen.0 == 0 && seen.2 > 0 {
+        // Every run found the CPU contended (a spin was preempted) and
+        // backed off, as it must; the spin path could not be observed.
+        eprintln!(
+            "SKIPPED data_arrives_while_spinning (spin path): CPU contended by other work, shim backed off {} times",
+            seen.2
+        );
+        assert!(seen.1 > 0);
+        return;
+    }
+    panic!("spin hits / blocked / contended: {seen:?}; expected hits and blocked > 0");
 }
 
 #[test]
@@ -621,6 +661,60 @@ fn select_keeps_its_semantics() {
         return;
     };
     assert!(counter(&out, "spins") > 0);
+}
+
+#[test]
+#[ignore = "child scenario, run by no_spin_against_a_peer_on_the_same_cpu"]
+fn child_same_cpu() {
+    // A TCP loopback pair: the kernel records the sender's CPU on the
+    // receiving socket (SO_INCOMING_CPU), which is how the shim knows.
+    let peer_cpu: usize = std::env::var("PEER_CPU").unwrap().parse().unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (rx, _) = l.accept().unwrap();
+    pin(0);
+    let h = std::thread::spawn(move || {
+        pin(peer_cpu);
+        let mut tx = tx;
+        for _ in 0..40 {
+            std::thread::sleep(Duration::from_micros(300));
+            std::io::Write::write_all(&mut tx, b"z").unwrap();
+        }
+    });
+    for _ in 0..40 {
+        let (n, _, rev) = poll1(rx.as_raw_fd(), 2_000);
+        assert_eq!((n, rev & libc::POLLIN), (1, libc::POLLIN));
+        let mut b = [0u8; 1];
+        std::io::Read::read_exact(&mut &rx, &mut b).unwrap();
+    }
+    h.join().unwrap();
+}
+
+#[test]
+fn no_spin_against_a_peer_on_the_same_cpu() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("SKIPPED no_spin_against_a_peer_on_the_same_cpu: needs 2 CPUs");
+        return;
+    }
+    let base = [("FASTWAKE_MODE", "hybrid"), ("FASTWAKE_BUDGET_US", "1000")];
+    let Some(same) = child("child_same_cpu", &[base[0], base[1], ("PEER_CPU", "0")]) else {
+        return;
+    };
+    // The first wait learns the peer's CPU; (nearly) every later one skips
+    // the spin. A preempted sample can cost a few.
+    let skips = counter(&same, "same_cpu_skips");
+    assert!(
+        skips >= 30,
+        "same CPU: only {skips} of 40 waits skipped the spin"
+    );
+    let Some(cross) = child("child_same_cpu", &[base[0], base[1], ("PEER_CPU", "1")]) else {
+        return;
+    };
+    assert_eq!(
+        counter(&cross, "same_cpu_skips"),
+        0,
+        "peer on the other CPU"
+    );
 }
 
 #[test]
