@@ -62,8 +62,29 @@ fn ip(args: &[&str]) -> Result<()> {
     ))
 }
 
+/// Remove namespaces left by an earlier run that was killed before its
+/// cleanup ran (their pid no longer exists).
+fn remove_stale() {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("fastwake-a-")
+            .or_else(|| name.strip_prefix("fastwake-b-"));
+        if let Some(pid) = pid
+            && pid.parse::<u32>().is_ok()
+            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = ip(&["netns", "del", &name]);
+        }
+    }
+}
+
 impl Veth {
     fn create() -> Result<Veth> {
+        remove_stale();
         let pid = std::process::id();
         let v = Veth {
             ns_a: format!("fastwake-a-{pid}"),
