@@ -301,3 +301,52 @@ fn new_source_each_wait() {
         "{s:?}"
     );
 }
+
+/// A dispatcher starved of CPU (a busy normal thread on its core, which
+/// SCHED_IDLE yields to) must not strand a thread that went to sleep
+/// trusting it: the watchdog serves it.
+#[test]
+fn watchdog_rescues_a_starved_dispatcher() {
+    let _g = spin_lock();
+    let (wcpu, pcpu) = cpus();
+    if wcpu == pcpu {
+        eprintln!("SKIPPED watchdog_rescues_a_starved_dispatcher: needs 2 CPUs");
+        return;
+    }
+    let mut cfg = Config::new(wcpu);
+    cfg.idle_after = None;
+    let d = Dispatcher::start(cfg).expect("start dispatcher");
+    let (mut tx, rx) = chan();
+    let start = Arc::new(Barrier::new(2));
+    let h = consumer(wcpu, rx, 1, start.clone());
+    start.wait();
+    // Let the consumer announce and sleep while the dispatcher is healthy.
+    std::thread::sleep(Duration::from_millis(20));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hog = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            fastwake::cpu::pin(wcpu).unwrap();
+            let t0 = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && t0.elapsed() < WAIT {
+                std::hint::spin_loop();
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    fastwake::cpu::pin(pcpu).unwrap();
+    let t0 = Instant::now();
+    tx.send(0, b"x").unwrap();
+    let s = h.join().expect("consumer failed");
+    let took = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    hog.join().unwrap();
+    eprintln!(
+        "served after {took:?} with the dispatcher starved: {:?}",
+        d.stats()
+    );
+    assert_eq!(s.completions, 1);
+    // Without the watchdog a SCHED_IDLE dispatcher next to a spinning
+    // normal thread gets a few ms of CPU per second at best.
+    assert!(took < Duration::from_millis(250), "stranded for {took:?}");
+}
