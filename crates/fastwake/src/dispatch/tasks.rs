@@ -160,6 +160,8 @@ pub struct Runtime {
     live: usize,
     /// Tasks runnable or polling (resumed every pass).
     active: usize,
+    /// Where the next plain scan starts (round-robin).
+    cursor: usize,
 }
 
 /// A runtime's state, readable from other threads (the runtime itself runs
@@ -213,6 +215,7 @@ impl Runtime {
             state: StateCell::default(),
             live: 0,
             active: 0,
+            cursor: 0,
         })
     }
 
@@ -363,7 +366,16 @@ impl Runtime {
             // The dispatcher pass: find ready sources, switch into their
             // tasks directly.
             self.stats.passes += 1;
-            self.collect_ready(false);
+            if self.watch.plain_only() && self.ready.is_empty() {
+                // Few sources: switch into the first ready task as soon as
+                // it is found, not after peeking the rest.
+                if let Some(i) = self.watch.next_plain_ready(&self.waiting, self.cursor) {
+                    self.cursor = i + 1;
+                    self.ready.push(i);
+                }
+            } else {
+                self.collect_ready(false);
+            }
             while let Some(i) = self.ready.pop() {
                 if self.tasks[i].state == TState::Waiting {
                     self.stats.handoffs += 1;

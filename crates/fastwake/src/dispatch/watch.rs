@@ -193,6 +193,44 @@ impl Watch {
         }
     }
 
+    /// Only plain entries, no summary and no pending full pass: the case
+    /// [`Watch::next_plain_ready`] covers alone.
+    #[inline]
+    pub(crate) fn plain_only(&self) -> bool {
+        !self.summarising && !self.full_pass.get()
+    }
+
+    /// The first plain entry at or after `from` (wrapping) whose bit is set
+    /// in `interest` and whose fast test says ready. Starting after the
+    /// last one served keeps the order round-robin, so no source starves.
+    #[inline]
+    pub(crate) fn next_plain_ready(&self, interest: &[u64], from: usize) -> Option<usize> {
+        let n = self.words * 64;
+        if n == 0 {
+            return None;
+        }
+        let from = from % n;
+        let (w0, b0) = (from / 64, from % 64);
+        // The word `from` is in, from its bit on; every other word; then
+        // the bits of the first word before `from`.
+        let first = self.plain[w0] & interest[w0] & (!0u64 << b0);
+        let words = (1..self.words).map(|k| (w0 + k) % self.words);
+        let tail = self.plain[w0] & interest[w0] & !(!0u64 << b0);
+        let scan = std::iter::once((w0, first))
+            .chain(words.map(|w| (w, self.plain[w] & interest[w])))
+            .chain(std::iter::once((w0, tail)));
+        for (w, mut bits) in scan {
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if self.ready(i) {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
     /// Visit entries that may be ready: every flagged summarised entry, and
     /// every plain entry whose bit is set in `interest(word)` (the waiting
     /// set). Visited entries still need [`Watch::ready`].
