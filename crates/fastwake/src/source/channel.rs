@@ -672,54 +672,18 @@ impl Source for Receiver {
     }
 
     fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> Result<()> {
+        // A closed producer rang already; but if it closed before we armed,
+        // the doorbell will not ring again: do not sleep then.
+        let p = &self.r.header().prod.0;
+        if p.producer_closed.load(Ordering::Acquire) != 0 {
+            return Ok(());
+        }
         match &self.r.efd {
             None => {
-                // A closed producer rang already; but if it closed before we
-                // armed, the bell will not change again: do not sleep then.
-                if self
-                    .r
-                    .header()
-                    .prod
-                    .0
-                    .producer_closed
-                    .load(Ordering::Acquire)
-                    != 0
-                {
-                    return Ok(());
-                }
                 self.r.header().arm.0.bell.wait(self.armed_seq, timeout);
                 Ok(())
             }
-            Some(efd) => {
-                if self
-                    .r
-                    .header()
-                    .prod
-                    .0
-                    .producer_closed
-                    .load(Ordering::Acquire)
-                    != 0
-                {
-                    return Ok(());
-                }
-                let mut fds = [rustix::event::PollFd::new(
-                    efd,
-                    rustix::event::PollFlags::IN,
-                )];
-                let ts = timeout.map(|d| rustix::time::Timespec {
-                    tv_sec: d.as_secs() as _,
-                    tv_nsec: d.subsec_nanos() as _,
-                });
-                match rustix::event::poll(&mut fds, ts.as_ref()) {
-                    Ok(n) if n > 0 => {
-                        let mut b = [0u8; 8];
-                        let _ = rustix::io::read(efd, &mut b);
-                        Ok(())
-                    }
-                    Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-                    Err(e) => Err(Fail::os("poll eventfd doorbell", e)),
-                }
-            }
+            Some(efd) => super::wait_eventfd(efd, timeout, "poll eventfd doorbell"),
         }
     }
 

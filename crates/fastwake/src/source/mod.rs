@@ -236,3 +236,30 @@ pub fn block_until_ready<S: Source + ?Sized>(
         }
     }
 }
+
+/// Sleep until `efd` (an eventfd doorbell) is readable or `timeout` passes,
+/// then drain it. Returns on signal or spuriously, like every `sleep`.
+/// Shared by the sources whose doorbell is an eventfd.
+pub(crate) fn wait_eventfd(
+    efd: &std::os::fd::OwnedFd,
+    timeout: Option<Duration>,
+    what: &str,
+) -> Result<()> {
+    let mut fds = [rustix::event::PollFd::new(
+        efd,
+        rustix::event::PollFlags::IN,
+    )];
+    let ts = timeout.map(|d| rustix::time::Timespec {
+        tv_sec: d.as_secs() as _,
+        tv_nsec: d.subsec_nanos() as _,
+    });
+    match rustix::event::poll(&mut fds, ts.as_ref()) {
+        Ok(n) if n > 0 => {
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(efd, &mut b);
+            Ok(())
+        }
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(crate::Fail::os(what, e)),
+    }
+}

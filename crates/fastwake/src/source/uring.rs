@@ -220,25 +220,7 @@ impl Source for UringSource {
                     Err(e) => Err(io_fail("io_uring_enter wait", e)),
                 }
             }
-            Some(efd) => {
-                let mut fds = [rustix::event::PollFd::new(
-                    efd,
-                    rustix::event::PollFlags::IN,
-                )];
-                let ts = timeout.map(|d| rustix::time::Timespec {
-                    tv_sec: d.as_secs() as _,
-                    tv_nsec: d.subsec_nanos() as _,
-                });
-                match rustix::event::poll(&mut fds, ts.as_ref()) {
-                    Ok(n) if n > 0 => {
-                        let mut b = [0u8; 8];
-                        let _ = rustix::io::read(efd, &mut b);
-                        Ok(())
-                    }
-                    Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-                    Err(e) => Err(Fail::os("poll io_uring eventfd", e)),
-                }
-            }
+            Some(efd) => super::wait_eventfd(efd, timeout, "poll io_uring eventfd"),
         }
     }
 
