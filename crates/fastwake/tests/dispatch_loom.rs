@@ -142,3 +142,71 @@ fn dying_dispatcher_releases_waiter() {
         assert_eq!(slot.state(), DEAD);
     });
 }
+
+/// The relay: a second waker (another waiting thread of the core, see
+/// `dispatch::waiter`) runs the same peek-and-hand step as the dispatcher,
+/// without the bitmap clean-up. Racing the dispatcher, exactly one of them
+/// hands off: the owner gets its completion once and is rung once.
+#[test]
+fn relay_and_dispatcher_hand_off_once() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.check(|| {
+        let slot = Arc::new(Slot::default());
+        let set = Arc::new(WaitSet::new(64));
+        let src = Src::new();
+        let done = Arc::new(AtomicBool::new(false));
+        let handed = Arc::new(AtomicU64::new(0));
+        let waker = |relay: bool| {
+            let (slot, set, src, done, handed) = (
+                slot.clone(),
+                set.clone(),
+                src.clone(),
+                done.clone(),
+                handed.clone(),
+            );
+            loom::thread::spawn(move || {
+                // The relayer makes two passes at any point of the run (a
+                // waiter relays only briefly); the dispatcher polls until
+                // the end, as the real one does, so nothing is left
+                // sleeping. Two unbounded spinners exceed loom's budget.
+                let mut passes = 0;
+                while !done.load(Ordering::SeqCst) && !(relay && passes == 2) {
+                    passes += 1;
+                    if relay {
+                        // dispatch::threads::Core::relay_pass
+                        if set.word(0) & 1 != 0
+                            && slot.state() == WAITING
+                            && src.ready()
+                            && slot.hand(HANDED)
+                        {
+                            handed.fetch_add(1, Ordering::SeqCst);
+                        }
+                    } else if set.word(0) & 1 != 0 {
+                        if slot.state() != WAITING {
+                            set.unmark(0, &slot);
+                        } else if src.ready() && slot.hand(HANDED) {
+                            handed.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    loom::thread::yield_now();
+                }
+            })
+        };
+        let d = waker(false);
+        let r = waker(true);
+        let p = {
+            let src = src.clone();
+            loom::thread::spawn(move || src.head.store(1, Ordering::SeqCst))
+        };
+        assert!(wait_one(&slot, &set, &src));
+        done.store(true, Ordering::SeqCst);
+        p.join().unwrap();
+        d.join().unwrap();
+        r.join().unwrap();
+        assert_eq!(src.tail.load(Ordering::SeqCst), 1);
+        // At most one hand-off for one completion (zero when the owner's
+        // own re-check found it first).
+        assert!(handed.load(Ordering::SeqCst) <= 1);
+    });
+}

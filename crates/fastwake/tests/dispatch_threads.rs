@@ -350,3 +350,86 @@ fn watchdog_rescues_a_starved_dispatcher() {
     // normal thread gets a few ms of CPU per second at best.
     assert!(took < Duration::from_millis(250), "stranded for {took:?}");
 }
+
+/// Echo servers on `wcpu` in dispatch mode; a client on `pcpu` sends `n`
+/// requests round robin over them, one outstanding, and checks each reply.
+/// Returns the dispatcher's counters.
+fn relay_chain(
+    relay: Option<Duration>,
+    servers: usize,
+    n: u64,
+) -> fastwake::dispatch::DispatchStats {
+    let (wcpu, pcpu) = cpus();
+    let mut cfg = Config::new(wcpu);
+    cfg.relay = relay;
+    cfg.idle_after = None;
+    let d = Dispatcher::start(cfg).expect("start dispatcher");
+    let mut clients = Vec::new();
+    let mut hs = Vec::new();
+    for _ in 0..servers {
+        let (to_server, mut from_client) = chan();
+        let (mut to_client, from_server) = chan();
+        hs.push(std::thread::spawn(move || {
+            fastwake::cpu::pin(wcpu).unwrap();
+            let mut w = Waiter::new(WaitMode::Dispatch);
+            loop {
+                match w.wait_timeout(&mut from_client, WAIT) {
+                    Ok(Some(m)) => to_client.send(m.tag, &[1u8; 8]).unwrap(),
+                    Ok(None) => panic!("request not delivered within {WAIT:?}"),
+                    Err(e) if e.is_closed() => return w.stats(),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }));
+        clients.push((to_server, from_server));
+    }
+    fastwake::cpu::pin(pcpu).unwrap();
+    let deadline = Instant::now() + WAIT;
+    for k in 0..n {
+        let (tx, rx) = &mut clients[(k % servers as u64) as usize];
+        tx.send(k, &[0u8; 8]).unwrap();
+        loop {
+            if let Some(m) = fastwake::Source::try_take(rx).unwrap() {
+                assert_eq!(m.tag, k, "reply for the wrong request");
+                break;
+            }
+            assert!(Instant::now() < deadline, "reply {k} never came");
+            std::hint::spin_loop();
+        }
+    }
+    drop(clients);
+    let stats: Vec<_> = hs
+        .into_iter()
+        .map(|h| h.join().expect("server failed"))
+        .collect();
+    let served: u64 = stats.iter().map(|s| s.completions).sum();
+    assert_eq!(served, n, "lost or duplicated requests");
+    d.stats()
+}
+
+/// A chain of requests to different threads of one core: the thread that
+/// just answered relays the next request to its owner. The budget is
+/// 200× the default so that a slow CI machine rarely makes a relay miss,
+/// and the bound is loose (a tenth of the requests); loss and duplication
+/// are checked per reply. (A budget of many ms would hurt instead: a woken
+/// thread that does not preempt a spinning relayer waits out its budget.)
+#[test]
+fn relay_hands_off_between_threads() {
+    let _g = spin_lock();
+    let n = 3000;
+    let st = relay_chain(Some(Duration::from_millis(1)), 6, n);
+    eprintln!("relay chain: {st:?}");
+    assert!(
+        st.relayed >= n / 10,
+        "relays should serve most requests of a chain, got {st:?}"
+    );
+}
+
+/// With the relay off every hand-off is the dispatcher's.
+#[test]
+fn relay_off_means_dispatcher_only() {
+    let _g = spin_lock();
+    let st = relay_chain(None, 6, 1000);
+    assert_eq!(st.relayed, 0);
+    assert!(st.handoffs > 0, "{st:?}");
+}

@@ -39,7 +39,8 @@ pub struct Args {
     /// Server arrangements to compare, comma separated: interrupt, poll,
     /// tasks, threads, threads:fifo, threads:yield, threads:normal,
     /// threads:cross, reference, evloop (one thread per core polling all
-    /// its connections: the floor for N connections on a core).
+    /// its connections: the floor for N connections on a core). Add
+    /// `:norelay` to a threads mode to turn the waiters' relay off.
     #[arg(
         long,
         value_delimiter = ',',
@@ -98,7 +99,11 @@ enum Mode {
     /// A thread per connection, `WaitMode` given.
     PerThread(WaitMode),
     /// A thread per connection in dispatch mode, a dispatcher per core.
-    Threads { policy: Policy, cross: bool },
+    Threads {
+        policy: Policy,
+        cross: bool,
+        relay: bool,
+    },
     /// A task per connection on a runtime per core.
     Tasks,
     /// One connection, both ends busy-polling: the floor.
@@ -110,33 +115,42 @@ enum Mode {
 
 impl Mode {
     fn parse(s: &str) -> Result<Mode> {
+        let bad = || {
+            Fail::invalid(format!(
+                "unknown mode '{s}': expected interrupt, poll, tasks, threads[:idle|fifo|yield|normal|cross][:norelay], reference or evloop"
+            ))
+        };
         Ok(match s {
             "interrupt" => Mode::PerThread(WaitMode::Interrupt),
             "poll" => Mode::PerThread(WaitMode::Poll),
             "tasks" => Mode::Tasks,
-            "threads" => Mode::Threads {
-                policy: Policy::Idle,
-                cross: false,
-            },
-            // SCHED_OTHER: on the client's core a SCHED_IDLE dispatcher
-            // would never run next to the busy-polling client.
-            "threads:cross" => Mode::Threads {
-                policy: Policy::Normal,
-                cross: true,
-            },
             "reference" => Mode::Reference,
             "evloop" => Mode::EventLoop,
-            _ => match s.strip_prefix("threads:") {
-                Some(p) => Mode::Threads {
-                    policy: Policy::parse(p)?,
-                    cross: false,
-                },
-                None => {
-                    return Err(Fail::invalid(format!(
-                        "unknown mode '{s}': expected interrupt, poll, tasks, threads[:idle|fifo|yield|normal|cross], reference or evloop"
-                    )));
+            _ => {
+                let mut parts = s.split(':');
+                if parts.next() != Some("threads") {
+                    return Err(bad());
                 }
-            },
+                let (mut policy, mut cross, mut relay) = (Policy::Idle, false, true);
+                for p in parts {
+                    match p {
+                        "norelay" => relay = false,
+                        // SCHED_OTHER: on the client's core a SCHED_IDLE
+                        // dispatcher would never run next to the
+                        // busy-polling client.
+                        "cross" => {
+                            cross = true;
+                            policy = Policy::Normal;
+                        }
+                        p => policy = Policy::parse(p).map_err(|_| bad())?,
+                    }
+                }
+                Mode::Threads {
+                    policy,
+                    cross,
+                    relay,
+                }
+            }
         })
     }
 
@@ -144,11 +158,22 @@ impl Mode {
         match self {
             Mode::PerThread(m) => m.name().to_string(),
             Mode::Threads {
-                policy: Policy::Idle,
-                cross: false,
-            } => "threads".into(),
-            Mode::Threads { cross: true, .. } => "threads:cross".into(),
-            Mode::Threads { policy, .. } => format!("threads:{}", policy.name()),
+                policy,
+                cross,
+                relay,
+            } => {
+                let mut l = String::from("threads");
+                if *cross {
+                    l.push_str(":cross");
+                } else if *policy != Policy::Idle {
+                    l.push(':');
+                    l.push_str(policy.name());
+                }
+                if !relay {
+                    l.push_str(":norelay");
+                }
+                l
+            }
             Mode::Tasks => "tasks".into(),
             Mode::Reference => "reference".into(),
             Mode::EventLoop => "evloop".into(),
@@ -191,6 +216,7 @@ struct ClientEnd {
 #[derive(Default, Clone, Copy)]
 struct Counts {
     handoffs: u64,
+    relays: u64,
     fallbacks: u64,
 }
 
@@ -198,12 +224,14 @@ impl Counts {
     fn of(s: &fastwake::wait::WaitStats) -> Counts {
         Counts {
             handoffs: s.handoffs,
+            relays: s.relays,
             fallbacks: s.dispatch_fallbacks,
         }
     }
 
     fn add(&mut self, o: Counts) {
         self.handoffs += o.handoffs;
+        self.relays += o.relays;
         self.fallbacks += o.fallbacks;
     }
 }
@@ -327,10 +355,18 @@ fn start(
                 Mode::Reference => WaitMode::Poll,
                 _ => WaitMode::Dispatch,
             };
-            if let Mode::Threads { policy, cross } = mode {
+            if let Mode::Threads {
+                policy,
+                cross,
+                relay,
+            } = mode
+            {
                 for &cpu in &layout.server_cpus {
                     let mut cfg = dispatch::Config::new(cpu);
                     cfg.policy = policy;
+                    if !relay {
+                        cfg.relay = None;
+                    }
                     cfg.idle_after = idle_after;
                     if cross {
                         cfg.run_on = Some(layout.client_cpu);
@@ -640,6 +676,7 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
                 .insert("cores".into(), layout.server_cpus.len().into());
             row.extra.insert("load".into(), plan.load.name().into());
             row.extra.insert("handoffs".into(), c.handoffs.into());
+            row.extra.insert("relays".into(), c.relays.into());
             row.extra
                 .insert("dispatch_fallbacks".into(), c.fallbacks.into());
             row.extra.insert(
@@ -655,21 +692,128 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
 
 fn print_rates(rows: &[Row]) {
     println!(
-        " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10}",
-        "mode", "conns", "cores", "rtt/s", "handoffs", "fallbacks"
+        " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10}",
+        "mode", "conns", "cores", "rtt/s", "handoffs", "relays", "fallbacks"
     );
     let get = |r: &Row, k: &str| r.extra.get(k).map(|v| v.to_string()).unwrap_or_default();
     for r in rows {
         println!(
-            " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10}",
+            " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10}",
             r.mode,
             get(r, "conns"),
             get(r, "cores"),
             get(r, "rtt_per_s"),
             get(r, "handoffs"),
+            get(r, "relays"),
             get(r, "dispatch_fallbacks")
         );
     }
+}
+
+/// The ratios, from this run's p50s, and the kernel's floor for
+/// waking threads on one core.
+fn print_ratios(rows: &[Row], layout: &Layout, conns: usize) -> Result<()> {
+    let p50 = |m: &str| rows.iter().find(|r| r.mode == m).map(|r| r.t_typical);
+    let line = |a: &str, b: &str| {
+        if let (Some(x), Some(y)) = (p50(a), p50(b))
+            && y > 0.0
+        {
+            println!(" p50 {a} / {b} = {:.3} / {:.3} = {:.2}", x, y, x / y);
+        }
+    };
+    line("tasks", "reference");
+    line("tasks", "evloop");
+    line("tasks", "interrupt");
+    line("threads", "interrupt");
+    line("threads", "threads:norelay");
+    if p50("threads").is_some() && conns >= 2 {
+        // What any design that wakes one kernel thread per request pays on
+        // this host: the same-core futex hand-off between `conns` threads.
+        let cpu = layout.server_cpus[0];
+        let hop = futex_ring(conns.min(64), cpu, 20_000)?;
+        println!(
+            " kernel reference: a futex hand-off in a ring of {} threads on CPU {cpu} takes {:.3} µs (median of 3 rings); threads pays one per round trip, i.e. ~{:.3} µs of one-way latency",
+            conns.min(64),
+            hop.as_secs_f64() * 1e6,
+            hop.as_secs_f64() * 1e6 / 2.0
+        );
+    }
+    Ok(())
+}
+
+/// Median time of one hand-off in a ring of `n` threads pinned to `cpu`,
+/// each waking the next through a futex and then sleeping on its own: the
+/// kernel path a dispatch-mode hand-off cannot avoid.
+fn futex_ring(n: usize, cpu: u32, hops: u64) -> Result<Duration> {
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    fn wait(w: &AtomicU32, seen: u32) {
+        // SAFETY: w is a live, aligned u32 for the duration of the call;
+        // the kernel only reads it.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                w.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                seen,
+                std::ptr::null::<libc::timespec>(),
+            )
+        };
+    }
+    fn wake(w: &AtomicU32) {
+        w.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: as in `wait`; FUTEX_WAKE does not touch the word.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                w.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+            )
+        };
+    }
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let words: std::sync::Arc<Vec<AtomicU32>> =
+            std::sync::Arc::new((0..n).map(|_| AtomicU32::new(0)).collect());
+        let count = std::sync::Arc::new(AtomicU64::new(0));
+        let (tx, rx) = mpsc::channel::<()>();
+        let mut hs = Vec::new();
+        for i in 0..n {
+            let (words, count, tx) = (words.clone(), count.clone(), tx.clone());
+            hs.push(std::thread::spawn(move || -> Result<()> {
+                fastwake::cpu::pin(cpu)?;
+                let mut seen = 0;
+                let _ = tx.send(());
+                drop(tx);
+                loop {
+                    let w = &words[i];
+                    while w.load(Ordering::SeqCst) == seen {
+                        wait(w, seen);
+                    }
+                    seen = w.load(Ordering::SeqCst);
+                    if count.fetch_add(1, Ordering::SeqCst) >= hops {
+                        words.iter().for_each(wake);
+                        return Ok(());
+                    }
+                    wake(&words[(i + 1) % n]);
+                }
+            }));
+        }
+        drop(tx);
+        for _ in 0..n {
+            let _ = rx.recv();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let t0 = Instant::now();
+        wake(&words[0]);
+        for h in hs {
+            h.join()
+                .map_err(|_| Fail::new(libc::EIO, "ring thread panicked"))??;
+        }
+        runs.push(t0.elapsed() / hops as u32);
+    }
+    runs.sort();
+    Ok(runs[1])
 }
 
 /// CPU used over `window` by an idle dispatcher serving `conns` waiting
@@ -818,6 +962,9 @@ pub fn run(a: Args) -> Result<()> {
                 &rows,
             );
             print_rates(&rows);
+            if load == Load::Latency {
+                print_ratios(&rows, &layout, a.conns)?;
+            }
         }
         if a.idle_probe {
             println!(

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 pub use sched::Policy;
 pub use tasks::{Runtime, StateCell, TaskConfig, TaskCtx, TaskStats};
-pub use threads::{Config, Dispatcher};
+pub use threads::{Config, DEFAULT_RELAY, Dispatcher};
 pub use waiter::Link;
 pub(crate) use waiter::wait;
 
@@ -68,6 +68,9 @@ pub struct DispatchStats {
     /// Threads woken by the watchdog because the dispatcher itself was not
     /// getting the CPU.
     pub rescued: u64,
+    /// Threads woken by another waiting thread's relay pass instead of by
+    /// the dispatcher ([`Config::relay`]).
+    pub relayed: u64,
     /// Passes over the waiting sources (updated every few hundred passes).
     pub passes: u64,
     /// Times it went to sleep under the idle policy.

@@ -27,7 +27,7 @@ use crate::source::Peek;
 use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering};
 use crate::{Fail, Result};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -67,11 +67,22 @@ pub struct Config {
     pub summary: bool,
     /// See `summary`.
     pub summary_above: usize,
+    /// Relay: a thread about to wait first peeks the core's other waiting
+    /// sources (and its own) for up to this long, and hands off to the
+    /// owner of the first ready one itself; `None` = never. See
+    /// [`super::waiter`] for why this halves the switches per hand-off.
+    pub relay: Option<Duration>,
 }
+
+/// Default relay spin: about the time a reply takes to come back as the
+/// next request over a fast loopback path (one cross-core round trip plus
+/// the client's turn-around), so a chain of requests keeps handing off
+/// without the dispatcher; short enough to cost little when nothing comes.
+pub const DEFAULT_RELAY: Duration = Duration::from_micros(5);
 
 impl Config {
     /// Defaults for `cpu`: same core, `SCHED_IDLE`, sleep after 2 ms idle,
-    /// 1024 threads, summaries on.
+    /// 1024 threads, summaries on, relay 5 µs.
     pub fn new(cpu: u32) -> Config {
         Config {
             cpu,
@@ -81,6 +92,7 @@ impl Config {
             capacity: 1024,
             summary: true,
             summary_above: super::watch::SUMMARY_ABOVE,
+            relay: Some(DEFAULT_RELAY),
         }
     }
 }
@@ -107,13 +119,16 @@ pub(crate) struct Core {
     epoch: Instant,
     /// µs since `epoch` at the dispatcher's last clock read.
     heartbeat: AtomicU64,
-    /// Registered handles, for the watchdog (the dispatcher keeps its own
+    /// Registered handles, for the watchdog and relaying waiters (the
+    /// dispatcher keeps its own copies in its `Watch`). A read-write lock:
+    /// a relaying thread preempted while reading must not block the others.
     /// copies in its `Watch`).
-    handles: Mutex<Vec<Option<Arc<dyn Peek>>>>,
+    handles: RwLock<Vec<Option<Arc<dyn Peek>>>>,
     /// Bumped when the dispatcher leaves its idle sleep or dies: the
     /// watchdog sleeps on it meanwhile.
     awake: FutexWord,
     rescued: AtomicU64,
+    relayed: AtomicU64,
 }
 
 impl Core {
@@ -133,7 +148,10 @@ impl Core {
                 > self.heartbeat.load(Ordering::Relaxed) + STALE.as_micros() as u64
     }
 
-    fn beat(&self, now: Instant) {
+    /// Record that the core's sources were just being polled, by the
+    /// dispatcher or by a relaying waiter: either way sleeping waiters are
+    /// being looked after, so new waits may trust the core.
+    pub(crate) fn beat(&self, now: Instant) {
         self.heartbeat.store(
             now.duration_since(self.epoch).as_micros() as u64,
             Ordering::Relaxed,
@@ -150,7 +168,7 @@ impl Core {
             return None;
         }
         let i = lock(&self.free).pop()?;
-        lock(&self.handles)[i] = Some(peek.clone());
+        write(&self.handles)[i] = Some(peek.clone());
         lock(&self.pending).push((i, Some(peek)));
         self.pending_flag.store(true, Ordering::SeqCst);
         self.registered.fetch_add(1, Ordering::Relaxed);
@@ -161,7 +179,7 @@ impl Core {
         if self.is_dead() {
             return;
         }
-        lock(&self.handles)[i] = None;
+        write(&self.handles)[i] = None;
         lock(&self.pending).push((i, None));
         self.pending_flag.store(true, Ordering::SeqCst);
         self.registered.fetch_sub(1, Ordering::Relaxed);
@@ -190,6 +208,7 @@ impl Core {
         DispatchStats {
             handoffs: self.handoffs.load(Ordering::Relaxed),
             rescued: self.rescued.load(Ordering::Relaxed),
+            relayed: self.relayed.load(Ordering::Relaxed),
             passes: self.passes.load(Ordering::Relaxed),
             idle_sleeps: self.idle_sleeps.load(Ordering::Relaxed),
             paused: self.paused.load(Ordering::Relaxed),
@@ -284,7 +303,7 @@ impl Core {
     /// The watchdog's pass, for a dispatcher that is not getting the CPU:
     /// hand off every waiting thread whose source is ready.
     fn rescue(&self) {
-        let handles = lock(&self.handles);
+        let handles = read(&self.handles);
         let mut n = 0;
         for w in 0..self.waitset.words() {
             let mut bits = self.waitset.word(w);
@@ -300,6 +319,53 @@ impl Core {
             }
         }
         self.rescued.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The relay budget, when relaying makes sense now: the dispatcher is
+    /// polling (asleep, its waiters are paused in interrupt mode anyway).
+    pub(crate) fn relay_budget(&self) -> Option<Duration> {
+        self.cfg
+            .relay
+            .filter(|_| self.mode.load(Ordering::Relaxed) == MODE_POLLING)
+    }
+
+    /// One relay pass by the waiting thread that owns slot `me`: hand off
+    /// to the first other waiting thread whose source is ready. True when
+    /// it handed one.
+    ///
+    /// The handles are read under the read lock, and the hand-off (a futex
+    /// wake, after which the woken thread may preempt us at once) happens
+    /// after it is released: a relayer preempted inside the lock would
+    /// otherwise stall the next relayer (measured: that turned most relays
+    /// into two extra switches).
+    pub(crate) fn relay_pass(&self, me: usize) -> bool {
+        let found = {
+            let handles = read(&self.handles);
+            let mut found = None;
+            'scan: for w in 0..self.waitset.words() {
+                let mut bits = self.waitset.word(w);
+                while bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    if i != me
+                        && self.slots[i].state() == WAITING
+                        && handles[i].as_ref().is_some_and(|p| p.ready())
+                    {
+                        found = Some(i);
+                        break 'scan;
+                    }
+                }
+            }
+            found
+        };
+        // Slots live as long as the core, so no lock is needed to hand.
+        match found {
+            Some(i) if self.slots[i].hand(HANDED) => {
+                self.relayed.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// FIFO policy: after a hand-off, let the woken thread run until it
@@ -400,6 +466,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    // As for `lock`: the guarded data stays consistent across a panic.
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Dispatchers by served CPU. Weak: a dispatcher's lifetime is its handle's.
 static REGISTRY: Mutex<Vec<(u32, Weak<Core>)>> = Mutex::new(Vec::new());
 
@@ -480,9 +555,10 @@ impl Dispatcher {
             wclock: Mutex::new(None),
             epoch: Instant::now(),
             heartbeat: AtomicU64::new(0),
-            handles: Mutex::new(vec![None; cfg.capacity]),
+            handles: RwLock::new(vec![None; cfg.capacity]),
             awake: FutexWord::new(0),
             rescued: AtomicU64::new(0),
+            relayed: AtomicU64::new(0),
         });
         {
             let mut reg = lock(&REGISTRY);

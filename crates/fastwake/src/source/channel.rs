@@ -28,10 +28,24 @@
 //!
 //! # Memory layout
 //!
-//! One memfd mapping: a header of four cache lines (constants; the
-//! producer's `head|armed` word; the consumer's `tail`; the futex
-//! doorbell), then `capacity` slots, each `16 + slot_size` bytes
-//! rounded up to a cache line so the two ends never share a line.
+//! One memfd mapping: a line of constants, a colour pad, three hot cache
+//! lines (the producer's `head|armed` word; the consumer's `tail`; the futex
+//! doorbell), then `capacity` slots, each `16 + slot_size` bytes rounded up
+//! to a cache line so the two ends never share a line.
+//!
+//! # Why channels are coloured
+//!
+//! Every mapping starts on a page boundary, so without the pad the hot
+//! lines of every channel would sit at the same page offset and fall into
+//! the same L1 set (the set index is the address bits 6..12). A dispatcher
+//! that peeks 16 channels would then thrash one 8-way set and miss L1 on
+//! every peek, and channels that move in lockstep (one request each, round
+//! robin) would also collide slot for slot. Each new channel gets the next
+//! of [`COLOURS`] pads of three lines, which spreads the hot lines and the
+//! slots over the sets. (Each such miss is an L2 hit, a few ns: at 16
+//! connections `fastwake bench share` moved by less than this VM's noise;
+//! the pad is there for the hundreds-of-channels case, and costs nothing.) The pad is recorded in the constants, so a process
+//! attaching to the channel finds the lines wherever the creator put them.
 
 use super::summary::Flag;
 use super::{Peek, Rechecked, Source};
@@ -48,6 +62,14 @@ const MAGIC: u64 = 0x6661_7374_7761_6b31; // "fastwak1"
 const LINE: usize = 64;
 const SLOT_HEAD: usize = 16;
 const NO_CPU: u32 = u32::MAX;
+/// Distinct colour pads: `LINE + COLOURS * HOT` must fit in one page, so
+/// the constants and the hot lines share the first page.
+const COLOURS: usize = 21;
+const HOT: usize = std::mem::size_of::<Hot>();
+const PAGE: usize = 4096;
+
+/// The colour of the next channel created in this process.
+static NEXT_COLOUR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// How the producer wakes a sleeping consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -103,8 +125,10 @@ impl Config {
         (SLOT_HEAD + self.slot_size as usize).div_ceil(LINE) * LINE
     }
 
-    fn bytes(&self) -> usize {
-        std::mem::size_of::<Header>() + self.stride() * self.capacity as usize
+    /// Mapping size for a header of `header_bytes` (constants, pad, hot
+    /// lines).
+    fn bytes(&self, header_bytes: usize) -> usize {
+        header_bytes + self.stride() * self.capacity as usize
     }
 }
 
@@ -141,18 +165,32 @@ struct ArmLine {
     bell: FutexWord,
 }
 
+/// The lines both ends write, placed after the colour pad.
 #[repr(C)]
-struct Header {
-    consts: Line<Consts>,
+struct Hot {
     prod: Line<ProducerLine>,
     cons: Line<ConsumerLine>,
     arm: Line<ArmLine>,
+}
+
+/// Header size (constants + pad + hot lines) for `colour`.
+fn header_bytes(colour: usize) -> usize {
+    LINE + colour * HOT + HOT
+}
+
+/// The colour a header size was made with, if it is one of ours.
+fn colour_of(header_bytes: usize) -> Option<usize> {
+    let pad = header_bytes.checked_sub(LINE + HOT)?;
+    (pad % HOT == 0 && pad / HOT < COLOURS).then_some(pad / HOT)
 }
 
 /// The mapping both ends share. Dropping it unmaps.
 struct Region {
     base: NonNull<u8>,
     len: usize,
+    /// Offset of the hot lines, and of slot 0 (the header's size).
+    hot_off: usize,
+    slots_off: usize,
     cfg: Config,
     mem: OwnedFd,
     efd: Option<OwnedFd>,
@@ -187,10 +225,11 @@ impl Drop for Region {
 }
 
 impl Region {
-    fn header(&self) -> &Header {
-        // SAFETY: the mapping starts with an initialised Header (written by
-        // `create` or validated by `attach`) and lives as long as self.
-        unsafe { &*self.base.as_ptr().cast::<Header>() }
+    fn header(&self) -> &Hot {
+        // SAFETY: `hot_off` is where `create` wrote the hot lines (or where
+        // `attach` validated the creator put them), line aligned, inside the
+        // mapping, which lives as long as self.
+        unsafe { &*self.base.as_ptr().add(self.hot_off).cast::<Hot>() }
     }
 
     fn slot(&self, index: u64) -> *mut u8 {
@@ -199,7 +238,7 @@ impl Region {
         unsafe {
             self.base
                 .as_ptr()
-                .add(std::mem::size_of::<Header>() + i * self.cfg.stride())
+                .add(self.slots_off + i * self.cfg.stride())
         }
     }
 
@@ -222,21 +261,23 @@ impl Region {
 
     fn create(cfg: Config, local: bool) -> Result<Arc<Region>> {
         cfg.validate()?;
-        let len = cfg.bytes();
+        let colour = NEXT_COLOUR.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % COLOURS;
+        let hb = header_bytes(colour);
+        let len = cfg.bytes(hb);
         // Not CLOEXEC-free: processes that share a channel pass the fd on
         // purpose (see `SharedChannel`).
         let mem = rustix::fs::memfd_create("fastwake-channel", rustix::fs::MemfdFlags::CLOEXEC)
             .map_err(|e| Fail::os("memfd_create", e))?;
         rustix::fs::ftruncate(&mem, len as u64).map_err(|e| Fail::os("ftruncate channel", e))?;
         let base = Self::map(&mem, len)?;
-        let header = Header {
-            consts: Line(Consts {
-                magic: MAGIC,
-                capacity: cfg.capacity,
-                slot_size: cfg.slot_size,
-                doorbell: cfg.doorbell as u32,
-                header_bytes: std::mem::size_of::<Header>() as u32,
-            }),
+        let consts = Line(Consts {
+            magic: MAGIC,
+            capacity: cfg.capacity,
+            slot_size: cfg.slot_size,
+            doorbell: cfg.doorbell as u32,
+            header_bytes: hb as u32,
+        });
+        let hot = Hot {
             prod: Line(ProducerLine {
                 head_armed: AtomicU64::new(0),
                 producer_cpu: AtomicU32::new(NO_CPU),
@@ -252,9 +293,12 @@ impl Region {
                 bell: FutexWord::new(0),
             }),
         };
-        // SAFETY: the mapping is at least size_of::<Header>() bytes, page
-        // aligned, and not yet visible to anyone else.
-        unsafe { base.as_ptr().cast::<Header>().write(header) };
+        // SAFETY: the mapping is at least `hb` bytes, page aligned (so both
+        // offsets are line aligned), and not yet visible to anyone else.
+        unsafe {
+            base.as_ptr().cast::<Line<Consts>>().write(consts);
+            base.as_ptr().add(hb - HOT).cast::<Hot>().write(hot);
+        }
         let efd = match cfg.doorbell {
             Doorbell::Futex => None,
             Doorbell::EventFd => Some(
@@ -265,6 +309,8 @@ impl Region {
         Ok(Arc::new(Region {
             base,
             len,
+            hot_off: hb - HOT,
+            slots_off: hb,
             cfg,
             mem,
             efd,
@@ -277,13 +323,14 @@ impl Region {
     fn attach(mem: OwnedFd, efd: Option<OwnedFd>) -> Result<Arc<Region>> {
         let st = rustix::fs::fstat(&mem).map_err(|e| Fail::os("fstat channel fd", e))?;
         let size = st.st_size as usize;
-        if size < std::mem::size_of::<Header>() {
+        if size < PAGE.min(LINE + HOT) {
             return Err(Fail::invalid("fd is not a fastwake channel (too small)"));
         }
         let base = Self::map(&mem, size)?;
-        // SAFETY: at least a header's worth of bytes is mapped; the fields
-        // read here are plain integers written once at creation.
-        let c = unsafe { &(*base.as_ptr().cast::<Header>()).consts.0 };
+        // SAFETY: at least the constants line is mapped; the fields read
+        // here are plain integers written once at creation.
+        let c = unsafe { &(*base.as_ptr().cast::<Line<Consts>>()).0 };
+        let hb = c.header_bytes as usize;
         let cfg = Config {
             capacity: c.capacity,
             slot_size: c.slot_size,
@@ -294,12 +341,14 @@ impl Region {
             },
         };
         let bad = c.magic != MAGIC
-            || c.header_bytes as usize != std::mem::size_of::<Header>()
+            || colour_of(hb).is_none()
             || cfg.validate().is_err()
-            || cfg.bytes() != size;
+            || cfg.bytes(hb) != size;
         let region = Region {
             base,
             len: size,
+            hot_off: hb.saturating_sub(HOT),
+            slots_off: hb,
             cfg,
             mem,
             efd,

@@ -127,6 +127,9 @@ pub struct WaitStats {
     pub spin_skipped_same_cpu: u64,
     /// Dispatch mode: wake-ups handed off by the dispatcher.
     pub handoffs: u64,
+    /// Dispatch mode: hand-offs this thread made to another thread of its
+    /// core while relaying before its own sleep.
+    pub relays: u64,
     /// Dispatch mode: waits done in interrupt mode because no live
     /// dispatcher served the CPU, the source has no peek handle, or the
     /// dispatcher was starved of CPU (not seen running for 500 µs).
