@@ -166,7 +166,7 @@ proptest! {
     /// the best possible spin budget for the true distribution.
     #[test]
     fn converges_near_the_optimum(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
-        let cfg = Config { cap_pct: 100, worth };
+        let cfg = Config { cap_pct: 100, worth, idle_rate: 0 };
         let mut s = Sim::new(cfg, seed);
         let plans = s.run(d, 2_000);
         let chosen = budget(*plans.last().unwrap());
@@ -186,7 +186,7 @@ proptest! {
     /// Under steady load the plan settles: few changes once warmed up.
     #[test]
     fn does_not_oscillate(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
-        let mut s = Sim::new(Config { cap_pct: 100, worth }, seed);
+        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0 }, seed);
         s.run(d, 1_000);
         let before = s.core.stats().plan_changes;
         s.run(d, 5_000);
@@ -200,7 +200,7 @@ proptest! {
     /// allowance's burst + one budget.
     #[test]
     fn respects_the_cpu_cap(d in dist(), cap in 1u8..90, seed in any::<u64>()) {
-        let mut s = Sim::new(Config { cap_pct: cap, worth: 60_000 }, seed);
+        let mut s = Sim::new(Config { cap_pct: cap, worth: 60_000, ..Config::default() }, seed);
         let t0 = s.now;
         s.run(d, 6_000);
         let elapsed = (s.now - t0) as f64;
@@ -224,7 +224,8 @@ proptest! {
     #[test]
     fn reacts_to_a_load_change(a in dist(), b in dist(), seed in any::<u64>()) {
         let worth = fastwake::adaptive::DEFAULT_WORTH as f64;
-        let mut s = Sim::new(Config::default(), seed);
+        // The model alone: the idle-rate rule has its own test.
+        let mut s = Sim::new(Config { idle_rate: 0, ..Config::default() }, seed);
         s.run(a, 1_500);
         for (from, to) in [(a, b), (b, a)] {
             let t = Truth::new(to);
@@ -239,7 +240,7 @@ proptest! {
 }
 
 #[test]
-fn never_spins_against_a_producer_on_its_cpu_or_a_contended_cpu() {
+fn never_spins_against_a_producer_on_its_cpu() {
     let mut s = Sim::new(Config::default(), 1);
     s.run(Dist::Exp(1_000.0), 500);
     let env = Env {
@@ -247,14 +248,33 @@ fn never_spins_against_a_producer_on_its_cpu_or_a_contended_cpu() {
         ..Env::default()
     };
     assert_eq!(s.step(1_000, env), Plan::Spin(0));
-    let env = Env {
+    assert_eq!(s.core.stats().same_cpu, 1);
+    assert!(budget(s.step(1_000, Env::default())) > 0);
+}
+
+/// On a contended CPU the controller spins only where that is cheaper in
+/// CPU than a sleep (the worth = 1 objective): through µs gaps, not
+/// through gaps of tens of µs that the default worth would spin through.
+#[test]
+fn contended_cpu_spins_only_where_a_sleep_costs_more() {
+    let contended = Env {
         contended: true,
         ..Env::default()
     };
-    assert_eq!(s.step(1_000, env), Plan::Spin(0));
-    let st = s.core.stats();
-    assert_eq!((st.same_cpu, st.contended), (1, 1));
-    assert!(budget(s.step(1_000, Env::default())) > 0);
+    // 1 µs gaps: a spin of ~1 µs is cheaper than a ~3 µs sleep.
+    let mut s = Sim::new(Config::default(), 1);
+    s.run(Dist::Exp(1_000.0), 500);
+    let free = budget(s.step(1_000, Env::default()));
+    let lean = budget(s.step(1_000, contended));
+    assert!(lean > 0 && lean <= free, "lean {lean} ns, free {free} ns");
+    assert_eq!(s.core.stats().lean_spins, 1);
+    // 50 µs gaps (20k waits/s): worth spinning on a free CPU, not on a
+    // contended one.
+    let mut s = Sim::new(Config::default(), 2);
+    s.run(Dist::Exp(50_000.0), 2_000);
+    assert!(budget(s.step(50_000, Env::default())) > 0);
+    assert_eq!(s.step(50_000, contended), Plan::Spin(0));
+    assert_eq!(s.core.stats().contended, 1);
 }
 
 #[test]
@@ -264,6 +284,45 @@ fn idle_stream_is_served_in_interrupt_mode() {
     let plans = s.run(Dist::Exp(1_000_000.0), 3_000);
     let spins = plans.iter().filter(|p| budget(**p) > 0).count();
     assert!(spins < 30, "{spins} spinning waits on an idle stream");
+}
+
+/// The idle-rate rule: the same bursts (gaps of ~20 µs inside them) are
+/// spun through when they come often, and served in interrupt mode when
+/// the stream averages fewer than `idle_rate` waits per second.
+#[test]
+fn idle_rate_serves_rare_bursts_in_interrupt_mode() {
+    let rare = Dist::Mix {
+        p: 0.95,
+        short: 20_000.0,
+        long: 20_000_000.0,
+    }; // ~1,000 waits/s on average
+    let frequent = Dist::Mix {
+        p: 0.95,
+        short: 20_000.0,
+        long: 500_000.0,
+    }; // ~22,000 waits/s
+    let spins = |cfg: Config, d: Dist| {
+        let mut s = Sim::new(cfg, 5);
+        s.run(d, 1_000);
+        let plans = s.run(d, 2_000);
+        (
+            plans.iter().filter(|p| budget(**p) > 0).count(),
+            s.core.stats(),
+        )
+    };
+    let (n, st) = spins(Config::default(), rare);
+    assert!(n < 20, "{n} spinning waits on a rare stream; {st:?}");
+    assert!(st.idle_rate > 1_500, "{st:?}");
+    let (n, _) = spins(Config::default(), frequent);
+    assert!(n > 1_000, "only {n} spinning waits on a frequent stream");
+    let (n, _) = spins(
+        Config {
+            idle_rate: 0,
+            ..Config::default()
+        },
+        rare,
+    );
+    assert!(n > 1_000, "idle=0 must leave the model alone ({n} spins)");
 }
 
 #[test]
@@ -307,18 +366,21 @@ fn dispatch_is_chosen_when_a_shared_dispatcher_is_cheaper() {
 #[test]
 fn adaptive_parses_and_prints() {
     use fastwake::WaitMode;
-    for (s, cap, worth) in [
-        ("adaptive", 100, 100),
-        ("adaptive:cap=20%", 20, 100),
-        ("adaptive:cap=5%,worth=10", 5, 10),
-        ("adaptive:worth=1000", 100, 1000),
+    for (s, cap, worth, idle_rate) in [
+        ("adaptive", 100, 100, 2000),
+        ("adaptive:cap=20%", 20, 100, 2000),
+        ("adaptive:cap=5%,worth=10", 5, 10, 2000),
+        ("adaptive:worth=1000", 100, 1000, 2000),
+        ("adaptive:idle=0", 100, 100, 0),
+        ("adaptive:cap=50%,idle=500", 50, 100, 500),
     ] {
         let m: WaitMode = s.parse().unwrap();
         assert_eq!(
             m,
             WaitMode::Adaptive(Config {
                 cap_pct: cap,
-                worth
+                worth,
+                idle_rate,
             })
         );
         assert_eq!(m.to_string(), s);
@@ -327,7 +389,7 @@ fn adaptive_parses_and_prints() {
         "adaptive:cap=20".parse::<WaitMode>().unwrap(),
         WaitMode::Adaptive(Config {
             cap_pct: 20,
-            worth: 100
+            ..Config::default()
         })
     );
     for bad in [

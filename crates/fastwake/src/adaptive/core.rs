@@ -162,8 +162,24 @@ pub struct Core {
     pending: Option<(Plan, Reason)>,
     /// The last recompute rejected the current plan.
     rejected: bool,
+    /// The plan under the CPU-only objective (worth = 1), for a contended
+    /// CPU: spin only through gaps shorter than a sleep costs.
+    lean: Plan,
+    /// Long-run mean ns between waits: the running mean of the first
+    /// [`RATE_MEMORY`] gaps, then an EWMA with that memory. Unlike
+    /// `cycle_ns` (a few dozen waits) it spans many bursts and the idle
+    /// gaps between them.
+    long_gap_ns: f64,
+    gaps: u32,
     stats: AdaptiveStats,
 }
+
+/// Memory of the long-run rate, in waits: at 1,000 waits/s half a second,
+/// so a rare bursty stream is judged on many bursts, and at 100,000/s
+/// 5 ms, so a stream that speeds up leaves the idle rule quickly.
+pub const RATE_MEMORY: u32 = 512;
+/// Gaps count at most this much towards the long-run rate.
+pub const MAX_RATE_GAP_NS: u64 = 50_000_000;
 
 impl Core {
     pub fn new(cfg: Config, model: Model) -> Self {
@@ -181,6 +197,9 @@ impl Core {
             tok_last: None,
             pending: None,
             rejected: false,
+            lean: Plan::Spin(0),
+            long_gap_ns: 0.0,
+            gaps: 0,
             stats: AdaptiveStats::default(),
         }
     }
@@ -207,6 +226,31 @@ impl Core {
         &self.hist
     }
 
+    /// Spin budget under the CPU-only objective (used on a contended CPU).
+    pub fn lean_budget(&self) -> u64 {
+        match self.lean {
+            Plan::Spin(b) => b,
+            Plan::Dispatch => 0,
+        }
+    }
+
+    /// Long-run waits per second (0 before the second wait).
+    pub fn rate(&self) -> f64 {
+        if self.long_gap_ns > 0.0 {
+            1e9 / self.long_gap_ns
+        } else {
+            0.0
+        }
+    }
+
+    /// Below the idle rate (see [`Config::idle_rate`])? Judged once the
+    /// learning phase has seen a few gaps.
+    fn idle(&self) -> bool {
+        self.cfg.idle_rate > 0
+            && self.gaps as f32 >= MIN_WEIGHT
+            && self.rate() < self.cfg.idle_rate as f64
+    }
+
     /// The last choice of the model (before the environment and the cap).
     pub fn choice(&self) -> Option<Choice> {
         self.choice
@@ -230,6 +274,12 @@ impl Core {
                 // ~1/16 weight per wait: close to the histogram's memory.
                 self.cycle_ns + (gap - self.cycle_ns) / 16.0
             };
+            self.gaps = self.gaps.saturating_add(1);
+            let n = self.gaps.min(RATE_MEMORY) as f64;
+            // One long pause (seconds) would otherwise hold a busy stream
+            // in the idle rule for a thousand waits after it resumes.
+            let g = gap.min(MAX_RATE_GAP_NS as f64);
+            self.long_gap_ns += (g - self.long_gap_ns) / n;
         }
         self.last_wait = Some(now);
         if self.capped() {
@@ -261,6 +311,9 @@ impl Core {
         if self.hist.total() < MIN_WEIGHT {
             return (Plan::Spin(0), Reason::Learning);
         }
+        if self.idle() {
+            return (Plan::Spin(0), Reason::IdleRate);
+        }
         match self.plan {
             Plan::Dispatch if env.dispatch_waiters.is_some() => (Plan::Dispatch, Reason::Dispatch),
             Plan::Dispatch | Plan::Spin(0) => (Plan::Spin(0), Reason::LongWaits),
@@ -268,7 +321,16 @@ impl Core {
                 if env.same_cpu {
                     (Plan::Spin(0), Reason::SameCpu)
                 } else if env.contended {
-                    (Plan::Spin(0), Reason::Contended)
+                    // Other threads want this CPU: spinning takes from them,
+                    // but so does every sleep and wake-up (a few µs of
+                    // kernel work each). Spin only as far as that pays in
+                    // CPU alone.
+                    match self.lean {
+                        Plan::Spin(l) if l > 0 && !(self.capped() && self.tokens < l as f64) => {
+                            (Plan::Spin(l.min(b)), Reason::LeanSpin)
+                        }
+                        _ => (Plan::Spin(0), Reason::Contended),
+                    }
                 } else if self.capped() && self.tokens < b as f64 {
                     (Plan::Spin(0), Reason::Cap)
                 } else {
@@ -316,6 +378,9 @@ impl Core {
         self.since = 0;
         self.last_recompute = now;
         self.stats.recomputes += 1;
+        if let Some(lean) = self.best_spin(1.0) {
+            self.lean = lean.plan;
+        }
         let Some((best, j_min)) = self.evaluate(env) else {
             return;
         };
@@ -406,7 +471,10 @@ impl Core {
     }
 
     fn spin_figures(&self, b: u64, p_le: f64, mean_le: f64) -> Choice {
-        let worth = self.cfg.worth.max(1) as f64;
+        self.spin_figures_at(b, p_le, mean_le, self.cfg.worth.max(1) as f64)
+    }
+
+    fn spin_figures_at(&self, b: u64, p_le: f64, mean_le: f64, worth: f64) -> Choice {
         let m = &self.model;
         let p_over = (1.0 - p_le).max(0.0);
         let spin = mean_le + p_over * b as f64;
@@ -439,12 +507,28 @@ impl Core {
     /// nearly triples the CPU of interrupt mode), else the plan with the
     /// least J.
     fn evaluate(&self, env: Env) -> Option<(Choice, f64)> {
+        let interrupt = self.spin_figures(0, 0.0, 0.0);
+        let mut best = self.best_spin(self.cfg.worth.max(1) as f64)?;
+        if let Some(d) = self.figures(Plan::Dispatch, env)
+            && d.cost < best.cost
+        {
+            best = d;
+        }
+        let j_min = best.cost;
+        if self.near_optimal(&interrupt, j_min) {
+            best = interrupt;
+        }
+        Some((best, j_min))
+    }
+
+    /// The spin budget (0 = interrupt mode) with the least J at `worth`,
+    /// within the cap.
+    fn best_spin(&self, worth: f64) -> Option<Choice> {
         let total = self.hist.total() as f64;
         if total <= 0.0 {
             return None;
         }
-        let interrupt = self.spin_figures(0, 0.0, 0.0);
-        let mut best = interrupt;
+        let mut best = self.spin_figures_at(0, 0.0, 0.0, worth);
         let (mut w_le, mut s_le) = (0.0f64, 0.0f64);
         let top = (0..hist::BUCKETS)
             .rev()
@@ -464,20 +548,11 @@ impl Core {
             if b < MIN_BUDGET_NS {
                 continue;
             }
-            let c = self.spin_figures(b, w_le / total, s_le / total);
+            let c = self.spin_figures_at(b, w_le / total, s_le / total, worth);
             if self.fits(&c) && c.cost < best.cost {
                 best = c;
             }
         }
-        if let Some(d) = self.figures(Plan::Dispatch, env)
-            && d.cost < best.cost
-        {
-            best = d;
-        }
-        let j_min = best.cost;
-        if self.near_optimal(&interrupt, j_min) {
-            best = interrupt;
-        }
-        Some((best, j_min))
+        Some(best)
     }
 }

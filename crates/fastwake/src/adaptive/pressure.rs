@@ -5,7 +5,10 @@
 //! others want *our* CPU is visible only in /proc, which costs syscalls, so
 //! a lazily started thread ("fw-pressure") reads it every [`PERIOD`] and
 //! publishes one flag per adaptive waiter into an atomic the waiter reads
-//! for free. Signals, over the last two periods:
+//! for free. Signals, over the last [`WINDOW_PERIODS`] periods (200 ms:
+//! /proc/stat counts CPU time in 10 ms ticks, and over the 100 ms window
+//! first used here the tick rounding alone showed an idle CPU as 20–30 %
+//! busy with "others" now and then, enough to flip the flag):
 //!
 //! - **others' share of the waiter's CPU**: the CPU's busy time from
 //!   /proc/stat minus the CPU time of the adaptive waiters on it (from
@@ -15,9 +18,11 @@
 //!   against others it waits for the CPU a time slice at a time; per
 //!   scheduling it stays a few µs when the CPU is free.
 //!
-//! Contended = others > 35 % or (delay > 5 % of the time and > 20 µs per
-//! scheduling); cleared only below 20 % and 2.5 % (hysteresis, so a waiter
-//! does not flip every period). System-wide figures (PSI cpu "some",
+//! Contended = others > 35 % or (others ≥ 10 %, delay > 5 % of the time
+//! and > 20 µs per scheduling); cleared only below 20 % and either 2.5 %
+//! delay or 10 % others (hysteresis, so a waiter does not flip every
+//! period). The delay needs others because in a VM the waiter's own delay
+//! includes the vCPU's wake-up from halt after each sleep. System-wide figures (PSI cpu "some",
 //! procs_running) are read for reports only: on a shared machine they say
 //! little about one CPU. Where /proc cannot be read the sampler reports
 //! "unavailable" and nothing counts as contended.
@@ -30,6 +35,8 @@ use std::time::{Duration, Instant};
 
 /// Sampling period.
 pub const PERIOD: Duration = Duration::from_millis(50);
+/// Periods per measurement window.
+pub const WINDOW_PERIODS: usize = 4;
 /// Period while no adaptive waiter exists.
 const IDLE_PERIOD: Duration = Duration::from_millis(500);
 
@@ -38,6 +45,12 @@ const EXIT_OTHERS: f64 = 0.20;
 const ENTER_DELAY: f64 = 0.05;
 const EXIT_DELAY: f64 = 0.025;
 const DELAY_PER_SLICE_NS: f64 = 20_000.0;
+/// Run-queue delay counts only when others use at least this share of the
+/// CPU: in a VM our own thread's delay includes the vCPU waking from halt
+/// after each of its sleeps (measured: 2.7–4.1 % delay on an otherwise idle
+/// CPU at 10k–100k waits/s, windows above 5 % at > 20 µs per scheduling,
+/// with 10–15 % "others" from tick rounding), which is no contention.
+const DELAY_NEEDS_OTHERS: f64 = 0.25;
 
 const NO_CPU: u32 = u32::MAX;
 const UNKNOWN: u32 = u32::MAX;
@@ -100,13 +113,36 @@ impl Shared {
 
 struct Registry {
     waiters: Vec<Weak<Shared>>,
+    /// Threads of this process that only use idle CPU (the `SCHED_IDLE`
+    /// dispatchers), with their CPU: their time is not "others wanting the
+    /// CPU". Counting it made a waiter next to a dispatcher see its CPU as
+    /// ~90 % contended and sleep, which left the dispatcher more idle CPU
+    /// to fill: a feedback loop.
+    idle_threads: Vec<(i32, u32)>,
     started: bool,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     waiters: Vec::new(),
+    idle_threads: Vec::new(),
     started: false,
 });
+
+/// Declare the calling thread, pinned to `cpu`, as one that only runs on
+/// idle CPU (`SCHED_IDLE`): the sampler does not count it as contention.
+/// Undo with [`forget_idle_thread`] before the thread exits.
+pub(crate) fn declare_idle_thread(cpu: u32) -> i32 {
+    let tid = rustix::thread::gettid().as_raw_nonzero().get();
+    let mut r = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    r.idle_threads.push((tid, cpu));
+    tid
+}
+
+/// See [`declare_idle_thread`].
+pub(crate) fn forget_idle_thread(tid: i32) {
+    let mut r = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    r.idle_threads.retain(|&(t, _)| t != tid);
+}
 static AVAILABLE: AtomicI32 = AtomicI32::new(-1);
 
 fn status() -> &'static str {
@@ -152,10 +188,13 @@ fn sampler() {
     };
     let mut hist: VecDeque<Snapshot> = VecDeque::new();
     loop {
-        let live: Vec<Arc<Shared>> = {
+        let (live, idle): (Vec<Arc<Shared>>, Vec<(i32, u32)>) = {
             let mut r = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
             r.waiters.retain(|w| w.strong_count() > 0);
-            r.waiters.iter().filter_map(Weak::upgrade).collect()
+            (
+                r.waiters.iter().filter_map(Weak::upgrade).collect(),
+                r.idle_threads.clone(),
+            )
         };
         if live.is_empty() {
             hist.clear();
@@ -176,6 +215,11 @@ fn sampler() {
                 tasks.insert(tid, v);
             }
         }
+        for &(tid, _) in &idle {
+            if let Some(v) = read_task(tid) {
+                tasks.insert(tid, v);
+            }
+        }
         let now = Snapshot {
             t: Instant::now(),
             busy,
@@ -183,17 +227,17 @@ fn sampler() {
         };
         if let Some(old) = hist.front() {
             AVAILABLE.store(1, Ordering::Relaxed);
-            publish(old, &now, &live);
+            publish(old, &now, &live, &idle);
         }
         hist.push_back(now);
-        while hist.len() > 2 {
+        while hist.len() > WINDOW_PERIODS {
             hist.pop_front();
         }
         std::thread::sleep(PERIOD);
     }
 }
 
-fn publish(old: &Snapshot, now: &Snapshot, live: &[Arc<Shared>]) {
+fn publish(old: &Snapshot, now: &Snapshot, live: &[Arc<Shared>], idle: &[(i32, u32)]) {
     let dt = now.t.duration_since(old.t).as_nanos() as f64;
     if dt <= 0.0 {
         return;
@@ -205,6 +249,11 @@ fn publish(old: &Snapshot, now: &Snapshot, live: &[Arc<Shared>]) {
         if let (Some(a), Some(b)) = (old.tasks.get(&tid), now.tasks.get(&tid)) {
             *own.entry(w.cpu.load(Ordering::Relaxed)).or_default() +=
                 b.0.saturating_sub(a.0) as f64;
+        }
+    }
+    for &(tid, cpu) in idle {
+        if let (Some(a), Some(b)) = (old.tasks.get(&tid), now.tasks.get(&tid)) {
+            *own.entry(cpu).or_default() += b.0.saturating_sub(a.0) as f64;
         }
     }
     for w in live {
@@ -225,9 +274,12 @@ fn publish(old: &Snapshot, now: &Snapshot, live: &[Arc<Shared>]) {
         };
         let was = w.contended();
         let is = if was {
-            !(others < EXIT_OTHERS && delay < EXIT_DELAY)
+            !(others < EXIT_OTHERS && (delay < EXIT_DELAY || others < DELAY_NEEDS_OTHERS))
         } else {
-            others > ENTER_OTHERS || (delay > ENTER_DELAY && per_slice > DELAY_PER_SLICE_NS)
+            others > ENTER_OTHERS
+                || (others >= DELAY_NEEDS_OTHERS
+                    && delay > ENTER_DELAY
+                    && per_slice > DELAY_PER_SLICE_NS)
         };
         w.others.store((others * 1000.0) as u32, Ordering::Relaxed);
         w.delay

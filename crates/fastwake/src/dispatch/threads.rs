@@ -491,6 +491,22 @@ fn unregister_core(core: &Core) {
     lock(&REGISTRY).retain(|(_, w)| w.upgrade().is_some_and(|c| !std::ptr::eq(&*c, core)));
 }
 
+/// The dispatcher thread's entry in the pressure sampler's list of
+/// idle-class threads, removed when the thread leaves `run` (or unwinds).
+struct IdleClass(i32);
+
+impl IdleClass {
+    fn declare(cpu: u32) -> IdleClass {
+        IdleClass(crate::adaptive::pressure::declare_idle_thread(cpu))
+    }
+}
+
+impl Drop for IdleClass {
+    fn drop(&mut self) {
+        crate::adaptive::pressure::forget_idle_thread(self.0);
+    }
+}
+
 struct DeathGuard(Arc<Core>);
 
 impl Drop for DeathGuard {
@@ -582,6 +598,9 @@ impl Dispatcher {
                 *lock(&guard.0.clock) = thread_clock();
                 let _ = tx.send(setup);
                 if ok {
+                    // Adaptive waiters must not count a SCHED_IDLE
+                    // dispatcher as a thread competing for their CPU.
+                    let _idle = (cfg.policy == Policy::Idle).then(|| IdleClass::declare(run_on));
                     guard.0.run();
                 }
             })

@@ -33,7 +33,18 @@ pub(super) fn spin_phase<S: Source + ?Sized>(
     if budget.is_zero() {
         return Ok(None);
     }
-    let start = Instant::now();
+    spin_from(src, Instant::now(), budget, deadline)
+}
+
+/// The spin loop alone, from `start`: for callers that already checked the
+/// producer's CPU and read the clock (adaptive mode), since each of those
+/// costs tens of ns on the latency path.
+pub(super) fn spin_from<S: Source + ?Sized>(
+    src: &mut S,
+    start: Instant,
+    budget: Duration,
+    deadline: Option<Instant>,
+) -> Result<Option<S::Completion>> {
     let mut end = start + budget;
     if let Some(d) = deadline {
         end = end.min(d);

@@ -234,12 +234,15 @@ impl Waiter {
                         return self.count(r, !slept);
                     }
                 };
-                let r = hybrid::spin_phase(
-                    src,
-                    Duration::from_nanos(budget),
-                    deadline,
-                    &mut self.stats,
-                );
+                // The controller already ruled out a same-CPU producer
+                // and read the clock at the start of the wait.
+                let r = match (budget, ctl.started()) {
+                    (0, _) => Ok(None),
+                    (b, Some(t)) => hybrid::spin_from(src, t, Duration::from_nanos(b), deadline),
+                    (b, None) => {
+                        hybrid::spin_phase(src, Duration::from_nanos(b), deadline, &mut self.stats)
+                    }
+                };
                 match &r {
                     // Caught while spinning: the whole wait was spin.
                     Ok(Some(_)) => ctl.end(u64::MAX, false),
