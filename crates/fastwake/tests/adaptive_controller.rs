@@ -166,7 +166,7 @@ proptest! {
     /// the best possible spin budget for the true distribution.
     #[test]
     fn converges_near_the_optimum(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
-        let cfg = Config { cap_pct: 100, worth, idle_rate: 0 };
+        let cfg = Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100 };
         let mut s = Sim::new(cfg, seed);
         let plans = s.run(d, 2_000);
         let chosen = budget(*plans.last().unwrap());
@@ -186,7 +186,7 @@ proptest! {
     /// Under steady load the plan settles: few changes once warmed up.
     #[test]
     fn does_not_oscillate(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
-        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0 }, seed);
+        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100 }, seed);
         s.run(d, 1_000);
         let before = s.core.stats().plan_changes;
         s.run(d, 5_000);
@@ -225,7 +225,7 @@ proptest! {
     fn reacts_to_a_load_change(a in dist(), b in dist(), seed in any::<u64>()) {
         let worth = fastwake::adaptive::DEFAULT_WORTH as f64;
         // The model alone: the idle-rate rule has its own test.
-        let mut s = Sim::new(Config { idle_rate: 0, ..Config::default() }, seed);
+        let mut s = Sim::new(Config { idle_rate: 0, catch_pct: 100, ..Config::default() }, seed);
         s.run(a, 1_500);
         for (from, to) in [(a, b), (b, a)] {
             let t = Truth::new(to);
@@ -254,20 +254,36 @@ fn never_spins_against_a_producer_on_its_cpu() {
 
 /// On a contended CPU the controller spins only where that is cheaper in
 /// CPU than a sleep (the worth = 1 objective): through µs gaps, not
-/// through gaps of tens of µs that the default worth would spin through.
+/// through gaps of tens of µs that the default worth would spin through;
+/// and only while the spin is a small share of the CPU over the long run
+/// (a waiter that spins most of the time loses the scheduler's wake-up
+/// preemption to the threads it shares the CPU with).
 #[test]
 fn contended_cpu_spins_only_where_a_sleep_costs_more() {
     let contended = Env {
         contended: true,
         ..Env::default()
     };
-    // 1 µs gaps: a spin of ~1 µs is cheaper than a ~3 µs sleep.
+    // Bursts of 1 µs gaps between 1 ms pauses: a spin of ~1 µs is cheaper
+    // than a ~3 µs sleep, and the spin is ~1 % of the CPU.
+    let bursts = Dist::Mix {
+        p: 0.9,
+        short: 1_000.0,
+        long: 1_000_000.0,
+    };
     let mut s = Sim::new(Config::default(), 1);
-    s.run(Dist::Exp(1_000.0), 500);
+    s.run(bursts, 2_000);
     let free = budget(s.step(1_000, Env::default()));
     let lean = budget(s.step(1_000, contended));
     assert!(lean > 0 && lean <= free, "lean {lean} ns, free {free} ns");
     assert_eq!(s.core.stats().lean_spins, 1);
+    // The same 1 µs gaps without pauses: spinning would take most of the
+    // CPU, so a contended CPU gets interrupt mode.
+    let mut s = Sim::new(Config::default(), 1);
+    s.run(Dist::Exp(1_000.0), 2_000);
+    assert!(budget(s.step(1_000, Env::default())) > 0);
+    assert_eq!(s.step(1_000, contended), Plan::Spin(0));
+    assert_eq!(s.core.stats().contended, 1);
     // 50 µs gaps (20k waits/s): worth spinning on a free CPU, not on a
     // contended one.
     let mut s = Sim::new(Config::default(), 2);
@@ -275,6 +291,71 @@ fn contended_cpu_spins_only_where_a_sleep_costs_more() {
     assert!(budget(s.step(50_000, Env::default())) > 0);
     assert_eq!(s.step(50_000, contended), Plan::Spin(0));
     assert_eq!(s.core.stats().contended, 1);
+}
+
+/// The catch rule: the budget stops at the catch quantile of the waits
+/// (plus the ski-rental budget), however far the model alone would spin;
+/// catch=100% leaves the model alone.
+#[test]
+fn catch_limits_the_budget_to_a_quantile_of_the_waits() {
+    // 97 % of the gaps ~10 µs (inside bursts), 3 % ~20 ms: the model
+    // spins far into the short gaps' tail.
+    let d = Dist::Mix {
+        p: 0.97,
+        short: 10_000.0,
+        long: 20_000_000.0,
+    };
+    let last = |catch_pct: u8| {
+        let mut s = Sim::new(
+            Config {
+                idle_rate: 0,
+                catch_pct,
+                ..Config::default()
+            },
+            9,
+        );
+        let plans = s.run(d, 3_000);
+        (budget(*plans.last().unwrap()), s.core.catch_budget())
+    };
+    let (model, limit) = last(100);
+    assert_eq!(limit, u64::MAX);
+    let (caught, limit90) = last(90);
+    // The mix's 90th percentile is the short gaps' 93rd: ~27 µs, within
+    // the histogram's 25 % buckets.
+    assert!(
+        caught <= limit90 && (20_000..45_000).contains(&caught),
+        "catch=90% budget {caught} ns (limit {limit90})"
+    );
+    assert!(
+        model >= 2 * caught,
+        "the model alone spins {model} ns, catch=90% {caught} ns"
+    );
+}
+
+/// The model learns what a sleep costs from the caller's measurements:
+/// a dearer sleep makes spinning pay through longer gaps.
+#[test]
+fn measured_sleep_cost_moves_the_break_even() {
+    // 60 µs gaps on a contended CPU spin lean (worth = 1) only when a
+    // sleep costs more than about the gap's share of it.
+    let run = |sleep_ns: Option<u64>| {
+        let mut s = Sim::new(
+            Config {
+                idle_rate: 0,
+                ..Config::default()
+            },
+            11,
+        );
+        if let Some(ns) = sleep_ns {
+            for _ in 0..32 {
+                s.core.observe_sleep_cpu(ns);
+            }
+        }
+        s.run(Dist::Exp(20_000.0), 2_000);
+        s.core.lean_budget()
+    };
+    assert_eq!(run(None), 0, "3 µs sleeps: no lean spin through 20 µs gaps");
+    assert!(run(Some(30_000)) > 0, "30 µs sleeps: lean spin pays");
 }
 
 #[test]
@@ -366,13 +447,15 @@ fn dispatch_is_chosen_when_a_shared_dispatcher_is_cheaper() {
 #[test]
 fn adaptive_parses_and_prints() {
     use fastwake::WaitMode;
-    for (s, cap, worth, idle_rate) in [
-        ("adaptive", 100, 100, 2000),
-        ("adaptive:cap=20%", 20, 100, 2000),
-        ("adaptive:cap=5%,worth=10", 5, 10, 2000),
-        ("adaptive:worth=1000", 100, 1000, 2000),
-        ("adaptive:idle=0", 100, 100, 0),
-        ("adaptive:cap=50%,idle=500", 50, 100, 500),
+    for (s, cap, worth, idle_rate, catch_pct) in [
+        ("adaptive", 100, 100, 2000, 90),
+        ("adaptive:cap=20%", 20, 100, 2000, 90),
+        ("adaptive:cap=5%,worth=10", 5, 10, 2000, 90),
+        ("adaptive:worth=1000", 100, 1000, 2000, 90),
+        ("adaptive:idle=0", 100, 100, 0, 90),
+        ("adaptive:cap=50%,idle=500", 50, 100, 500, 90),
+        ("adaptive:catch=100%", 100, 100, 2000, 100),
+        ("adaptive:worth=50,catch=99%", 100, 50, 2000, 99),
     ] {
         let m: WaitMode = s.parse().unwrap();
         assert_eq!(
@@ -381,6 +464,7 @@ fn adaptive_parses_and_prints() {
                 cap_pct: cap,
                 worth,
                 idle_rate,
+                catch_pct,
             })
         );
         assert_eq!(m.to_string(), s);
@@ -400,6 +484,8 @@ fn adaptive_parses_and_prints() {
         "adaptive:foo=1",
         "adaptive:worth=0",
         "adaptive:cap",
+        "adaptive:catch=40%",
+        "adaptive:catch=101",
     ] {
         let r = bad.parse::<WaitMode>();
         if bad == "adaptive:" {

@@ -11,7 +11,9 @@
 //!   (includes any lateness of the producer and any queueing);
 //! - **CPU** = the consumer thread's CPU time (CLOCK_THREAD_CPUTIME_ID)
 //!   over the measured windows, plus the CPU of any helper thread the mode
-//!   uses (the dispatcher in dispatch mode). The producer's CPU is not in
+//!   uses (the dispatcher: charged to dispatch mode whenever it runs, and
+//!   to adaptive for the windows in which adaptive handed waits to it).
+//!   The producer's CPU is not in
 //!   it: its pacing spin dwarfs its sends; the doorbell rings a sleeping
 //!   consumer costs the producer show in the `sleeps` column instead.
 //!
@@ -317,6 +319,15 @@ fn consumer(
             .and_then(|d| d.cpu_time())
             .unwrap_or_default()
     };
+    // The dispatcher's CPU is its mode's cost wherever it falls: after a
+    // dispatch window it polls on until its idle threshold, into the next
+    // mode's window, and charging that to the next mode made fixed modes
+    // look dearer than they are (by ~2 ms per window, which is most of an
+    // interrupt-mode window's CPU at 1k/s). Adaptive is charged the
+    // windows in which it handed waits to the dispatcher.
+    let dispatch_row = ends
+        .iter()
+        .position(|e| e.waiter.mode() == WaitMode::Dispatch);
     for s in &segs {
         let e = &mut ends[s.mode];
         loop {
@@ -324,6 +335,7 @@ fn consumer(
                 break;
             }
         }
+        let dispatched0 = e.waiter.stats().handoffs + e.waiter.stats().dispatch_fallbacks;
         let sleeps0 = e.waiter.stats().sleeps;
         let (c0, h0, w0) = (
             fastwake::cpu::thread_cpu_time(),
@@ -345,9 +357,15 @@ fn consumer(
         }
         if s.measured {
             o.cpu += fastwake::cpu::thread_cpu_time() - c0;
-            o.helper_cpu += helper_cpu().saturating_sub(h0);
             o.wall += w0.elapsed();
             o.sleeps += e.waiter.stats().sleeps - sleeps0;
+            let used_dispatcher =
+                e.waiter.stats().handoffs + e.waiter.stats().dispatch_fallbacks > dispatched0;
+            let h = helper_cpu().saturating_sub(h0);
+            match dispatch_row {
+                Some(d) if !used_dispatcher => out[d].helper_cpu += h,
+                _ => out[s.mode].helper_cpu += h,
+            }
         }
     }
     for (e, o) in ends.iter().zip(out.iter_mut()) {

@@ -101,20 +101,31 @@ impl Hist {
         self.w[i]
     }
 
+    /// The upper edge of the bucket holding the `q` quantile (0..=1): a
+    /// budget that catches at least that share of the recorded waits; 0
+    /// when empty.
+    pub fn quantile_upper(&self, q: f32) -> u64 {
+        self.quantile_bucket(q).map_or(0, upper)
+    }
+
     /// The `q` quantile (0..=1), as a bucket midpoint; 0 when empty.
     pub fn quantile(&self, q: f32) -> u64 {
+        self.quantile_bucket(q).map_or(0, mid)
+    }
+
+    fn quantile_bucket(&self, q: f32) -> Option<usize> {
         if self.total <= 0.0 {
-            return 0;
+            return None;
         }
         let target = q.clamp(0.0, 1.0) * self.total;
         let mut acc = 0.0;
         for (i, w) in self.w.iter().enumerate() {
             acc += w;
             if acc >= target && *w > 0.0 {
-                return mid(i);
+                return Some(i);
             }
         }
-        mid(BUCKETS - 1)
+        Some(BUCKETS - 1)
     }
 }
 

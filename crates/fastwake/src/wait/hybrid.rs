@@ -33,17 +33,24 @@ pub(super) fn spin_phase<S: Source + ?Sized>(
     if budget.is_zero() {
         return Ok(None);
     }
-    spin_from(src, Instant::now(), budget, deadline)
+    let mut seen = Instant::now();
+    spin_from(src, seen, budget, deadline, &mut seen)
 }
 
 /// The spin loop alone, from `start`: for callers that already checked the
 /// producer's CPU and read the clock (adaptive mode), since each of those
-/// costs tens of ns on the latency path.
+/// costs tens of ns on the latency path. `seen` is set to the last clock
+/// reading of the loop (or left alone if it read none): a caller that wants
+/// to know how long the spin took uses it instead of reading the clock
+/// again after a catch, which would sit between the completion and its
+/// return (it is within [`SPINS_PER_CLOCK`] iterations, well under the
+/// 1 µs resolution budgets are chosen at).
 pub(super) fn spin_from<S: Source + ?Sized>(
     src: &mut S,
     start: Instant,
     budget: Duration,
     deadline: Option<Instant>,
+    seen: &mut Instant,
 ) -> Result<Option<S::Completion>> {
     let mut end = start + budget;
     if let Some(d) = deadline {
@@ -58,8 +65,11 @@ pub(super) fn spin_from<S: Source + ?Sized>(
         }
         std::hint::spin_loop();
         n = n.wrapping_add(1);
-        if n.is_multiple_of(SPINS_PER_CLOCK) && Instant::now() >= end {
-            return Ok(None);
+        if n.is_multiple_of(SPINS_PER_CLOCK) {
+            *seen = Instant::now();
+            if *seen >= end {
+                return Ok(None);
+            }
         }
     }
 }

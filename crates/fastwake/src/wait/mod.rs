@@ -236,16 +236,27 @@ impl Waiter {
                 };
                 // The controller already ruled out a same-CPU producer
                 // and read the clock at the start of the wait.
+                let mut seen = None;
                 let r = match (budget, ctl.started()) {
                     (0, _) => Ok(None),
-                    (b, Some(t)) => hybrid::spin_from(src, t, Duration::from_nanos(b), deadline),
+                    (b, Some(t)) => {
+                        let mut last = t;
+                        let r =
+                            hybrid::spin_from(src, t, Duration::from_nanos(b), deadline, &mut last);
+                        seen = Some(last);
+                        r
+                    }
                     (b, None) => {
                         hybrid::spin_phase(src, Duration::from_nanos(b), deadline, &mut self.stats)
                     }
                 };
                 match &r {
-                    // Caught while spinning: the whole wait was spin.
-                    Ok(Some(_)) => ctl.end(u64::MAX, false),
+                    // Caught while spinning: the whole wait was spin, and
+                    // the spin loop's last clock reading dates it.
+                    Ok(Some(_)) => match seen {
+                        Some(t) => ctl.end_at(t, u64::MAX, false),
+                        None => ctl.end(u64::MAX, false),
+                    },
                     Ok(None) => ctl.set_spun(budget),
                     Err(_) => ctl.end(budget, false),
                 }
@@ -254,6 +265,9 @@ impl Waiter {
         };
         if let Some(c) = spun {
             return self.count(Ok(Some(c)), true);
+        }
+        if let Some(ctl) = self.adaptive.as_deref_mut() {
+            ctl.before_block();
         }
         let mut rep = BlockReport::default();
         let r = block_until_ready(src, deadline, &mut rep);
