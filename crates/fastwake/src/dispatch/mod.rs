@@ -46,7 +46,7 @@ pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_millis(2);
 
 /// A peek handle's identity: the address of its allocation.
 fn handle_id(p: &std::sync::Arc<dyn crate::source::Peek>) -> usize {
-    std::sync::Arc::as_ptr(p) as *const () as usize
+    crate::source::peek_id(p)
 }
 
 /// What a dispatcher is doing.

@@ -121,15 +121,18 @@ impl TaskCtx<'_> {
             }
             // Same identity rule as dispatch-mode threads: the handle's
             // address, kept unique by the runtime holding the handle.
-            let ask = match src.peek_handle() {
-                Some(p) => {
-                    let key = super::handle_id(&p);
-                    if self.key.replace(key) == key {
-                        Ask::Wait(None)
-                    } else {
+            let ask = match src.peek_id() {
+                Some(key) if self.key.get() == key => Ask::Wait(None),
+                Some(_) => match src.peek_handle() {
+                    Some(p) => {
+                        self.key.set(super::handle_id(&p));
                         Ask::Wait(Some(p))
                     }
-                }
+                    None => {
+                        self.key.set(0);
+                        Ask::Poll
+                    }
+                },
                 None => {
                     self.key.set(0);
                     Ask::Poll
@@ -369,9 +372,12 @@ impl Runtime {
             if self.watch.plain_only() && self.ready.is_empty() {
                 // Few sources: switch into the first ready task as soon as
                 // it is found, not after peeking the rest.
+                // (`waiting` is the scan's interest mask: `i` waits.)
                 if let Some(i) = self.watch.next_plain_ready(&self.waiting, self.cursor) {
                     self.cursor = i + 1;
-                    self.ready.push(i);
+                    self.stats.handoffs += 1;
+                    self.resume(i);
+                    worked = true;
                 }
             } else {
                 self.collect_ready(false);

@@ -720,10 +720,12 @@ fn watchdog(core: &Core) {
         match core.mode.load(Ordering::SeqCst) {
             MODE_DEAD => return,
             MODE_SLEEPING => {
-                // Bounded only so a FIFO dispatcher's short step-asides
-                // (also SLEEPING) cannot park the watchdog for long.
-                core.awake
-                    .wait_private(seq, Some(Duration::from_millis(100)));
+                // The dispatcher bumps `awake` when it leaves its idle
+                // sleep or dies, so an idle core costs no wake-up here. A
+                // FIFO dispatcher's short step-asides are SLEEPING too
+                // without a bump: bounded for that policy only.
+                let limit = (core.cfg.policy == Policy::Fifo).then_some(Duration::from_millis(100));
+                core.awake.wait_private(seq, limit);
                 continue;
             }
             _ => {}

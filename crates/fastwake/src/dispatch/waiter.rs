@@ -145,14 +145,17 @@ impl Link {
         // The handle's address identifies the source: the registration
         // keeps the handle alive, so the address cannot be reused by
         // another source meanwhile (unlike the source's own address).
+        if let Some(key) = src.peek_id()
+            && self.key == key
+            && self.registered()
+        {
+            return true;
+        }
         let Some(peek) = src.peek_handle() else {
             self.reg = None;
             return false;
         };
         let key = super::handle_id(&peek);
-        if self.key == key && self.registered() {
-            return true;
-        }
         self.reg = None;
         self.key = key;
         let Some(core) = crate::cpu::current().and_then(lookup) else {

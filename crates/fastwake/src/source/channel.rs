@@ -532,11 +532,14 @@ impl Sender {
             return;
         }
         let p = &self.r.header().prod.0;
+        self.published = self.head;
+        let prev = p.head_armed.fetch_add(2 * n, Ordering::AcqRel);
+        // After the publish, not before: getcpu costs tens of ns, and the
+        // consumer only uses the CPU as a hint (never spin against a
+        // producer on its own CPU), which one completion late is as good.
         if let Some(cpu) = crate::cpu::current() {
             p.producer_cpu.store(cpu, Ordering::Relaxed);
         }
-        self.published = self.head;
-        let prev = p.head_armed.fetch_add(2 * n, Ordering::AcqRel);
         if prev & 1 != 0 {
             // Clear before ringing: an arm that lands in between is then
             // either cleared and followed by this ring, or set after it and
@@ -610,6 +613,13 @@ pub struct Receiver {
 }
 
 impl Receiver {
+    /// The one peek handle of this receiver (made on first use), so that
+    /// its address identifies the source (see [`Source::peek_id`]).
+    fn cached_peek(&self) -> &Arc<dyn Peek> {
+        self.peek
+            .get_or_init(|| Arc::new(ChannelPeek { r: self.r.clone() }))
+    }
+
     fn claim(r: Arc<Region>) -> Result<Receiver> {
         let c = &r.header().cons.0;
         if c.consumer_attached.swap(1, Ordering::AcqRel) != 0 {
@@ -746,11 +756,11 @@ impl Source for Receiver {
     }
 
     fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
-        Some(
-            self.peek
-                .get_or_init(|| Arc::new(ChannelPeek { r: self.r.clone() }))
-                .clone(),
-        )
+        Some(self.cached_peek().clone())
+    }
+
+    fn peek_id(&self) -> Option<usize> {
+        Some(super::peek_id(self.cached_peek()))
     }
 }
 

@@ -181,6 +181,21 @@ pub trait Source {
     fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
         None
     }
+
+    /// The identity of [`Source::peek_handle`]'s handle (its address), so
+    /// a waiter can check "same source as last time" on every wait without
+    /// cloning the `Arc` (two atomic read-modify-writes, ~10-20 ns on the
+    /// path between one completion and the next peek). The default clones;
+    /// a source that caches its handle returns the address directly.
+    fn peek_id(&self) -> Option<usize> {
+        self.peek_handle().map(|p| peek_id(&p))
+    }
+}
+
+/// The identity of a peek handle: its address, unique while someone holds
+/// the handle (see [`Source::peek_id`]).
+pub fn peek_id(p: &Arc<dyn Peek>) -> usize {
+    Arc::as_ptr(p) as *const () as usize
 }
 
 /// What happened in one [`block_until_ready`] call, for wait-mode statistics.
