@@ -462,7 +462,18 @@ pub struct Sender {
     /// Head as last published.
     published: u64,
     cached_tail: u64,
+    /// Publishes until the producer's CPU is looked up again, and the CPU
+    /// last stored (NO_CPU: none yet).
+    cpu_countdown: u32,
+    cpu: u32,
 }
+
+/// Publishes between two looks at the producer's CPU. The CPU is only a
+/// hint for the consumer (never spin against a producer on your own
+/// CPU), a thread rarely moves, and getcpu plus a store to the line the
+/// consumer polls would sit in every publish's latency: after a move the
+/// hint is stale for at most this many publishes.
+const CPU_REFRESH: u32 = 64;
 
 impl Sender {
     fn claim(r: Arc<Region>) -> Result<Sender> {
@@ -477,6 +488,8 @@ impl Sender {
             head,
             published: head,
             cached_tail,
+            cpu_countdown: 0,
+            cpu: NO_CPU,
         })
     }
 
@@ -532,14 +545,21 @@ impl Sender {
             return;
         }
         let p = &self.r.header().prod.0;
+        if self.cpu_countdown == 0 {
+            self.cpu_countdown = CPU_REFRESH;
+            // Stored before the publish and only when it changed: a store
+            // after it would pull the line back from a consumer that is
+            // reading the new head.
+            if let Some(cpu) = crate::cpu::current()
+                && cpu != self.cpu
+            {
+                self.cpu = cpu;
+                p.producer_cpu.store(cpu, Ordering::Relaxed);
+            }
+        }
+        self.cpu_countdown -= 1;
         self.published = self.head;
         let prev = p.head_armed.fetch_add(2 * n, Ordering::AcqRel);
-        // After the publish, not before: getcpu costs tens of ns, and the
-        // consumer only uses the CPU as a hint (never spin against a
-        // producer on its own CPU), which one completion late is as good.
-        if let Some(cpu) = crate::cpu::current() {
-            p.producer_cpu.store(cpu, Ordering::Relaxed);
-        }
         if prev & 1 != 0 {
             // Clear before ringing: an arm that lands in between is then
             // either cleared and followed by this ring, or set after it and
