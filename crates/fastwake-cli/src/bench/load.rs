@@ -26,7 +26,9 @@ mod plot;
 
 use super::stats::{self, Row, Sample};
 use fastwake::dispatch::{self, Dispatcher};
+use super::sources::net;
 use fastwake::source::channel::{self, Config as ChanConfig, Doorbell, Receiver, Sender};
+use fastwake::source::socket::{SocketOptions, SocketSource};
 use fastwake::{Fail, Result, WaitMode, Waiter};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -53,7 +55,8 @@ pub struct Args {
         default_value = "poll,interrupt,hybrid,dispatch,adaptive"
     )]
     pub mode: Vec<String>,
-    /// Completion source (channel).
+    /// Completion source: channel (shared memory), or tcp (a loopback TCP
+    /// connection per mode, read through the socket source).
     #[arg(long, default_value = "channel")]
     pub source: String,
     /// Measured seconds per mode and scenario.
@@ -253,8 +256,87 @@ fn wait_until(epoch: Instant, t: u64) {
     }
 }
 
+/// The producer's end of one mode's stream.
+enum Tx {
+    Chan(Sender),
+    /// Each message is the 8-byte tag, then the payload.
+    Tcp(SocketSource, Vec<u8>),
+}
+
+impl Tx {
+    fn send(&mut self, tag: u64, data: &[u8]) -> Result<()> {
+        match self {
+            Tx::Chan(tx) => tx.send(tag, data),
+            Tx::Tcp(s, buf) => {
+                buf[..8].copy_from_slice(&tag.to_ne_bytes());
+                buf[8..].copy_from_slice(data);
+                s.send(buf)
+            }
+        }
+    }
+}
+
+/// The consumer's end: a source and how to read a request's tag.
+enum Rx {
+    Chan(Receiver),
+    Tcp(SocketSource),
+}
+
+impl Rx {
+    /// Wait for the next request; its tag (scheduled send time or a
+    /// marker).
+    fn wait(&mut self, w: &mut Waiter) -> Result<u64> {
+        match self {
+            Rx::Chan(rx) => Ok(w.wait(rx)?.tag),
+            Rx::Tcp(s) => {
+                w.wait(s)?;
+                let mut tag = [0u8; 8];
+                tag.copy_from_slice(&s.message()[..8]);
+                Ok(u64::from_ne_bytes(tag))
+            }
+        }
+    }
+}
+
+/// One stream per mode over `source`, with `payload` bytes per request.
+fn streams(source: &str, modes: &[WaitMode], payload: usize) -> Result<Vec<(Tx, Ends)>> {
+    let mut v = Vec::new();
+    for m in modes {
+        let (tx, rx) = match source {
+            "tcp" => {
+                // Loopback: a veth pair adds only per-packet cost here.
+                let l = net::connect(net::Net::Loopback)?;
+                let n = 8 + payload;
+                let opts = SocketOptions::default();
+                (
+                    Tx::Tcp(SocketSource::new(l.a, n, opts)?, vec![0; n]),
+                    Rx::Tcp(SocketSource::new(l.b, n, opts)?),
+                )
+            }
+            _ => {
+                // Deep enough that a burst never blocks the producer.
+                let cfg = ChanConfig {
+                    capacity: 4096,
+                    slot_size: payload.max(1) as u32,
+                    doorbell: Doorbell::Futex,
+                };
+                let (tx, rx) = channel::channel(cfg)?;
+                (Tx::Chan(tx), Rx::Chan(rx))
+            }
+        };
+        v.push((
+            tx,
+            Ends {
+                rx,
+                waiter: Waiter::new(*m),
+            },
+        ));
+    }
+    Ok(v)
+}
+
 fn producer(
-    mut txs: Vec<Sender>,
+    mut txs: Vec<Tx>,
     segs: Vec<Segment>,
     sc: Scenario,
     seed: u64,
@@ -290,7 +372,7 @@ fn producer(
 }
 
 struct Ends {
-    rx: Receiver,
+    rx: Rx,
     waiter: Waiter,
 }
 
@@ -331,7 +413,7 @@ fn consumer(
     for s in &segs {
         let e = &mut ends[s.mode];
         loop {
-            if e.waiter.wait(&mut e.rx)?.tag == START {
+            if e.rx.wait(&mut e.waiter)? == START {
                 break;
             }
         }
@@ -344,14 +426,14 @@ fn consumer(
         );
         let o = &mut out[s.mode];
         loop {
-            let m = e.waiter.wait(&mut e.rx)?;
+            let tag = e.rx.wait(&mut e.waiter)?;
             let got = now_ns(epoch);
-            if m.tag == STOP {
+            if tag == STOP {
                 break;
             }
             if s.measured {
                 o.sample
-                    .record_one_way(Duration::from_nanos(got.saturating_sub(m.tag)));
+                    .record_one_way(Duration::from_nanos(got.saturating_sub(tag)));
                 o.msgs += 1;
             }
         }
@@ -392,21 +474,7 @@ fn run_scenario(
     modes: &[WaitMode],
     names: &[String],
 ) -> Result<(Vec<Row>, Vec<Option<String>>)> {
-    let cfg = ChanConfig {
-        capacity: 4096,
-        slot_size: a.size.max(1) as u32,
-        doorbell: Doorbell::Futex,
-    };
-    let mut txs = Vec::new();
-    let mut ends = Vec::new();
-    for m in modes {
-        let (tx, rx) = channel::channel(cfg)?;
-        txs.push(tx);
-        ends.push(Ends {
-            rx,
-            waiter: Waiter::new(*m),
-        });
-    }
+    let (txs, ends): (Vec<Tx>, Vec<Ends>) = streams(&a.source, modes, a.size)?.into_iter().unzip();
     let helper = if modes.contains(&WaitMode::Dispatch) {
         Some(Arc::new(Dispatcher::start(dispatch::Config::new(
             a.cpus.1,
@@ -591,9 +659,9 @@ fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if a.source != "channel" {
+    if a.source != "channel" && a.source != "tcp" {
         return Err(Fail::invalid(format!(
-            "unknown source '{}': bench load supports: channel",
+            "unknown source '{}': bench load supports: channel, tcp",
             a.source
         )));
     }
