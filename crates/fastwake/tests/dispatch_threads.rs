@@ -186,13 +186,32 @@ fn dying_dispatcher_falls_back() {
     assert_ne!(d.state(), State::Dead);
 }
 
+/// From `cpu`, send completion 0 to a waiting `consumer`; its stats and
+/// how long it took to get it.
+fn send_one_after(
+    cpu: u32,
+    tx: &mut Sender,
+    consumer: std::thread::JoinHandle<fastwake::wait::WaitStats>,
+) -> (fastwake::wait::WaitStats, Duration) {
+    fastwake::cpu::pin(cpu).unwrap();
+    let t0 = Instant::now();
+    tx.send(0, b"x").unwrap();
+    let s = consumer.join().expect("consumer failed");
+    (s, t0.elapsed())
+}
+
+/// A dispatcher on `cpu` that sleeps after 2 ms without work.
+fn idle_after_2ms(cpu: u32) -> Dispatcher {
+    let mut cfg = Config::new(cpu);
+    cfg.idle_after = Some(Duration::from_millis(2));
+    Dispatcher::start(cfg).expect("start dispatcher")
+}
+
 #[test]
 fn idle_dispatcher_sleeps_and_wakes() {
     let _g = spin_lock();
     let (wcpu, pcpu) = cpus();
-    let mut cfg = Config::new(wcpu);
-    cfg.idle_after = Some(Duration::from_millis(2));
-    let d = Dispatcher::start(cfg).expect("start dispatcher");
+    let d = idle_after_2ms(wcpu);
     let (mut tx, rx) = chan();
     let start = Arc::new(Barrier::new(2));
     let h = consumer(wcpu, rx, 3, start.clone());
@@ -334,11 +353,7 @@ fn watchdog_rescues_a_starved_dispatcher() {
         })
     };
     std::thread::sleep(Duration::from_millis(20));
-    fastwake::cpu::pin(pcpu).unwrap();
-    let t0 = Instant::now();
-    tx.send(0, b"x").unwrap();
-    let s = h.join().expect("consumer failed");
-    let took = t0.elapsed();
+    let (s, took) = send_one_after(pcpu, &mut tx, h);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     hog.join().unwrap();
     eprintln!(
@@ -349,6 +364,39 @@ fn watchdog_rescues_a_starved_dispatcher() {
     // Without the watchdog a SCHED_IDLE dispatcher next to a spinning
     // normal thread gets a few ms of CPU per second at best.
     assert!(took < Duration::from_millis(250), "stranded for {took:?}");
+}
+
+/// A wait that wakes an idle (sleeping) dispatcher which then does not
+/// get the CPU (a SCHED_IDLE thread next to a busy one; here made
+/// deterministic with a stall after each wake-up): the waiter announces
+/// and sleeps trusting the dispatcher it just kicked, so the watchdog,
+/// asleep while the dispatcher slept, must be woken by the kick itself.
+#[test]
+fn kicking_a_stalled_sleeping_dispatcher_wakes_the_watchdog() {
+    let _g = spin_lock();
+    let (wcpu, pcpu) = cpus();
+    let d = idle_after_2ms(wcpu);
+    d.inject_wake_stall(400);
+    let t0 = Instant::now();
+    while d.state() != State::Sleeping {
+        assert!(t0.elapsed() < WAIT, "dispatcher never went idle");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (mut tx, rx) = chan();
+    let start = Arc::new(Barrier::new(2));
+    let h = consumer(wcpu, rx, 1, start.clone());
+    start.wait();
+    // The consumer kicks the sleeping dispatcher and goes to sleep.
+    std::thread::sleep(Duration::from_millis(20));
+    let (s, took) = send_one_after(pcpu, &mut tx, h);
+    eprintln!("kicked wait served after {took:?}: {s:?}; {:?}", d.stats());
+    assert_eq!(s.completions, 1);
+    assert!(
+        s.dispatch_fallbacks == 0 && s.dispatch_paused == 0,
+        "the wait did not go to sleep trusting the dispatcher: {s:?}"
+    );
+    // The watchdog looks every millisecond; the stall is 400 ms.
+    assert!(took < Duration::from_millis(100), "stranded for {took:?}");
 }
 
 /// Echo servers on `wcpu` in dispatch mode; a client on `pcpu` sends `n`

@@ -24,9 +24,9 @@
 
 mod plot;
 
+use super::sources::net;
 use super::stats::{self, Row, Sample};
 use fastwake::dispatch::{self, Dispatcher};
-use super::sources::net;
 use fastwake::source::channel::{self, Config as ChanConfig, Doorbell, Receiver, Sender};
 use fastwake::source::socket::{SocketOptions, SocketSource};
 use fastwake::{Fail, Result, WaitMode, Waiter};

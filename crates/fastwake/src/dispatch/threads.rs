@@ -108,6 +108,10 @@ pub(crate) struct Core {
     free: Mutex<Vec<usize>>,
     stop: AtomicBool,
     crash: AtomicBool,
+    /// Test hook: ms the dispatcher stays off the CPU after it is woken
+    /// from its idle sleep (what a busy core does to a SCHED_IDLE thread,
+    /// made deterministic).
+    stall_ms: AtomicU64,
     handoffs: AtomicU64,
     passes: AtomicU64,
     idle_sleeps: AtomicU64,
@@ -201,6 +205,12 @@ impl Core {
                 .is_ok()
         {
             self.kick.bump_and_wake_private();
+            // The watchdog sleeps while the dispatcher does; wake it here,
+            // not when the dispatcher gets going: a SCHED_IDLE dispatcher
+            // next to a busy thread may not run for hundreds of ms, and
+            // the waits that kicked it must be rescued meanwhile (measured:
+            // a 1k/s stream next to a CPU hog waited 434 ms at p50).
+            self.awake.bump_and_wake_private();
         }
     }
 
@@ -283,6 +293,10 @@ impl Core {
             // Stop requests and crash injection kick; the timeout is only a
             // safety net, long enough to cost nothing.
             self.kick.wait_private(seq, Some(Duration::from_secs(1)));
+        }
+        let stall = self.stall_ms.load(Ordering::Relaxed);
+        if stall > 0 {
+            std::thread::sleep(Duration::from_millis(stall));
         }
         let _ = self.mode.compare_exchange(
             MODE_SLEEPING,
@@ -562,6 +576,7 @@ impl Dispatcher {
             free: Mutex::new((0..cfg.capacity).rev().collect()),
             stop: AtomicBool::new(false),
             crash: AtomicBool::new(false),
+            stall_ms: AtomicU64::new(0),
             handoffs: AtomicU64::new(0),
             passes: AtomicU64::new(0),
             idle_sleeps: AtomicU64::new(0),
@@ -672,6 +687,13 @@ impl Dispatcher {
     pub fn inject_crash(&self) {
         self.core.crash.store(true, Ordering::SeqCst);
         self.core.kick();
+    }
+
+    /// Keep the dispatcher off the CPU for `ms` each time it is woken from
+    /// its idle sleep, to test that its waiters are served meanwhile.
+    #[doc(hidden)]
+    pub fn inject_wake_stall(&self, ms: u64) {
+        self.core.stall_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Wait until the dispatcher thread has exited (after a crash).
