@@ -252,20 +252,19 @@ fn never_spins_against_a_producer_on_its_cpu() {
     assert!(budget(s.step(1_000, Env::default())) > 0);
 }
 
-/// On a contended CPU the controller spins only where that is cheaper in
-/// CPU than a sleep (the worth = 1 objective): through µs gaps, not
-/// through gaps of tens of µs that the default worth would spin through;
-/// and only while the spin is a small share of the CPU over the long run
-/// (a waiter that spins most of the time loses the scheduler's wake-up
-/// preemption to the threads it shares the CPU with).
+/// On a contended CPU the controller spins only while the spin is a small
+/// share of the CPU over the long run (a waiter that spins most of the
+/// time loses the scheduler's wake-up preemption to the threads it shares
+/// the CPU with): through bursts with pauses between them, not through a
+/// steady stream, not even one of µs gaps.
 #[test]
 fn contended_cpu_spins_only_where_a_sleep_costs_more() {
     let contended = Env {
         contended: true,
         ..Env::default()
     };
-    // Bursts of 1 µs gaps between 1 ms pauses: a spin of ~1 µs is cheaper
-    // than a ~3 µs sleep, and the spin is ~1 % of the CPU.
+    // Bursts of 1 µs gaps between 1 ms pauses: the spin is ~1 % of the
+    // CPU.
     let bursts = Dist::Mix {
         p: 0.9,
         short: 1_000.0,

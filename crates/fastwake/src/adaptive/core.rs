@@ -56,9 +56,9 @@ pub const SWITCH_FLOOR_NS: f64 = 20.0;
 /// 1 µs one would not (the spin stops at the completion anyway), and the
 /// smallest buckets hold mostly the noise of wake-up estimates.
 pub const MIN_BUDGET_NS: u64 = 1_024;
-/// On a contended CPU, spin (with the lean budget) only while the
-/// predicted spin stays below this share of the core; see `apply_env`.
-pub const LEAN_MAX_FRAC: f64 = 0.3;
+/// On a contended CPU, spin only while the spin stays below this share of
+/// the core over the long run; see `apply_env`.
+pub const SHARED_MAX_FRAC: f64 = 0.3;
 /// Longest spin budget: beyond it a wait is long enough to sleep through.
 pub const MAX_BUDGET_NS: u64 = 10_000_000;
 /// The spin allowance holds at most this much time's worth of refill.
@@ -168,8 +168,10 @@ pub struct Core {
     /// The plan under the CPU-only objective (worth = 1), for a contended
     /// CPU: spin only through gaps shorter than a sleep costs.
     lean: Plan,
-    /// Predicted fraction of a core the lean plan spins.
+    /// Long-run share of a core the lean plan spins.
     lean_frac: f64,
+    /// Long-run share of a core the plan spins (with the catch limit).
+    full_frac: f64,
     /// Longest budget [`Config::catch_pct`] allows (u64::MAX: no limit).
     catch_ns: u64,
     /// Sleep CPU costs observed so far (the first replaces the default).
@@ -207,7 +209,8 @@ impl Core {
             pending: None,
             rejected: false,
             lean: Plan::Spin(0),
-            lean_frac: 0.0,
+            lean_frac: 1.0,
+            full_frac: 1.0,
             catch_ns: u64::MAX,
             sleep_samples: 0,
             long_gap_ns: 0.0,
@@ -358,28 +361,32 @@ impl Core {
                 if env.same_cpu {
                     (Plan::Spin(0), Reason::SameCpu)
                 } else if env.contended {
-                    // Other threads want this CPU: spinning takes from them,
-                    // but so does every sleep and wake-up (a few µs of
-                    // kernel work each). Spin only as far as that pays in
-                    // CPU alone.
-                    //
-                    // And only while the spin stays a small share of the
-                    // CPU: a waiter that spins most of the time has used
-                    // up its fair share, so the scheduler lets the other
-                    // threads run whole slices before it, and it loses the
-                    // wake-up preemption a sleeper gets (measured: a 100k/s
-                    // Poisson stream next to a CPU hog, spinning p50 15 µs
-                    // vs 12 µs in interrupt mode, at more CPU; a 10k/s
-                    // bursty one, 10 % duty, spinning 4.9 µs vs 12.5 µs).
-                    match self.lean {
-                        Plan::Spin(l)
-                            if l > 0
-                                && self.lean_frac <= LEAN_MAX_FRAC
-                                && !(self.capped() && self.tokens < l as f64) =>
-                        {
-                            (Plan::Spin(l.min(b)), Reason::LeanSpin)
+                    // Other threads want this CPU. What decides is the
+                    // spin's share of the CPU over the long run: a waiter
+                    // that spins most of the time has used up its fair
+                    // share, so the scheduler runs the other threads'
+                    // whole slices before it and it loses the wake-up
+                    // preemption a sleeper gets (measured next to a CPU
+                    // hog: a 100k/s Poisson stream spinning, p50 15 µs vs
+                    // 12 µs in interrupt mode at more CPU), while a waiter
+                    // that spins through short bursts keeps its priority
+                    // and its latency (a 10k/s ON/OFF stream, 10 % duty:
+                    // spinning 3.9 µs vs 11.6 µs, for 2 % of a core).
+                    // So: the usual budget while its share is small; else
+                    // only the CPU-only budget (spinning that costs less
+                    // than a sleep and wake-up, which take the others' CPU
+                    // too), if that share is small; else interrupt mode.
+                    let full = b.min(self.catch_ns);
+                    let afford = |x: u64| !(self.capped() && self.tokens < x as f64);
+                    if self.full_frac <= SHARED_MAX_FRAC && afford(full) {
+                        (Plan::Spin(full), Reason::LeanSpin)
+                    } else {
+                        match self.lean {
+                            Plan::Spin(l) if l > 0 && self.lean_frac <= SHARED_MAX_FRAC && afford(l) => {
+                                (Plan::Spin(l.min(b)), Reason::LeanSpin)
+                            }
+                            _ => (Plan::Spin(0), Reason::Contended),
                         }
-                        _ => (Plan::Spin(0), Reason::Contended),
                     }
                 } else {
                     let b = b.min(self.catch_ns);
@@ -433,22 +440,21 @@ impl Core {
         self.stats.recomputes += 1;
         if let Some(lean) = self.best_spin(1.0) {
             self.lean = lean.plan;
-            // Over the long run, not the last few dozen waits: the
-            // scheduler's fairness remembers a burst's spin through the
-            // idle gap after it.
-            let spin = lean.cpu - (1.0 - lean.p_hit) * self.model.sleep_cpu_ns;
-            self.lean_frac = if self.long_gap_ns > 0.0 {
-                (spin / self.long_gap_ns).min(1.0)
-            } else {
-                lean.spin_frac
-            };
+            self.lean_frac = self.long_run_share(self.lean_budget());
         }
         self.catch_ns = if self.cfg.catch_pct >= 100 {
             u64::MAX
         } else {
+            // Never below the ski-rental budget either: a spin no longer
+            // than what a sleep itself costs (wake-up plus its CPU) is
+            // within 2x of the best choice whatever the waits are, and a
+            // tiny quantile (a burst of back-to-back completions) would
+            // otherwise put every hiccup inside a burst to sleep.
+            let ski = (self.model.wake_ns + self.model.sleep_cpu_ns) as u64;
             self.hist
                 .quantile_upper(self.cfg.catch_pct as f32 / 100.0)
                 .max(self.lean_budget())
+                .max(ski)
                 .max(MIN_BUDGET_NS)
         };
         let Some((best, j_min)) = self.evaluate(env) else {
@@ -490,6 +496,38 @@ impl Core {
         if let Plan::Spin(b) = self.plan {
             self.stats.budget_ns = b;
         }
+        self.full_frac = match self.plan {
+            Plan::Spin(b) if b > 0 => self.long_run_share(b.min(self.catch_ns)),
+            _ => 1.0,
+        };
+    }
+
+    /// Expected spin per wait with budget `b`, ns: E[min(W, b)].
+    fn spin_per_wait(&self, b: u64) -> f64 {
+        let total = self.hist.total() as f64;
+        if total <= 0.0 {
+            return 0.0;
+        }
+        let (mut w_le, mut s_le) = (0.0f64, 0.0f64);
+        for i in 0..hist::BUCKETS {
+            if hist::upper(i) > b {
+                break;
+            }
+            let w = self.hist.weight(i) as f64;
+            w_le += w;
+            s_le += w * hist::mid(i) as f64;
+        }
+        s_le / total + (1.0 - w_le / total).max(0.0) * b as f64
+    }
+
+    /// Share of a core that spinning with budget `b` takes over the long
+    /// run (the long-run gap, not the last few dozen waits: the scheduler's
+    /// fairness remembers a burst's spin through the idle gap after it).
+    fn long_run_share(&self, b: u64) -> f64 {
+        if self.long_gap_ns <= 0.0 {
+            return 1.0;
+        }
+        (self.spin_per_wait(b) / self.long_gap_ns).min(1.0)
     }
 
     /// Is `c` within the switching margin of the optimum `j_min`?

@@ -63,8 +63,8 @@ pub struct Config {
     /// quantile of the learned wait times), however far the model would
     /// spin (100 = no limit). Why: past the typical wait, a longer spin
     /// buys only tail latency, and pays for it on every wait that ends
-    /// a burst; the ski-rental budget (spinning that is cheaper than a
-    /// sleep in CPU alone) is always allowed. Measured on a 10k/s ON/OFF
+    /// a burst. Always allowed: the CPU-only optimum and the ski-rental
+    /// budget (a spin as long as a sleep's own cost, wake-up plus CPU). Measured on a 10k/s ON/OFF
     /// stream: the model alone spun to ~200 µs at 1.46× the CPU of a
     /// 20 µs hybrid for the same p50.
     pub catch_pct: u8,
@@ -179,7 +179,9 @@ pub enum Reason {
     LongWaits,
     /// Interrupt mode: fewer waits per second than [`Config::idle_rate`].
     IdleRate,
-    /// Spun, on a contended CPU, with the budget of the CPU-only objective.
+    /// Spun on a contended CPU: with the usual budget while the spin is a
+    /// small share of the core over the long run, else with the budget of
+    /// the CPU-only objective.
     LeanSpin,
     /// Interrupt mode: the producer runs on this CPU.
     SameCpu,
@@ -209,8 +211,7 @@ pub struct AdaptiveStats {
     /// Interrupt-mode waits because the waiter averaged fewer waits per
     /// second than [`Config::idle_rate`].
     pub idle_rate: u64,
-    /// Spinning waits on a contended CPU, with the budget of the CPU-only
-    /// objective (worth = 1: spin only where that is cheaper than a sleep).
+    /// Spinning waits on a contended CPU (see [`Reason::LeanSpin`]).
     pub lean_spins: u64,
     /// Interrupt-mode waits because the producer shared the CPU.
     pub same_cpu: u64,
