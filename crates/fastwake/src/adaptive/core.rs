@@ -59,6 +59,10 @@ pub const MIN_BUDGET_NS: u64 = 1_024;
 /// On a contended CPU, spin only while the spin stays below this share of
 /// the core over the long run; see `apply_env`.
 pub const SHARED_MAX_FRAC: f64 = 0.3;
+/// Time constant of the window the spin's share of the core is judged
+/// over: ten cycles of a 20 ms ON/OFF pattern, and about what a scheduler
+/// remembers of a thread's recent use.
+pub const SHARE_WINDOW_NS: u64 = 200_000_000;
 /// Longest spin budget: beyond it a wait is long enough to sleep through.
 pub const MAX_BUDGET_NS: u64 = 10_000_000;
 /// The spin allowance holds at most this much time's worth of refill.
@@ -172,6 +176,13 @@ pub struct Core {
     lean_frac: f64,
     /// Long-run share of a core the plan spins (with the catch limit).
     full_frac: f64,
+    /// Waits and ns in a window decaying over [`SHARE_WINDOW_NS`] of time
+    /// (updated at each recompute), for the spin's share of the core: a
+    /// window of waits would span only the last burst of a bursty stream.
+    win_waits: f64,
+    win_ns: f64,
+    win_last: Option<u64>,
+    win_pending: u32,
     /// Longest budget [`Config::catch_pct`] allows (u64::MAX: no limit).
     catch_ns: u64,
     /// Sleep CPU costs observed so far (the first replaces the default).
@@ -211,6 +222,10 @@ impl Core {
             lean: Plan::Spin(0),
             lean_frac: 1.0,
             full_frac: 1.0,
+            win_waits: 0.0,
+            win_ns: 0.0,
+            win_last: None,
+            win_pending: 0,
             catch_ns: u64::MAX,
             sleep_samples: 0,
             long_gap_ns: 0.0,
@@ -341,6 +356,7 @@ impl Core {
             self.recompute(now, env);
         }
         self.stats.decisions += 1;
+        self.win_pending += 1;
         let (plan, reason) = self.apply_env(env);
         self.stats.count(reason);
         self.pending = Some((plan, reason));
@@ -382,7 +398,9 @@ impl Core {
                         (Plan::Spin(full), Reason::LeanSpin)
                     } else {
                         match self.lean {
-                            Plan::Spin(l) if l > 0 && self.lean_frac <= SHARED_MAX_FRAC && afford(l) => {
+                            Plan::Spin(l)
+                                if l > 0 && self.lean_frac <= SHARED_MAX_FRAC && afford(l) =>
+                            {
                                 (Plan::Spin(l.min(b)), Reason::LeanSpin)
                             }
                             _ => (Plan::Spin(0), Reason::Contended),
@@ -435,6 +453,14 @@ impl Core {
 
     /// Re-run the model over the histogram.
     fn recompute(&mut self, now: u64, env: Env) {
+        if let Some(t) = self.win_last {
+            let dt = now.saturating_sub(t) as f64;
+            let f = (-dt / SHARE_WINDOW_NS as f64).exp();
+            self.win_waits = self.win_waits * f + self.win_pending as f64;
+            self.win_ns = self.win_ns * f + dt;
+        }
+        self.win_last = Some(now);
+        self.win_pending = 0;
         self.since = 0;
         self.last_recompute = now;
         self.stats.recomputes += 1;
@@ -524,10 +550,15 @@ impl Core {
     /// run (the long-run gap, not the last few dozen waits: the scheduler's
     /// fairness remembers a burst's spin through the idle gap after it).
     fn long_run_share(&self, b: u64) -> f64 {
-        if self.long_gap_ns <= 0.0 {
+        let gap = if self.win_waits >= MIN_WEIGHT as f64 {
+            self.win_ns / self.win_waits
+        } else {
+            self.long_gap_ns
+        };
+        if gap <= 0.0 {
             return 1.0;
         }
-        (self.spin_per_wait(b) / self.long_gap_ns).min(1.0)
+        (self.spin_per_wait(b) / gap).min(1.0)
     }
 
     /// Is `c` within the switching margin of the optimum `j_min`?
