@@ -292,6 +292,38 @@ fn contended_cpu_spins_only_where_a_sleep_costs_more() {
     assert_eq!(s.core.stats().contended, 1);
 }
 
+/// A long pause does not bank spinning credit on a contended CPU: a steady
+/// stream that spinning would take most of the core for is served in
+/// interrupt mode right after the waiter was idle for seconds, as before.
+#[test]
+fn a_long_pause_does_not_bank_spin_credit() {
+    let contended = Env {
+        contended: true,
+        ..Env::default()
+    };
+    let mut s = Sim::new(Config::default(), 6);
+    let d = Dist::Exp(50_000.0);
+    for _ in 0..3 {
+        for _ in 0..1_000 {
+            let w = d.sample(&mut s.rng);
+            s.step(w, contended);
+        }
+        // Idle for 2 s (the waiter served nothing), then the same stream.
+        s.now += 2_000_000_000;
+    }
+    let before = s.core.stats().contended;
+    for _ in 0..200 {
+        let w = d.sample(&mut s.rng);
+        s.step(w, contended);
+    }
+    let st = s.core.stats();
+    assert!(
+        st.contended - before >= 190,
+        "spun after a pause: {}",
+        fastwake::adaptive::explain(&s.core, None)
+    );
+}
+
 /// The catch rule: the budget stops at the catch quantile of the waits
 /// (plus the ski-rental budget), however far the model alone would spin;
 /// catch=100% leaves the model alone.

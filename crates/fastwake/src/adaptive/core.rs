@@ -63,6 +63,8 @@ pub const SHARED_MAX_FRAC: f64 = 0.3;
 /// over: ten cycles of a 20 ms ON/OFF pattern, and about what a scheduler
 /// remembers of a thread's recent use.
 pub const SHARE_WINDOW_NS: u64 = 200_000_000;
+/// Longest pause between two looks that the share window counts in full.
+pub const MAX_SHARE_GAP_NS: u64 = 20_000_000;
 /// Longest spin budget: beyond it a wait is long enough to sleep through.
 pub const MAX_BUDGET_NS: u64 = 10_000_000;
 /// The spin allowance holds at most this much time's worth of refill.
@@ -454,7 +456,12 @@ impl Core {
     /// Re-run the model over the histogram.
     fn recompute(&mut self, now: u64, env: Env) {
         if let Some(t) = self.win_last {
-            let dt = now.saturating_sub(t) as f64;
+            // A long pause counts as a short one: a scheduler does not
+            // bank the credit of a long sleep either (a thread waking from
+            // one is placed near the others, not far ahead of them), and
+            // a waiter idle for seconds must not then spin for hundreds of
+            // ms as if that were its share.
+            let dt = now.saturating_sub(t).min(MAX_SHARE_GAP_NS) as f64;
             let f = (-dt / SHARE_WINDOW_NS as f64).exp();
             self.win_waits = self.win_waits * f + self.win_pending as f64;
             self.win_ns = self.win_ns * f + dt;
