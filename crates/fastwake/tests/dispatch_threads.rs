@@ -399,6 +399,71 @@ fn kicking_a_stalled_sleeping_dispatcher_wakes_the_watchdog() {
     assert!(took < Duration::from_millis(100), "stranded for {took:?}");
 }
 
+/// A dispatcher that learns its idle threshold (`learn_idle`): completions
+/// 5 ms apart (200/s) are not worth polling for, so it learns to sleep
+/// soon after each hand-off and uses a fraction of the CPU a fixed 2 ms
+/// threshold does; completions 20 µs apart are, so it keeps polling
+/// through them.
+#[test]
+fn learned_idle_threshold_follows_the_gaps() {
+    let _g = spin_lock();
+    let (wcpu, pcpu) = cpus();
+    if wcpu == pcpu {
+        eprintln!("SKIPPED learned_idle_threshold_follows_the_gaps: needs 2 CPUs");
+        return;
+    }
+    // Returns (dispatcher CPU over the stream, its stats at the end).
+    let run = |learn: bool, gap: Duration, n: u64| {
+        let mut cfg = Config::new(wcpu);
+        if learn {
+            cfg.learn_idle = Some(fastwake::adaptive::Config::default());
+        }
+        let d = Dispatcher::start(cfg).expect("start dispatcher");
+        let (mut tx, rx) = chan();
+        let start = Arc::new(Barrier::new(2));
+        let h = consumer(wcpu, rx, n, start.clone());
+        start.wait();
+        fastwake::cpu::pin(pcpu).unwrap();
+        let c0 = d.cpu_time().expect("dispatcher clock");
+        for i in 0..n {
+            let t = Instant::now();
+            while t.elapsed() < gap {
+                std::hint::spin_loop();
+            }
+            tx.send(i, b"x").unwrap();
+        }
+        let s = h.join().expect("consumer failed");
+        assert_eq!(s.completions, n);
+        (d.cpu_time().expect("dispatcher clock") - c0, d.stats())
+    };
+    let slow = Duration::from_millis(5);
+    let (fixed_cpu, _) = run(false, slow, 60);
+    let (learned_cpu, st) = run(true, slow, 60);
+    eprintln!("200/s: fixed 2 ms threshold {fixed_cpu:?}, learned {learned_cpu:?}; {st:?}");
+    assert!(
+        st.idle_after
+            .is_some_and(|t| t < Duration::from_micros(500)),
+        "learned threshold for 5 ms gaps: {:?}",
+        st.idle_after
+    );
+    assert!(
+        learned_cpu * 2 < fixed_cpu,
+        "learned idle used {learned_cpu:?}, fixed {fixed_cpu:?}"
+    );
+    let n = 3_000;
+    let (_, st) = run(true, Duration::from_micros(20), n);
+    eprintln!("50k/s: learned {st:?}");
+    // It polls through the gaps (the threshold is about the 90th
+    // percentile of them) and pauses its waiters rarely.
+    assert!(
+        st.idle_after
+            .is_some_and(|t| t >= Duration::from_micros(10)),
+        "learned threshold for 20 µs gaps: {:?}",
+        st.idle_after
+    );
+    assert!(st.paused < n / 10, "paused {} of {n} waits", st.paused);
+}
+
 /// Echo servers on `wcpu` in dispatch mode; a client on `pcpu` sends `n`
 /// requests round robin over them, one outstanding, and checks each reply.
 /// Returns the dispatcher's counters.

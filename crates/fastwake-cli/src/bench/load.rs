@@ -59,6 +59,12 @@ pub struct Args {
     /// connection per mode, read through the socket source).
     #[arg(long, default_value = "channel")]
     pub source: String,
+    /// Idle policy of the dispatcher that `dispatch` (and `adaptive`, when
+    /// it hands waits to it) uses: `fixed` (sleep after 2 ms without a
+    /// hand-off) or `adaptive` (the threshold learned by the adaptive
+    /// controller; see dispatch::Config::learn_idle).
+    #[arg(long, default_value = "fixed", value_parser = ["fixed", "adaptive"])]
+    pub dispatcher: String,
     /// Measured seconds per mode and scenario.
     #[arg(long, default_value_t = 2.0)]
     pub secs: f64,
@@ -476,9 +482,11 @@ fn run_scenario(
 ) -> Result<(Vec<Row>, Vec<Option<String>>)> {
     let (txs, ends): (Vec<Tx>, Vec<Ends>) = streams(&a.source, modes, a.size)?.into_iter().unzip();
     let helper = if modes.contains(&WaitMode::Dispatch) {
-        Some(Arc::new(Dispatcher::start(dispatch::Config::new(
-            a.cpus.1,
-        ))?))
+        let mut dc = dispatch::Config::new(a.cpus.1);
+        if a.dispatcher == "adaptive" {
+            dc.learn_idle = Some(fastwake::adaptive::Config::default());
+        }
+        Some(Arc::new(Dispatcher::start(dc)?))
     } else {
         None
     };
@@ -604,8 +612,8 @@ fn verdict(rows: &[&Row], lowest_rate: bool) -> Vec<String> {
 fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
     let (psi, running) = fastwake::adaptive::pressure::system();
     println!(
-        "fastwake bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU",
-        a.source, a.cpus.0, a.cpus.1, a.secs, a.rounds
+        "fastwake bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU; dispatcher idle policy {}",
+        a.source, a.cpus.0, a.cpus.1, a.secs, a.rounds, a.dispatcher
     );
     println!(
         "machine at the end: load average {}, PSI cpu some avg10 {}, procs_running {}",

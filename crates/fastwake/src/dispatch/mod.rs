@@ -79,6 +79,9 @@ pub struct DispatchStats {
     pub paused: u64,
     /// Threads registered now.
     pub registered: u64,
+    /// The idle threshold in force now (learned with
+    /// [`Config::learn_idle`]); `None`: never sleeps.
+    pub idle_after: Option<std::time::Duration>,
     /// State now.
     pub state: State,
 }
