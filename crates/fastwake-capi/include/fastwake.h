@@ -46,10 +46,24 @@ struct fw_wait_stats {
     uint64_t spin_skipped_same_cpu; /* hybrid skipped spinning: producer on our CPU */
 };
 
+/* What a dispatcher did (fw_dispatcher_stats). */
+struct fw_dispatch_stats {
+    uint64_t handoffs;    /* threads woken by the dispatcher: their source was ready */
+    uint64_t rescued;     /* threads woken by its watchdog (dispatcher starved of CPU) */
+    uint64_t relayed;     /* threads woken by another waiting thread's relay */
+    uint64_t idle_sleeps; /* times it went idle (waiters back to interrupt mode) */
+    uint64_t paused;      /* waits handed back to interrupt mode on going idle */
+    uint64_t registered;  /* threads registered now */
+    int64_t idle_after_ns; /* idle threshold in force (learned or fixed); -1: never */
+    uint32_t state;       /* 0 polling, 1 sleeping, 2 dead */
+    uint32_t reserved;
+};
+
 typedef struct fw_shared fw_shared;     /* a channel's shared memory, to hand to another process */
 typedef struct fw_sender fw_sender;     /* producing end */
 typedef struct fw_receiver fw_receiver; /* consuming end */
 typedef struct fw_waiter fw_waiter;     /* a wait mode plus its statistics */
+typedef struct fw_dispatcher fw_dispatcher; /* a per-core dispatcher thread */
 
 /* Version of this ABI in the loaded library; compare with FW_ABI_VERSION. */
 uint32_t fw_abi_version(void);
@@ -90,7 +104,16 @@ int fw_receiver_ready(const fw_receiver *rx);
 int fw_receiver_fd(const fw_receiver *rx);
 void fw_receiver_destroy(fw_receiver *rx);
 
-/* A waiter in a mode: "poll", "interrupt", "hybrid" or "hybrid:<N>us". */
+/* A waiter in a mode:
+ *   "poll", "interrupt", "hybrid", "hybrid:<N>us",
+ *   "adaptive" or "adaptive:<options>" (comma-separated cap=N% (CPU cap),
+ *       worth=N (us of CPU one us of latency is worth), idle=N (waits/s
+ *       below which it waits in interrupt mode), catch=N% (percent of
+ *       waits a spin should catch)): the controller picks spin, interrupt
+ *       or hand-off to the core's dispatcher per wait;
+ *   "dispatch": register with the dispatcher serving the CPU the thread
+ *       runs on and sleep until it hands off; without one, interrupt mode.
+ * EINVAL (and fw_last_error) for anything else. */
 int fw_waiter_create(const char *mode, fw_waiter **out);
 /* Wait for one completion. timeout_ns < 0 waits forever. On success stores
  * the tag and copies min(len, buf_len) payload bytes to buf, the full length
@@ -100,6 +123,18 @@ int fw_wait(fw_waiter *w, fw_receiver *rx, int64_t timeout_ns, uint64_t *tag, vo
             size_t buf_len, size_t *len);
 int fw_waiter_stats(const fw_waiter *w, struct fw_wait_stats *out);
 void fw_waiter_destroy(fw_waiter *w);
+
+/* Start a dispatcher thread for CPU cpu (SCHED_IDLE, on that CPU): it
+ * peeks the sources of the "dispatch" (and "adaptive") waiters running on
+ * that CPU and wakes the one whose completion is ready. It goes idle
+ * (waiters back to interrupt mode) after idle_after_ns without a hand-off
+ * (< 0: never); with learn_idle != 0 that threshold is learned from the
+ * gaps between hand-offs, idle_after_ns being its ceiling. EINVAL: no such
+ * CPU; EBUSY: a dispatcher already serves it. */
+int fw_dispatcher_start(uint32_t cpu, int64_t idle_after_ns, int learn_idle, fw_dispatcher **out);
+int fw_dispatcher_stats(const fw_dispatcher *d, struct fw_dispatch_stats *out);
+/* Stop it: its waiters fall back to interrupt mode, none is lost. */
+void fw_dispatcher_stop(fw_dispatcher *d);
 
 #ifdef __cplusplus
 }

@@ -37,10 +37,25 @@ pub struct fw_wait_stats {
     pub spin_skipped_same_cpu: u64,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct fw_dispatch_stats {
+    pub handoffs: u64,
+    pub rescued: u64,
+    pub relayed: u64,
+    pub idle_sleeps: u64,
+    pub paused: u64,
+    pub registered: u64,
+    pub idle_after_ns: i64,
+    pub state: u32,
+    pub reserved: u32,
+}
+
 pub struct fw_shared(SharedChannel);
 pub struct fw_sender(Sender);
 pub struct fw_receiver(Receiver);
 pub struct fw_waiter(Waiter);
+pub struct fw_dispatcher(fastwake::dispatch::Dispatcher);
 
 thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());
@@ -414,6 +429,72 @@ pub unsafe extern "C" fn fw_waiter_destroy(w: *mut fw_waiter) {
     destroy(w)
 }
 
+/// # Safety
+/// `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_dispatcher_start(
+    cpu: u32,
+    idle_after_ns: i64,
+    learn_idle: c_int,
+    d: *mut *mut fw_dispatcher,
+) -> c_int {
+    guard(|| {
+        check_out(d)?;
+        let mut cfg = fastwake::dispatch::Config::new(cpu);
+        cfg.idle_after = u64::try_from(idle_after_ns).ok().map(Duration::from_nanos);
+        if learn_idle != 0 {
+            cfg.learn_idle = Some(fastwake::adaptive::Config::default());
+        }
+        out(
+            d,
+            fw_dispatcher(fastwake::dispatch::Dispatcher::start(cfg)?),
+        )
+    })
+}
+
+/// # Safety
+/// `d` from this library; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_dispatcher_stats(
+    d: *const fw_dispatcher,
+    out: *mut fw_dispatch_stats,
+) -> c_int {
+    guard(|| {
+        // SAFETY: NULL or a live dispatcher.
+        let d = unsafe { d.as_ref() }.ok_or_else(|| Fail::invalid("dispatcher is NULL"))?;
+        if out.is_null() {
+            return Err(Fail::invalid("stats pointer is NULL"));
+        }
+        let s = d.0.stats();
+        // SAFETY: non-null and writable per the header.
+        unsafe {
+            *out = fw_dispatch_stats {
+                handoffs: s.handoffs,
+                rescued: s.rescued,
+                relayed: s.relayed,
+                idle_sleeps: s.idle_sleeps,
+                paused: s.paused,
+                registered: s.registered,
+                idle_after_ns: s.idle_after.map_or(-1, |t| t.as_nanos() as i64),
+                state: match s.state {
+                    fastwake::dispatch::State::Polling => 0,
+                    fastwake::dispatch::State::Sleeping => 1,
+                    fastwake::dispatch::State::Dead => 2,
+                },
+                reserved: 0,
+            };
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `d` is NULL or from this library, stopped once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_dispatcher_stop(d: *mut fw_dispatcher) {
+    destroy(d)
+}
+
 #[cfg(test)]
 mod abi_sizes {
     use super::*;
@@ -428,6 +509,9 @@ mod abi_sizes {
             std::mem::offset_of!(fw_wait_stats, spin_skipped_same_cpu),
             40
         );
+        assert_eq!(std::mem::size_of::<fw_dispatch_stats>(), 64);
+        assert_eq!(std::mem::offset_of!(fw_dispatch_stats, idle_after_ns), 48);
+        assert_eq!(std::mem::offset_of!(fw_dispatch_stats, state), 56);
     }
 
     #[test]

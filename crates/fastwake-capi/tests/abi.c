@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -15,6 +16,9 @@
 _Static_assert(sizeof(struct fw_channel_config) == 12, "fw_channel_config layout");
 _Static_assert(sizeof(struct fw_wait_stats) == 48, "fw_wait_stats layout");
 _Static_assert(offsetof(struct fw_wait_stats, spin_skipped_same_cpu) == 40, "fw_wait_stats layout");
+_Static_assert(sizeof(struct fw_dispatch_stats) == 64, "fw_dispatch_stats layout");
+_Static_assert(offsetof(struct fw_dispatch_stats, idle_after_ns) == 48, "fw_dispatch_stats layout");
+_Static_assert(offsetof(struct fw_dispatch_stats, state) == 56, "fw_dispatch_stats layout");
 
 static int passed, failed;
 
@@ -33,11 +37,23 @@ struct pong_arg {
     fw_receiver *rx;
     const char *mode;
     int n;
+    int cpu; /* pin the pong thread here; -1: anywhere */
     int bad;
 };
 
+/* Pin the calling thread to cpu; -1: every CPU again. */
+static void pin(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    for (int c = 0; c < n && c < CPU_SETSIZE; c++)
+        if (cpu < 0 || c == cpu) CPU_SET(c, &set);
+    sched_setaffinity(0, sizeof set, &set);
+}
+
 static void *pong(void *p) {
     struct pong_arg *a = p;
+    if (a->cpu >= 0) pin(a->cpu);
     fw_waiter *w = NULL;
     if (fw_waiter_create(a->mode, &w)) {
         a->bad = 1;
@@ -61,19 +77,21 @@ static void *pong(void *p) {
     return NULL;
 }
 
-static void pingpong(const char *mode) {
+/* Ping on ping_cpu, pong on pong_cpu (-1: anywhere), both in mode. */
+static void pingpong_on(const char *mode, int ping_cpu, int pong_cpu) {
     struct fw_channel_config cfg = {64, 16, FW_DOORBELL_FUTEX};
     fw_sender *tx1, *tx2;
     fw_receiver *rx1, *rx2;
     char name[64];
-    snprintf(name, sizeof name, "pingpong %s", mode);
+    snprintf(name, sizeof name, "pingpong %s%s", mode, pong_cpu >= 0 ? " (pinned)" : "");
     if (fw_channel_create(&cfg, &tx1, &rx1) || fw_channel_create(&cfg, &tx2, &rx2)) {
         check(0, name, "fw_channel_create");
         return;
     }
-    struct pong_arg a = {tx2, rx1, mode, 2000, 0};
+    struct pong_arg a = {.tx = tx2, .rx = rx1, .mode = mode, .n = 2000, .cpu = pong_cpu, .bad = 0};
     pthread_t t;
     pthread_create(&t, NULL, pong, &a);
+    if (ping_cpu >= 0) pin(ping_cpu);
     fw_waiter *w = NULL;
     int bad = fw_waiter_create(mode, &w) != 0;
     for (int i = 0; i < a.n && !bad; i++) {
@@ -93,6 +111,38 @@ static void pingpong(const char *mode) {
     fw_sender_destroy(tx2);
     fw_receiver_destroy(rx1);
     fw_receiver_destroy(rx2);
+    if (ping_cpu >= 0) pin(-1);
+}
+
+static void pingpong(const char *mode) { pingpong_on(mode, -1, -1); }
+
+/* A dispatcher on CPU 1 serving the pong thread pinned there. */
+static void dispatcher_checks(void) {
+    fw_dispatcher *d = NULL;
+    check(fw_dispatcher_start(100000, 2000000, 0, &d) == EINVAL && d == NULL &&
+              strlen(fw_last_error()) > 0,
+          "dispatcher on a missing CPU is EINVAL", "accepted");
+    check(fw_dispatcher_start(0, 0, 0, NULL) == EINVAL, "dispatcher NULL output is EINVAL", "accepted");
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+        printf("SKIPPED dispatcher ping-pong: needs 2 CPUs (this host has 1)\n");
+        return;
+    }
+    check(fw_dispatcher_start(1, 2000000, 1, &d) == 0 && d != NULL, "dispatcher starts on CPU 1", "failed");
+    if (!d) return;
+    fw_dispatcher *d2 = NULL;
+    check(fw_dispatcher_start(1, 2000000, 0, &d2) == EBUSY && d2 == NULL,
+          "second dispatcher for a CPU is EBUSY", "accepted");
+    pingpong_on("dispatch", 0, 1);
+    struct fw_dispatch_stats st;
+    memset(&st, 0xff, sizeof st);
+    int rc = fw_dispatcher_stats(d, &st);
+    check(rc == 0 && st.handoffs + st.rescued + st.relayed > 0 && st.state != 2 && st.reserved == 0,
+          "dispatcher handed off to the pinned waiter", "no hand-off counted");
+    check(fw_dispatcher_stats(d, NULL) == EINVAL, "dispatcher stats NULL is EINVAL", "accepted");
+    fw_dispatcher_stop(d);
+    /* Without a dispatcher dispatch mode is interrupt mode: still no loss. */
+    pingpong_on("dispatch", 0, 1);
+    fw_dispatcher_stop(NULL);
 }
 
 int main(void) {
@@ -158,6 +208,9 @@ int main(void) {
     pingpong("poll");
     pingpong("interrupt");
     pingpong("hybrid:20us");
+    pingpong("adaptive");
+    pingpong("adaptive:cap=20%,catch=99%");
+    dispatcher_checks();
 
     /* NULL is accepted by every destroy. */
     fw_sender_destroy(NULL);
