@@ -23,7 +23,7 @@ pub enum Mode {
     Interrupt = 2,
     /// Spin for a fixed budget, then block.
     Hybrid = 3,
-    /// Spin for a budget learnt from recent inter-arrival times, then block.
+    /// Spin for a budget the library's adaptive controller learns, then block.
     Adaptive = 4,
 }
 

@@ -16,7 +16,7 @@
 //! - a hook entered while the thread is already inside one (a signal
 //!   handler that polls) passes through.
 
-use crate::budget::{Controller, InterArrival};
+use crate::budget::{Controller, Learned};
 use crate::config::{self, Mode};
 use crate::peer;
 use std::cell::RefCell;
@@ -61,7 +61,7 @@ struct Thread {
     backoff_ns: u64,
     last_ns: u64,
     tokens: i64,
-    ctl: InterArrival,
+    ctl: Learned,
     peer_cpu: u32,
     waits: u32,
 }
@@ -75,11 +75,33 @@ thread_local! {
             backoff_ns: MIN_BACKOFF_NS,
             last_ns: 0,
             tokens: BUCKET_NS,
-            ctl: InterArrival::new(),
+            ctl: Learned::new(),
             peer_cpu: NO_CPU,
             waits: 0,
         })
     };
+}
+
+/// Adaptive mode's budget for a wait that is not one of the hooks of this
+/// module (libibverbs' `ibv_get_cq_event`): the same per-thread
+/// controller, so one thread's waits teach one controller. 0 when the
+/// thread-local is gone (thread exit) or in use (a signal handler).
+pub fn adaptive_budget(now_ns: u64, ceiling_ns: u64) -> u64 {
+    THREAD
+        .try_with(|t| {
+            t.try_borrow_mut()
+                .map_or(0, |mut t| t.ctl.budget_ns(now_ns, ceiling_ns))
+        })
+        .unwrap_or(0)
+}
+
+/// How that wait went (see [`crate::budget::Controller::record`]).
+pub fn adaptive_record(wait_ns: u64, spun_ns: u64, slept: bool) {
+    let _ = THREAD.try_with(|t| {
+        if let Ok(mut t) = t.try_borrow_mut() {
+            t.ctl.record(wait_ns, spun_ns, slept);
+        }
+    });
 }
 
 /// Counters, kept only when FASTWAKE_VERBOSE=1.
@@ -211,7 +233,7 @@ fn engine(
     let mut budget = match mode {
         Mode::Poll => timeout_ns.unwrap_or(u64::MAX),
         Mode::Hybrid => ceiling,
-        Mode::Adaptive => t.ctl.budget_ns(ceiling),
+        Mode::Adaptive => t.ctl.budget_ns(t0, ceiling),
         Mode::Off | Mode::Interrupt => 0,
     };
     if let Some(tn) = timeout_ns {
@@ -268,7 +290,7 @@ fn engine(
         count(&STATS.spin_ns, spun);
         if n > 0 {
             count(&STATS.spin_hits, 1);
-            t.ctl.record(spun);
+            t.ctl.record(spun, spun, false);
             sample(t, ready_fd);
             return n;
         }
@@ -283,12 +305,17 @@ fn engine(
         };
         count(&STATS.blocked, 1);
         r = real(left);
+        if r > 0 {
+            t.ctl.record(now_ns().wrapping_sub(t0), spun, true);
+        }
     } else {
         count(&STATS.blocked, 1);
         r = real(None);
+        if r > 0 {
+            t.ctl.record(now_ns().wrapping_sub(t0), 0, true);
+        }
     }
     if r > 0 {
-        t.ctl.record(now_ns().wrapping_sub(t0));
         sample(t, ready_fd);
     }
     r

@@ -249,8 +249,14 @@ fn timeouts_are_honoured() {
         ) else {
             return;
         };
-        // The shim was really there and spun (else the test proves nothing).
-        assert!(counter(&out, "spins") > 0, "{mode}: no spin happened");
+        // The shim was really there (else the test proves nothing), and
+        // the fixed-budget modes spun. Adaptive learns from waits that
+        // ended with an event; waits that all time out teach it nothing,
+        // so it rightly stays in interrupt mode here.
+        assert!(counter(&out, "waits") > 0, "{mode}: the shim saw no wait");
+        if mode != "adaptive" {
+            assert!(counter(&out, "spins") > 0, "{mode}: no spin happened");
+        }
     }
 }
 

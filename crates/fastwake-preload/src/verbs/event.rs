@@ -158,16 +158,30 @@ pub unsafe fn get_cq_event(
     stats::add(&STATS.waits, 1);
     // SAFETY: a live channel (caller's contract).
     let fd = unsafe { (*channel).fd };
-    let budget = if nonblocking(fd) {
+    let t0 = now_ns();
+    let nb = nonblocking(fd);
+    let budget = if nb {
         0
     } else {
         match m {
             Mode::Poll => u64::MAX,
-            Mode::Hybrid | Mode::Adaptive => budget_ns(),
+            Mode::Hybrid => budget_ns(),
+            Mode::Adaptive => crate::wait::adaptive_budget(t0, budget_ns()),
             Mode::Off | Mode::Interrupt => 0,
         }
     };
-    let t0 = now_ns();
+    // Adaptive mode learns from each wait that ends with an event: how
+    // long it took, how much of it spun, whether it blocked.
+    // (Not from a non-blocking call: it does not wait.)
+    let learn = m == Mode::Adaptive && !nb;
+    let mut blocked = false;
+    let done = |blocked: bool| {
+        if learn {
+            let waited = now_ns().wrapping_sub(t0);
+            let spun = if blocked { budget.min(waited) } else { waited };
+            crate::wait::adaptive_record(waited, spun, blocked);
+        }
+    };
     let mut spinning = budget > 0;
     // Interrupt mode is the plain kernel wait (only the vector choice
     // differs): no look at the CQs, no synthetic events.
@@ -176,6 +190,7 @@ pub unsafe fn get_cq_event(
     loop {
         if looks && let Some(cq) = synthetic(channel) {
             stats::add(&STATS.synthetic, 1);
+            done(blocked);
             // SAFETY: out-pointers valid (checked non-null, caller's
             // contract); cq is live.
             unsafe {
@@ -190,6 +205,7 @@ pub unsafe fn get_cq_event(
         if go_real {
             if !spinning {
                 stats::add(&STATS.blocked, 1);
+                blocked = true;
             }
             let mut ev_cq = std::ptr::null_mut();
             let mut ev_ctx = std::ptr::null_mut();
@@ -201,6 +217,7 @@ pub unsafe fn get_cq_event(
             match classify(ev_cq) {
                 Real::Deliver => {
                     stats::add(&STATS.real, 1);
+                    done(blocked);
                     // SAFETY: out-pointers valid.
                     unsafe {
                         *cq_out = ev_cq;

@@ -86,14 +86,19 @@ pub struct Model {
     pub dispatch_cpu_ns: f64,
 }
 
+impl Model {
+    /// The defaults, as a constant (see [`Core::new`]).
+    pub const DEFAULT: Model = Model {
+        wake_ns: 4_300.0,
+        sleep_cpu_ns: 3_000.0,
+        dispatch_ns: 1_000.0,
+        dispatch_cpu_ns: 1_500.0,
+    };
+}
+
 impl Default for Model {
     fn default() -> Self {
-        Model {
-            wake_ns: 4_300.0,
-            sleep_cpu_ns: 3_000.0,
-            dispatch_ns: 1_000.0,
-            dispatch_cpu_ns: 1_500.0,
-        }
+        Model::DEFAULT
     }
 }
 
@@ -206,11 +211,14 @@ pub const RATE_MEMORY: u32 = 512;
 pub const MAX_RATE_GAP_NS: u64 = 50_000_000;
 
 impl Core {
-    pub fn new(cfg: Config, model: Model) -> Self {
+    /// A `const fn`, so a `Core` can live in a const-initialised
+    /// thread-local (the preload shim's: no lazy initialisation and no
+    /// destructor on a hook path).
+    pub const fn new(cfg: Config, model: Model) -> Self {
         Core {
             cfg,
             model,
-            hist: Hist::default(),
+            hist: Hist::new(),
             plan: Plan::Spin(0),
             choice: None,
             since: 0,
@@ -232,7 +240,7 @@ impl Core {
             sleep_samples: 0,
             long_gap_ns: 0.0,
             gaps: 0,
-            stats: AdaptiveStats::default(),
+            stats: AdaptiveStats::ZERO,
         }
     }
 

@@ -60,15 +60,21 @@ pub struct Hist {
 
 impl Default for Hist {
     fn default() -> Self {
+        Hist::new()
+    }
+}
+
+impl Hist {
+    /// Empty (a `const fn`: the preload shim keeps one per thread in a
+    /// const-initialised thread-local).
+    pub const fn new() -> Hist {
         Hist {
             w: [0.0; BUCKETS],
             total: 0.0,
             pending: 0,
         }
     }
-}
 
-impl Hist {
     /// Record one wait of `ns`.
     #[inline]
     pub fn add(&mut self, ns: u64) {

@@ -79,14 +79,19 @@ pub const DEFAULT_IDLE_RATE: u32 = 2_000;
 /// Default [`Config::catch_pct`].
 pub const DEFAULT_CATCH_PCT: u8 = 90;
 
+impl Config {
+    /// The defaults, as a constant.
+    pub const DEFAULT: Config = Config {
+        cap_pct: 100,
+        worth: DEFAULT_WORTH,
+        idle_rate: DEFAULT_IDLE_RATE,
+        catch_pct: DEFAULT_CATCH_PCT,
+    };
+}
+
 impl Default for Config {
     fn default() -> Self {
-        Config {
-            cap_pct: 100,
-            worth: DEFAULT_WORTH,
-            idle_rate: DEFAULT_IDLE_RATE,
-            catch_pct: DEFAULT_CATCH_PCT,
-        }
+        Config::DEFAULT
     }
 }
 
@@ -232,6 +237,26 @@ pub struct AdaptiveStats {
 }
 
 impl AdaptiveStats {
+    /// All zero (for const contexts).
+    pub const ZERO: AdaptiveStats = AdaptiveStats {
+        decisions: 0,
+        spins: 0,
+        spin_hits: 0,
+        spin_misses: 0,
+        learning: 0,
+        long_waits: 0,
+        idle_rate: 0,
+        lean_spins: 0,
+        same_cpu: 0,
+        contended: 0,
+        capped: 0,
+        dispatched: 0,
+        spin_ns: 0,
+        recomputes: 0,
+        plan_changes: 0,
+        budget_ns: 0,
+    };
+
     fn count(&mut self, r: Reason) {
         match r {
             Reason::Spin => self.spins += 1,
