@@ -67,6 +67,23 @@ fn unknown_source_and_subcommand_are_one_line() {
 }
 
 #[test]
+fn bad_load_and_share_options_are_one_line() {
+    assert_one_line_error(
+        &["bench", "load", "--source", "carrier-pigeon"],
+        "bench load supports: channel, tcp",
+    );
+    assert_one_line_error(&["bench", "load", "--dispatcher", "lazy"], "--dispatcher");
+    assert_one_line_error(
+        &["bench", "load", "--mode", "adaptive:catch=10%"],
+        "bad adaptive catch",
+    );
+    assert_one_line_error(
+        &["bench", "share", "--capacity", "3"],
+        "must be a power of two",
+    );
+}
+
+#[test]
 fn pingpong_json_has_every_key_per_mode() {
     let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
     let o = fastwake(&[

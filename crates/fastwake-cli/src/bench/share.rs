@@ -938,8 +938,8 @@ pub fn run(a: Args) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let idle_after = (a.idle_after_us > 0).then(|| Duration::from_micros(a.idle_after_us));
     let note = format!(
-        "client thread pinned to CPU {} (busy-polling); server ends on CPU(s) {:?}; one-way latency = RTT/2; cpu/op = CPU µs per round trip, client+servers (incl. dispatchers)",
-        layout.client_cpu, layout.server_cpus
+        "client thread pinned to CPU {} (busy-polling); server ends on CPU(s) {:?}; rings of {} slots; one-way latency = RTT/2; cpu/op = CPU µs per round trip, client+servers (incl. dispatchers)",
+        layout.client_cpu, layout.server_cpus, a.capacity
     );
     // Measuring runs on a thread of its own, so pinning it leaves the
     // caller alone.
