@@ -543,11 +543,13 @@ impl Core {
         };
     }
 
-    /// Expected spin per wait with budget `b`, ns: E[min(W, b)].
-    fn spin_per_wait(&self, b: u64) -> f64 {
+    /// Of the learned waits, the share that ends within `b` and their
+    /// contribution to the mean (Σ w·W over those, / total); `None` before
+    /// any wait.
+    fn within(&self, b: u64) -> Option<(f64, f64)> {
         let total = self.hist.total() as f64;
         if total <= 0.0 {
-            return 0.0;
+            return None;
         }
         let (mut w_le, mut s_le) = (0.0f64, 0.0f64);
         for i in 0..hist::BUCKETS {
@@ -558,7 +560,14 @@ impl Core {
             w_le += w;
             s_le += w * hist::mid(i) as f64;
         }
-        s_le / total + (1.0 - w_le / total).max(0.0) * b as f64
+        Some((w_le / total, s_le / total))
+    }
+
+    /// Expected spin per wait with budget `b`, ns: E[min(W, b)].
+    fn spin_per_wait(&self, b: u64) -> f64 {
+        self.within(b).map_or(0.0, |(p_le, mean_le)| {
+            mean_le + (1.0 - p_le).max(0.0) * b as f64
+        })
     }
 
     /// Share of a core that spinning with budget `b` takes over the long
@@ -592,16 +601,8 @@ impl Core {
         let m = &self.model;
         match plan {
             Plan::Spin(b) => {
-                let (mut w_le, mut s_le) = (0.0f64, 0.0f64);
-                for i in 0..hist::BUCKETS {
-                    if hist::upper(i) > b {
-                        break;
-                    }
-                    let w = self.hist.weight(i) as f64;
-                    w_le += w;
-                    s_le += w * hist::mid(i) as f64;
-                }
-                Some(self.spin_figures(b, w_le / total, s_le / total)).filter(|c| self.fits(c))
+                let (p_le, mean_le) = self.within(b)?;
+                Some(self.spin_figures(b, p_le, mean_le)).filter(|c| self.fits(c))
             }
             Plan::Dispatch => {
                 let n = env.dispatch_waiters? as f64;
