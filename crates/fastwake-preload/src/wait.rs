@@ -252,6 +252,7 @@ fn engine(
         budget = t.tokens.max(0) as u64;
     }
     let r;
+    let mut spun_before_block = 0;
     if budget >= MIN_SPIN_NS {
         count(&STATS.spins, 1);
         let block: u64 = !NEVER_BLOCK;
@@ -304,18 +305,15 @@ fn engine(
             Some(tn) => Some(tn - spun),
         };
         count(&STATS.blocked, 1);
+        spun_before_block = spun;
         r = real(left);
-        if r > 0 {
-            t.ctl.record(now_ns().wrapping_sub(t0), spun, true);
-        }
     } else {
         count(&STATS.blocked, 1);
         r = real(None);
-        if r > 0 {
-            t.ctl.record(now_ns().wrapping_sub(t0), 0, true);
-        }
     }
     if r > 0 {
+        t.ctl
+            .record(now_ns().wrapping_sub(t0), spun_before_block, true);
         sample(t, ready_fd);
     }
     r
