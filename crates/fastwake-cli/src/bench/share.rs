@@ -40,7 +40,9 @@ pub struct Args {
     /// tasks, threads, threads:fifo, threads:yield, threads:normal,
     /// threads:cross, reference, evloop (one thread per core polling all
     /// its connections: the floor for N connections on a core). Add
-    /// `:norelay` to a threads mode to turn the waiters' relay off.
+    /// `:norelay` to a threads mode to turn the waiters' relay off;
+    /// `tasks:noprefetch` turns off the prefetch of a ready source's next
+    /// slot before the switch into its task.
     #[arg(
         long,
         value_delimiter = ',',
@@ -111,8 +113,9 @@ enum Mode {
         cross: bool,
         relay: bool,
     },
-    /// A task per connection on a runtime per core.
-    Tasks,
+    /// A task per connection on a runtime per core; `prefetch` as
+    /// [`TaskConfig::prefetch`] (`tasks:noprefetch` measures what it saves).
+    Tasks { prefetch: bool },
     /// One connection, both ends busy-polling: the floor.
     Reference,
     /// One thread per core busy-polling all its connections in a loop (a
@@ -124,13 +127,14 @@ impl Mode {
     fn parse(s: &str) -> Result<Mode> {
         let bad = || {
             Fail::invalid(format!(
-                "unknown mode '{s}': expected interrupt, poll, tasks, threads[:idle|fifo|yield|normal|cross][:norelay], reference or evloop"
+                "unknown mode '{s}': expected interrupt, poll, tasks[:noprefetch], threads[:idle|fifo|yield|normal|cross][:norelay], reference or evloop"
             ))
         };
         Ok(match s {
             "interrupt" => Mode::PerThread(WaitMode::Interrupt),
             "poll" => Mode::PerThread(WaitMode::Poll),
-            "tasks" => Mode::Tasks,
+            "tasks" => Mode::Tasks { prefetch: true },
+            "tasks:noprefetch" => Mode::Tasks { prefetch: false },
             "reference" => Mode::Reference,
             "evloop" => Mode::EventLoop,
             _ => {
@@ -181,7 +185,8 @@ impl Mode {
                 }
                 l
             }
-            Mode::Tasks => "tasks".into(),
+            Mode::Tasks { prefetch: true } => "tasks".into(),
+            Mode::Tasks { prefetch: false } => "tasks:noprefetch".into(),
             Mode::Reference => "reference".into(),
             Mode::EventLoop => "evloop".into(),
         }
@@ -425,7 +430,7 @@ fn start(
                 })?);
             }
         }
-        Mode::Tasks => {
+        Mode::Tasks { prefetch } => {
             let mut per_core: Vec<Vec<(Receiver, Sender)>> = (0..k).map(|_| Vec::new()).collect();
             for (j, e) in ends.into_iter().enumerate() {
                 per_core[j % k].push(e);
@@ -435,6 +440,7 @@ fn start(
                 threads.push(spawn_server(format!("fw-rt{c}"), cpu, &ctx, move || {
                     let mut rt = Runtime::new(TaskConfig {
                         idle_after,
+                        prefetch,
                         ..TaskConfig::default()
                     })?;
                     for (mut rx, mut tx) in ends {
@@ -732,6 +738,7 @@ fn print_ratios(rows: &[Row], layout: &Layout, conns: usize) -> Result<()> {
     line("tasks", "reference");
     line("tasks", "evloop");
     line("tasks", "interrupt");
+    line("tasks", "tasks:noprefetch");
     line("threads", "interrupt");
     line("threads", "threads:norelay");
     if p50("threads").is_some() && conns >= 2 {

@@ -50,6 +50,10 @@ pub struct TaskConfig {
     pub summary: bool,
     /// See `summary`.
     pub summary_above: usize,
+    /// Prefetch the next completion of a ready source before switching
+    /// into its task (see [`crate::source::NextAt`]); off only to measure
+    /// what it saves.
+    pub prefetch: bool,
 }
 
 impl Default for TaskConfig {
@@ -61,6 +65,7 @@ impl Default for TaskConfig {
             capacity: 4096,
             summary: true,
             summary_above: super::watch::SUMMARY_ABOVE,
+            prefetch: true,
         }
     }
 }
@@ -210,7 +215,7 @@ impl Runtime {
         Ok(Runtime {
             cfg,
             tasks: Vec::new(),
-            watch: Watch::new(cfg.capacity, cfg.summary, cfg.summary_above),
+            watch: Watch::new(cfg.capacity, cfg.summary, cfg.summary_above, cfg.prefetch),
             waiting: vec![0; cfg.capacity.div_ceil(64)],
             ready: Vec::new(),
             stats: TaskStats::default(),

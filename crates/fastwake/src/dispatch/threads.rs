@@ -430,7 +430,14 @@ impl Core {
     }
 
     fn run(&self) {
-        let mut watch = Watch::new(self.cfg.capacity, self.cfg.summary, self.cfg.summary_above);
+        let mut watch = Watch::new(
+            self.cfg.capacity,
+            self.cfg.summary,
+            self.cfg.summary_above,
+            // The woken thread reads the slot on this core only when the
+            // dispatcher runs on the waiters' core.
+            self.cfg.run_on.is_none(),
+        );
         let mut last_busy = Instant::now();
         let mut idle = IdleClock::new(&self.cfg, last_busy);
         let mut empty: u32 = 0;

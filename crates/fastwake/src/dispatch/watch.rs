@@ -10,8 +10,8 @@
 //! source to the summary when it grows past that (see `docs/dispatch.md`
 //! for the measurements behind the default).
 
-use crate::source::Peek;
 use crate::source::summary::Summary;
+use crate::source::{NextAt, Peek};
 use crate::sync::{AtomicU64, Ordering};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -30,6 +30,8 @@ struct Fast {
     /// load, of a line only its producer writes, instead of two: with 16
     /// sources the scan is most of a hand-off's detection delay.
     idle_at: Cell<u64>,
+    /// Prefetched when the entry is found ready (see [`NextAt`]).
+    next_at: Option<NextAt>,
 }
 
 /// Default switch-over point to the summary, in sources.
@@ -54,10 +56,17 @@ pub(crate) struct Watch {
     /// highest entry's word. Passes stop there, so a large capacity costs
     /// nothing.
     words: usize,
+    /// Prefetch a ready entry's next slot (see [`NextAt`]).
+    prefetch: bool,
 }
 
 impl Watch {
-    pub(crate) fn new(capacity: usize, use_summary: bool, summary_above: usize) -> Watch {
+    pub(crate) fn new(
+        capacity: usize,
+        use_summary: bool,
+        summary_above: usize,
+        prefetch: bool,
+    ) -> Watch {
         Watch {
             entries: (0..capacity).map(|_| None).collect(),
             fast: vec![None; capacity],
@@ -69,6 +78,7 @@ impl Watch {
             full_pass: Cell::new(false),
             summarising: false,
             words: 0,
+            prefetch,
         }
     }
 
@@ -94,6 +104,7 @@ impl Watch {
             consumed: c.consumed,
             shift: c.shift,
             idle_at: Cell::new(u64::MAX),
+            next_at: c.next_at,
         });
         self.entries[i] = Some(peek);
         self.count += 1;
@@ -177,6 +188,10 @@ impl Watch {
                 let ready = (produced >> f.shift) > consumed;
                 if !ready {
                     f.idle_at.set(produced);
+                } else if self.prefetch
+                    && let Some(n) = &f.next_at
+                {
+                    n.prefetch(consumed);
                 }
                 return ready;
             }

@@ -822,6 +822,13 @@ impl Peek for ChannelPeek {
             produced: &h.prod.0.head_armed,
             shift: 1,
             consumed: &h.cons.0.tail,
+            next_at: Some(super::NextAt {
+                // SAFETY: slots_off is inside the mapping, which the
+                // handle keeps alive.
+                base: unsafe { self.r.base.as_ptr().add(self.r.slots_off) },
+                stride: self.r.cfg.stride(),
+                mask: self.r.cfg.capacity as u64 - 1,
+            }),
         })
     }
 }

@@ -113,6 +113,56 @@ pub struct Counters<'a> {
     pub shift: u32,
     /// Completions consumed so far.
     pub consumed: &'a crate::sync::AtomicU64,
+    /// Where the next completion will be read from, if it sits at a fixed
+    /// place in a ring; see [`NextAt`].
+    pub next_at: Option<NextAt>,
+}
+
+/// The place of completion number `consumed` in a ring of slots: byte
+/// `base + (consumed & mask) * stride`.
+///
+/// Why a dispatcher wants it: having seen `produced` move, it has paid one
+/// cache-line transfer, and the owner it switches to (or wakes) will pay a
+/// second one, for the slot, only after the switch. A dispatcher that
+/// knows the slot prefetches it as it hands off, so that transfer overlaps
+/// the switch instead of following it (the FastWake dispatcher gets this
+/// for free: it peeks the CQE itself). A hint: a stale address costs a
+/// wasted prefetch, never a wrong result.
+#[derive(Clone, Copy, Debug)]
+pub struct NextAt {
+    /// Slot 0. Must stay mapped while the handle lives, as the counters.
+    pub base: *const u8,
+    /// Bytes between slots.
+    pub stride: usize,
+    /// Slots in the ring minus one (a power of two minus one).
+    pub mask: u64,
+}
+
+// SAFETY: NextAt is an address used only as a prefetch hint (never
+// dereferenced by a dispatcher); sending it between threads is sending a
+// number.
+unsafe impl Send for NextAt {}
+// SAFETY: as above.
+unsafe impl Sync for NextAt {}
+
+impl NextAt {
+    /// Start fetching the slot of completion number `consumed` into this
+    /// core's cache. No effect on correctness, and none at all on
+    /// targets without a prefetch instruction.
+    #[inline]
+    pub fn prefetch(&self, consumed: u64) {
+        let p = self
+            .base
+            .wrapping_add((consumed & self.mask) as usize * self.stride);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch never faults and never changes memory, even
+        // for an address that is not mapped; SSE is baseline on x86_64.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
 }
 
 impl std::fmt::Debug for Counters<'_> {
