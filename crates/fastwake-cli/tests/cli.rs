@@ -81,6 +81,14 @@ fn bad_load_and_share_options_are_one_line() {
         &["bench", "share", "--capacity", "3"],
         "must be a power of two",
     );
+    assert_one_line_error(
+        &["bench", "share", "--conns", "4", "--rotate", "5"],
+        "--rotate must be between 1 and --conns",
+    );
+    assert_one_line_error(
+        &["bench", "share", "--load", "throughput", "--rotate", "1"],
+        "--rotate applies to --load latency only",
+    );
 }
 
 #[test]

@@ -68,6 +68,13 @@ pub struct Args {
     /// the single connection, with 8, 1.13-1.2x (same modes, one run).
     #[arg(long, default_value_t = 8)]
     pub capacity: u32,
+    /// `latency` load only: rotate the one request over the first M
+    /// connections instead of all of them; the others stay open, idle and
+    /// watched. Separates what a server pays for *watching* N sources
+    /// (scan) from what it pays for requests *landing* on N sources
+    /// (cache lines and pages that move between the cores).
+    #[arg(long, value_name = "M")]
+    pub rotate: Option<usize>,
     /// Dispatcher idle threshold in µs (0 = never sleep).
     #[arg(long, default_value_t = 2000)]
     pub idle_after_us: u64,
@@ -608,6 +615,8 @@ struct Plan {
     size: usize,
     capacity: u32,
     idle_after: Option<Duration>,
+    /// Latency load: connections the request rotates over (None: all).
+    rotate: Option<usize>,
 }
 
 /// Measure `modes` interleaved; one row each.
@@ -644,9 +653,10 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
                 ends.push((req_rx, resp_tx));
             }
             let servers = start(mode, ends, layout, plan.idle_after)?;
+            let active = plan.rotate.unwrap_or(conns).min(conns);
             let r = drive(
                 plan.load,
-                &mut clients,
+                &mut clients[..active],
                 &servers,
                 &payload,
                 plan.warmup,
@@ -934,6 +944,14 @@ pub fn run(a: Args) -> Result<()> {
             "--iters must be at least 1 and --rounds between 1 and --iters",
         ));
     }
+    if let Some(m) = a.rotate {
+        if load != Load::Latency {
+            return Err(Fail::invalid("--rotate applies to --load latency only"));
+        }
+        if m == 0 || (m > a.conns && !a.sweep) {
+            return Err(Fail::invalid("--rotate must be between 1 and --conns"));
+        }
+    }
     if a.size > 1 << 16 {
         return Err(Fail::invalid("--size must be at most 65536"));
     }
@@ -948,6 +966,10 @@ pub fn run(a: Args) -> Result<()> {
         "client thread pinned to CPU {} (busy-polling); server ends on CPU(s) {:?}; rings of {} slots; one-way latency = RTT/2; cpu/op = CPU µs per round trip, client+servers (incl. dispatchers)",
         layout.client_cpu, layout.server_cpus, a.capacity
     );
+    let note = match a.rotate {
+        Some(m) => format!("{note}; the request rotates over the first {m} connection(s) only"),
+        None => note,
+    };
     // Measuring runs on a thread of its own, so pinning it leaves the
     // caller alone.
     let plan = Plan {
@@ -959,6 +981,7 @@ pub fn run(a: Args) -> Result<()> {
         size: a.size,
         capacity: a.capacity,
         idle_after,
+        rotate: a.rotate,
     };
     if !a.sweep {
         let l2 = layout.clone();
