@@ -91,44 +91,43 @@ fn bad_load_and_share_options_are_one_line() {
     );
 }
 
+/// Run `fastwake <cmd> --json` (words split on spaces), which must
+/// succeed; its rows.
+fn json_rows(cmd: &str) -> Vec<serde_json::Value> {
+    let args: Vec<&str> = cmd.split_whitespace().chain(["--json"]).collect();
+    let o = fastwake(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    v.as_array().expect("an array of rows").clone()
+}
+
+/// The perftest-style keys every `bench` row carries in `--json`.
+const PINGPONG_KEYS: [&str; 13] = [
+    "source",
+    "mode",
+    "placement",
+    "iters",
+    "size",
+    "t_min",
+    "t_max",
+    "t_typical",
+    "t_avg",
+    "t_stdev",
+    "p99",
+    "p999",
+    "cpu_us_per_op",
+];
+
 #[test]
 fn pingpong_json_has_every_key_per_mode() {
     let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
-    let o = fastwake(&[
-        "bench",
-        "pingpong",
-        "--mode",
-        "poll,interrupt,hybrid",
-        "--iters",
-        "300",
-        "--warmup",
-        "50",
-        "--rounds",
-        "3",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
-    let rows = v.as_array().expect("an array of rows");
+    let rows =
+        json_rows("bench pingpong --mode poll,interrupt,hybrid --iters 300 --warmup 50 --rounds 3");
     assert_eq!(rows.len(), 3);
     for (row, mode) in rows.iter().zip(["poll", "interrupt", "hybrid"]) {
         assert_eq!(row["mode"], mode);
         assert_eq!(row["iters"], 300);
-        for k in [
-            "source",
-            "mode",
-            "placement",
-            "iters",
-            "size",
-            "t_min",
-            "t_max",
-            "t_typical",
-            "t_avg",
-            "t_stdev",
-            "p99",
-            "p999",
-            "cpu_us_per_op",
-        ] {
+        for k in PINGPONG_KEYS {
             assert!(row.get(k).is_some(), "row lacks {k}: {row}");
         }
         let min = row["t_min"].as_f64().unwrap();
@@ -137,6 +136,48 @@ fn pingpong_json_has_every_key_per_mode() {
         assert!(min > 0.0 && min <= p50 && p50 <= max, "{row}");
         assert!(row["cpu_us_per_op"].as_f64().unwrap() > 0.0);
     }
+}
+
+/// `bench share --json` carries pingpong's keys plus the sharing ones,
+/// and a p50 per round that the pooled p50 lies within.
+#[test]
+fn share_json_has_pingpong_keys_plus_sharing_keys() {
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let rows = json_rows(
+        "bench share --conns 3 --mode tasks,threads,reference --iters 600 --warmup 50 --rounds 3",
+    );
+    assert_eq!(rows.len(), 3);
+    for (row, (mode, conns)) in rows
+        .iter()
+        .zip([("tasks", 3), ("threads", 3), ("reference", 1)])
+    {
+        assert_eq!(row["mode"], mode);
+        assert_eq!(row["conns"], conns, "{row}");
+        assert_eq!(row["cores"], 1);
+        assert_eq!(row["load"], "latency");
+        let sharing = ["rtt_per_s", "handoffs", "relays", "dispatch_fallbacks"];
+        for k in PINGPONG_KEYS.iter().chain(&sharing) {
+            assert!(row.get(k).is_some(), "row lacks {k}: {row}");
+        }
+        assert!(row["rtt_per_s"].as_f64().unwrap() > 0.0, "{row}");
+        let rounds: Vec<f64> = row["round_p50"]
+            .as_array()
+            .expect("round_p50 is an array")
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(rounds.len(), 3, "{row}");
+        let p50 = row["t_typical"].as_f64().unwrap();
+        let lo = rounds.iter().cloned().fold(f64::MAX, f64::min);
+        let hi = rounds.iter().cloned().fold(0.0, f64::max);
+        assert!(
+            lo <= p50 && p50 <= hi,
+            "pooled p50 {p50} outside rounds {rounds:?}"
+        );
+    }
+    // Every request of the dispatcher modes went through a hand-off or a
+    // relay: none fell back.
+    assert_eq!(rows[0]["dispatch_fallbacks"], 0);
 }
 
 #[test]

@@ -631,6 +631,10 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
     let mut samples: Vec<Sample> = modes.iter().map(|_| Sample::new()).collect();
     let mut totals: Vec<Slice> = modes.iter().map(|_| Slice::default()).collect();
     let mut counts: Vec<Counts> = modes.iter().map(|_| Counts::default()).collect();
+    // Each round's p50 per mode: modes run side by side within a round,
+    // so per-round ratios show how steady a ratio is on a host whose
+    // speed drifts between minutes.
+    let mut round_p50: Vec<Vec<f64>> = modes.iter().map(|_| Vec::new()).collect();
     for round in 0..plan.rounds {
         let n = plan.iters / plan.rounds + u64::from(round < plan.iters % plan.rounds);
         for (i, &mode) in modes.iter().enumerate() {
@@ -654,6 +658,7 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
             }
             let servers = start(mode, ends, layout, plan.idle_after)?;
             let active = plan.rotate.unwrap_or(conns).min(conns);
+            let mut this_round = Sample::new();
             let r = drive(
                 plan.load,
                 &mut clients[..active],
@@ -661,8 +666,10 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
                 &payload,
                 plan.warmup,
                 n,
-                &mut samples[i],
+                &mut this_round,
             );
+            samples[i].merge(&this_round);
+            round_p50[i].push(this_round.p50_us());
             // Closing the client ends stops the servers.
             drop(clients);
             let fin = servers.finish();
@@ -679,7 +686,8 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
         .iter()
         .zip(samples.iter().zip(totals))
         .zip(counts)
-        .map(|((m, (s, t)), c)| {
+        .zip(round_p50)
+        .map(|(((m, (s, t)), c), rp)| {
             let conns = if *m == Mode::Reference { 1 } else { plan.conns };
             let mut row = Row::from_sample(
                 "channel",
@@ -701,6 +709,7 @@ fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
             row.extra.insert("load".into(), plan.load.name().into());
             row.extra.insert("handoffs".into(), c.handoffs.into());
             row.extra.insert("relays".into(), c.relays.into());
+            row.extra.insert("round_p50".into(), rp.into());
             row.extra
                 .insert("dispatch_fallbacks".into(), c.fallbacks.into());
             row.extra.insert(
@@ -738,11 +747,36 @@ fn print_rates(rows: &[Row]) {
 /// waking threads on one core.
 fn print_ratios(rows: &[Row], layout: &Layout, conns: usize) -> Result<()> {
     let p50 = |m: &str| rows.iter().find(|r| r.mode == m).map(|r| r.t_typical);
+    let rounds = |m: &str| -> Vec<f64> {
+        rows.iter()
+            .find(|r| r.mode == m)
+            .and_then(|r| r.extra.get("round_p50"))
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default()
+    };
     let line = |a: &str, b: &str| {
         if let (Some(x), Some(y)) = (p50(a), p50(b))
             && y > 0.0
         {
-            println!(" p50 {a} / {b} = {:.3} / {:.3} = {:.2}", x, y, x / y);
+            print!(" p50 {a} / {b} = {:.3} / {:.3} = {:.2}", x, y, x / y);
+            let mut per: Vec<f64> = rounds(a)
+                .iter()
+                .zip(rounds(b))
+                .filter(|(_, d)| *d > 0.0)
+                .map(|(n, d)| n / d)
+                .collect();
+            if per.len() >= 2 {
+                per.sort_by(f64::total_cmp);
+                print!(
+                    "  (per round, {} rounds: median {:.2}, range {:.2}-{:.2})",
+                    per.len(),
+                    per[per.len() / 2],
+                    per[0],
+                    per[per.len() - 1]
+                );
+            }
+            println!();
         }
     };
     line("tasks", "reference");

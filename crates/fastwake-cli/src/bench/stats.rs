@@ -27,6 +27,17 @@ impl Sample {
     pub fn record_one_way(&mut self, d: Duration) {
         self.hist.saturating_record((d.as_nanos() as u64).max(1));
     }
+
+    /// Median one-way latency in µs (0 with no samples).
+    pub fn p50_us(&self) -> f64 {
+        us(self.hist.value_at_quantile(0.5))
+    }
+
+    /// Fold `other`'s samples into this one.
+    pub fn merge(&mut self, other: &Sample) {
+        // Same bounds on both sides, so adding cannot fail.
+        let _ = self.hist.add(&other.hist);
+    }
 }
 
 /// One report row: the JSON keys are the public contract of `--json`.
