@@ -55,6 +55,7 @@ impl Controller for Learned {
             waited_ns: wait_ns,
             spun_ns: spun_ns.min(wait_ns),
             slept,
+            wake_ns: None,
         });
     }
 }

@@ -40,6 +40,14 @@ pub fn online() -> u32 {
         .unwrap_or(1)
 }
 
+/// `CLOCK_MONOTONIC` in ns: one clock for every process on the host, so
+/// a time stamped by a producer in another process can be subtracted from
+/// the consumer's.
+pub fn monotonic_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// CPU time the calling thread has used (CLOCK_THREAD_CPUTIME_ID).
 ///
 /// `getrusage` reports ~0 for threads that never sleep, so spinning modes

@@ -73,6 +73,7 @@ impl Sim {
                 waited_ns: w,
                 spun_ns: w,
                 slept: false,
+                wake_ns: None,
             }
         } else {
             let jitter = self.rng.random_range(0.6..1.6);
@@ -80,6 +81,7 @@ impl Sim {
                 waited_ns: w.max(b) + (self.model.wake_ns * jitter) as u64,
                 spun_ns: b,
                 slept: true,
+                wake_ns: None,
             }
         };
         self.spun += out.spun_ns;
@@ -365,28 +367,59 @@ fn catch_limits_the_budget_to_a_quantile_of_the_waits() {
 
 /// The model learns what a sleep costs from the caller's measurements:
 /// a dearer sleep makes spinning pay through longer gaps.
+/// The lean budget a contended-CPU-style stream (20 µs mean gaps, no idle
+/// rule) settles on after `observe` has fed the core measured costs.
+fn lean_budget_after(observe: impl Fn(&mut Core)) -> u64 {
+    let mut s = Sim::new(
+        Config {
+            idle_rate: 0,
+            ..Config::default()
+        },
+        11,
+    );
+    observe(&mut s.core);
+    s.run(Dist::Exp(20_000.0), 2_000);
+    s.core.lean_budget()
+}
+
 #[test]
 fn measured_sleep_cost_moves_the_break_even() {
-    // 60 µs gaps on a contended CPU spin lean (worth = 1) only when a
-    // sleep costs more than about the gap's share of it.
-    let run = |sleep_ns: Option<u64>| {
-        let mut s = Sim::new(
-            Config {
-                idle_rate: 0,
-                ..Config::default()
-            },
-            11,
-        );
-        if let Some(ns) = sleep_ns {
-            for _ in 0..32 {
-                s.core.observe_sleep_cpu(ns);
-            }
-        }
-        s.run(Dist::Exp(20_000.0), 2_000);
-        s.core.lean_budget()
-    };
-    assert_eq!(run(None), 0, "3 µs sleeps: no lean spin through 20 µs gaps");
-    assert!(run(Some(30_000)) > 0, "30 µs sleeps: lean spin pays");
+    // 20 µs gaps spin lean (worth = 1) only when a sleep costs more than
+    // about the gap's share of it.
+    assert_eq!(
+        lean_budget_after(|_| {}),
+        0,
+        "3 µs sleeps: no lean spin through 20 µs gaps"
+    );
+    let slow_sleeps = lean_budget_after(|c| (0..32).for_each(|_| c.observe_sleep_cpu(30_000)));
+    assert!(slow_sleeps > 0, "30 µs sleeps: lean spin pays");
+}
+
+#[test]
+fn measured_wake_up_moves_the_break_even() {
+    // As the sleep cost: a wake-up measured at 30 µs instead of the
+    // default 4.3 µs makes lean spinning through 20 µs gaps pay.
+    let slow_wakes = lean_budget_after(|c| {
+        (0..32).for_each(|_| c.observe_wake(30_000));
+        assert_eq!(c.wake_samples(), 32);
+        assert!((c.model().wake_ns - 30_000.0).abs() < 1.0);
+    });
+    assert!(slow_wakes > 0, "30 µs wake-ups: lean spin pays");
+}
+
+#[test]
+fn one_slow_wake_up_does_not_swing_the_model() {
+    let mut c = Core::new(Config::default(), Model::default());
+    for _ in 0..16 {
+        c.observe_wake(5_000);
+    }
+    // A waiter preempted for 50 ms after its wake-up.
+    c.observe_wake(50_000_000);
+    assert!(
+        c.model().wake_ns < 8_000.0,
+        "one outlier moved the model to {} ns",
+        c.model().wake_ns
+    );
 }
 
 #[test]

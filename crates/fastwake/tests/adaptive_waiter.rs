@@ -113,6 +113,38 @@ fn delivers_everything_across_load_changes() {
     }
 }
 
+/// Sleeping waits on a channel measure their wake-ups (the producer dates
+/// its rings) and the model's wake-up cost becomes the measured one.
+#[test]
+fn learns_the_wake_up_latency_from_dated_rings() {
+    let _g = common::spin_lock();
+    let (cpu_p, cpu_c) = common::two_cpus();
+    // 2 ms between messages: 500 waits/s, below the idle rate, so the
+    // waiter sleeps through nearly every wait once it has learned.
+    let (prod, mut rx) = paced(cpu_p, Duration::from_millis(2), Duration::from_millis(800));
+    fastwake::cpu::pin(cpu_c).unwrap();
+    let mut w = Waiter::new(adaptive());
+    while let Ok(Some(_)) = w.wait_timeout(&mut rx, Duration::from_secs(5)) {}
+    prod.join().unwrap();
+    fastwake::cpu::unpin().unwrap();
+    let ctl = w.adaptive().unwrap();
+    eprintln!("{}", ctl.explain());
+    let core = ctl.core();
+    assert!(w.stats().sleeps > 100, "{:?}", w.stats());
+    assert!(
+        core.wake_samples() > 100,
+        "{} wake-ups measured in {} sleeps",
+        core.wake_samples(),
+        w.stats().sleeps
+    );
+    let wake = core.model().wake_ns;
+    assert!(
+        (200.0..1_000_000.0).contains(&wake),
+        "implausible wake-up {wake} ns"
+    );
+    assert!(ctl.explain().contains("measured)"), "{}", ctl.explain());
+}
+
 #[test]
 fn never_spins_against_a_producer_on_its_cpu() {
     let _g = common::spin_lock();

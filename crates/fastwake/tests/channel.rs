@@ -153,6 +153,43 @@ fn interrupt_wait_times_out_with_nothing_sent() {
     assert!(el < Duration::from_secs(2), "overslept: {el:?}");
 }
 
+/// A sleeper learns its wake-up latency from the producer's dated ring;
+/// a wait that never slept, or slept on a ring dated before its arm,
+/// reports none.
+#[test]
+fn a_ring_is_dated_so_the_sleeper_measures_its_wake_up() {
+    use fastwake::source::{BlockReport, block_until_ready};
+    for doorbell in [Doorbell::Futex, Doorbell::EventFd] {
+        let (mut tx, mut rx) = channel::channel(cfg(8, 8, doorbell)).unwrap();
+        let h = std::thread::spawn(move || {
+            let mut rep = BlockReport::default();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let t0 = Instant::now();
+            let m = block_until_ready(&mut rx, Some(deadline), &mut rep).unwrap();
+            (m.map(|m| m.tag), rep, t0.elapsed(), rx)
+        });
+        // Long enough for the consumer to arm and fall asleep.
+        std::thread::sleep(Duration::from_millis(30));
+        tx.send(1, b"").unwrap();
+        let (tag, rep, took, mut rx) = h.join().unwrap();
+        assert_eq!(tag, Some(1));
+        assert!(rep.sleeps >= 1, "{doorbell:?}: never slept: {rep:?}");
+        let wake = rep
+            .wake_ns
+            .unwrap_or_else(|| panic!("{doorbell:?}: no dated ring: {rep:?}"));
+        assert!(
+            wake > 0 && wake < took.as_nanos() as u64,
+            "{doorbell:?}: wake-up {wake} ns outside (0, {took:?})"
+        );
+        // Ready before the call: no sleep, and the old ring is not reused.
+        tx.send(2, b"").unwrap();
+        let mut rep = BlockReport::default();
+        let m = block_until_ready(&mut rx, None, &mut rep).unwrap().unwrap();
+        assert_eq!(m.tag, 2);
+        assert_eq!((rep.sleeps, rep.wake_ns), (0, None), "{doorbell:?}");
+    }
+}
+
 fn doorbell_wakes_sleeper(doorbell: Doorbell) {
     let (mut tx, mut rx) = channel::channel(cfg(16, 8, doorbell)).unwrap();
     let h = std::thread::spawn(move || {

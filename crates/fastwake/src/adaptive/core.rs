@@ -142,6 +142,10 @@ pub struct Outcome {
     pub spun_ns: u64,
     /// The thread slept (the completion came after the spin, if any).
     pub slept: bool,
+    /// This wait's wake-up latency, when the source dated its ring
+    /// ([`crate::source::BlockReport::wake_ns`]); learning then takes the
+    /// wait's true length from it instead of from the model's figure.
+    pub wake_ns: Option<u64>,
 }
 
 /// The plan the model prefers, and its predicted figures.
@@ -194,6 +198,8 @@ pub struct Core {
     catch_ns: u64,
     /// Sleep CPU costs observed so far (the first replaces the default).
     sleep_samples: u32,
+    /// Wake-up latencies observed so far (the first replaces the default).
+    wake_samples: u32,
     /// Long-run mean ns between waits: the running mean of the first
     /// [`RATE_MEMORY`] gaps, then an EWMA with that memory. Unlike
     /// `cycle_ns` (a few dozen waits) it spans many bursts and the idle
@@ -238,6 +244,7 @@ impl Core {
             win_pending: 0,
             catch_ns: u64::MAX,
             sleep_samples: 0,
+            wake_samples: 0,
             long_gap_ns: 0.0,
             gaps: 0,
             stats: AdaptiveStats::ZERO,
@@ -297,6 +304,29 @@ impl Core {
     /// Sleep CPU costs observed (0: the model's default is in use).
     pub fn sleep_samples(&self) -> u32 {
         self.sleep_samples
+    }
+
+    /// Fold one measured wake-up latency (ring to running) into the
+    /// model. Why measure: the default is one figure from another day's
+    /// host, and a wake-up is what every spin budget is weighed against
+    /// (the cost of a miss, the ski-rental budget), while the real one
+    /// moves with the host's state and the IRQ/IPI path of the source.
+    /// Clamped so one preempted wake-up cannot swing the model.
+    pub fn observe_wake(&mut self, ns: u64) {
+        let x = (ns as f64).clamp(200.0, 1_000_000.0);
+        self.wake_samples = self.wake_samples.saturating_add(1);
+        self.model.wake_ns = if self.wake_samples == 1 {
+            x
+        } else {
+            // At most 4x the current estimate per sample, then the EWMA.
+            let x = x.min(4.0 * self.model.wake_ns);
+            self.model.wake_ns + (x - self.model.wake_ns) / 8.0
+        };
+    }
+
+    /// Wake-up latencies observed (0: the model's default is in use).
+    pub fn wake_samples(&self) -> u32 {
+        self.wake_samples
     }
 
     /// Long-run waits per second (0 before the second wait).
@@ -449,9 +479,10 @@ impl Core {
         // measurement, so subtract the model's figure (never below what
         // was already spun).
         let w = if outcome.slept {
-            let est = match plan {
-                Plan::Dispatch => outcome.waited_ns as f64 - self.model.dispatch_ns,
-                Plan::Spin(_) => outcome.waited_ns as f64 - self.model.wake_ns,
+            let est = match (plan, outcome.wake_ns) {
+                (Plan::Dispatch, _) => outcome.waited_ns as f64 - self.model.dispatch_ns,
+                (Plan::Spin(_), Some(w)) => outcome.waited_ns as f64 - w as f64,
+                (Plan::Spin(_), None) => outcome.waited_ns as f64 - self.model.wake_ns,
             };
             (est.max(0.0) as u64).max(outcome.spun_ns)
         } else {

@@ -415,17 +415,26 @@ impl Controller {
         }
     }
 
-    /// Finish a wait that went on to block after [`Controller::set_spun`].
+    /// Finish a wait that went on to block after [`Controller::set_spun`];
+    /// `wake_ns`: its measured wake-up latency, if the source dates its
+    /// rings ([`crate::source::BlockReport::wake_ns`]).
     #[inline]
-    pub fn finish(&mut self, slept: bool) {
+    pub fn finish(&mut self, slept: bool, wake_ns: Option<u64>) {
         if let Some(c0) = self.sleep_cpu0.take()
             && slept
         {
             let used = crate::cpu::thread_cpu_time().saturating_sub(c0);
             self.core.observe_sleep_cpu(used.as_nanos() as u64);
         }
+        let wake_ns = wake_ns.filter(|_| slept);
+        if let Some(w) = wake_ns {
+            self.core.observe_wake(w);
+        }
         let spun = std::mem::take(&mut self.spun);
         self.end(spun, slept);
+        if let Some(o) = &mut self.deferred {
+            o.wake_ns = wake_ns;
+        }
     }
 
     /// Finish the wait begun last: `spun_ns` of it spinning, `slept` if it
@@ -446,6 +455,7 @@ impl Controller {
             waited_ns: waited,
             spun_ns: spun_ns.min(waited),
             slept,
+            wake_ns: None,
         });
     }
 
@@ -519,13 +529,16 @@ pub fn explain(core: &Core, shared: Option<&pressure::Shared>) -> String {
             core.catch_budget() as f64 / 1000.0
         );
     }
+    let source = |n: u32| match n {
+        0 => "model default".to_string(),
+        n => format!("{n} measured"),
+    };
     out += &format!(
-        "; sleep cpu {:.1}us ({})",
+        "; sleep cpu {:.1}us ({}); wake {:.1}us ({})",
         core.model().sleep_cpu_ns / 1000.0,
-        match core.sleep_samples() {
-            0 => "model default".to_string(),
-            n => format!("{n} measured"),
-        }
+        source(core.sleep_samples()),
+        core.model().wake_ns / 1000.0,
+        source(core.wake_samples()),
     );
     if let Some(c) = core.choice() {
         out += &format!("; model: p_hit {:.2} spin-frac {:.2}", c.p_hit, c.spin_frac);

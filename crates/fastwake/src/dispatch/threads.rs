@@ -582,6 +582,7 @@ impl IdleClock {
             waited_ns: waited,
             spun_ns: slept_after.map_or(waited, |d| (d.as_nanos() as u64).min(waited)),
             slept: slept_after.is_some(),
+            wake_ns: None,
         });
         self.plan(now);
     }

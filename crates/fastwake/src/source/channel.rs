@@ -163,6 +163,10 @@ struct ConsumerLine {
 #[repr(C)]
 struct ArmLine {
     bell: FutexWord,
+    /// When the producer last rang ([`crate::cpu::monotonic_ns`]; 0:
+    /// never). Written only on the ring path, which makes a syscall
+    /// anyway, so dating it costs a polling consumer nothing.
+    rung_at: AtomicU64,
 }
 
 /// The lines both ends write, placed after the colour pad.
@@ -291,6 +295,7 @@ impl Region {
             }),
             arm: Line(ArmLine {
                 bell: FutexWord::new(0),
+                rung_at: AtomicU64::new(0),
             }),
         };
         // SAFETY: the mapping is at least `hb` bytes, page aligned (so both
@@ -565,6 +570,14 @@ impl Sender {
             // either cleared and followed by this ring, or set after it and
             // seen by the next publish.
             p.head_armed.fetch_and(!1, Ordering::AcqRel);
+            // Dated before the ring: the consumer that wakes measures from
+            // here (see `Source::rung_at`).
+            self.r
+                .header()
+                .arm
+                .0
+                .rung_at
+                .store(crate::cpu::monotonic_ns(), Ordering::Release);
             self.r.ring();
         }
         // A dispatcher watching this channel learns of the completion from
@@ -768,6 +781,11 @@ impl Source for Receiver {
 
     fn notify_fd(&self) -> Option<BorrowedFd<'_>> {
         self.r.efd.as_ref().map(|f| f.as_fd())
+    }
+
+    fn rung_at(&self) -> Option<u64> {
+        // 0 (never rang) is older than any sleep, so a waiter ignores it.
+        Some(self.r.header().arm.0.rung_at.load(Ordering::Acquire))
     }
 
     fn peer_cpu(&self) -> Option<u32> {

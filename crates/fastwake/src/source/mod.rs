@@ -222,6 +222,15 @@ pub trait Source {
         None
     }
 
+    /// When the producer last rang this source's doorbell, in
+    /// [`crate::cpu::monotonic_ns`] time, if the source records it. A
+    /// waiter that slept subtracts it from the time it woke: that is the
+    /// wake-up latency of this host, which adaptive waits learn instead of
+    /// assuming (see [`BlockReport::wake_ns`]).
+    fn rung_at(&self) -> Option<u64> {
+        None
+    }
+
     /// A handle other threads may use to peek this source (the per-core
     /// dispatcher does). `None` (the default) means the source cannot be
     /// peeked from another thread; dispatch-mode waits then fall back to
@@ -259,6 +268,10 @@ pub struct BlockReport {
     /// Wake-ups that found nothing (tolerated, as with verbs events that
     /// bring no CQE).
     pub spurious: u32,
+    /// Ring-to-running time of the last wake-up, in ns, when the source
+    /// dates its rings ([`Source::rung_at`]) and the ring was for this
+    /// call's sleep.
+    pub wake_ns: Option<u64>,
 }
 
 /// Block until `src` yields a completion or `deadline` passes; the only
@@ -272,6 +285,9 @@ pub fn block_until_ready<S: Source + ?Sized>(
         if let Some(c) = src.try_take()? {
             return Ok(Some(c));
         }
+        // Read before the arm, so a ring dated at or after it is one the
+        // arm asked for; only sources that date rings pay the clock read.
+        let armed_at = src.rung_at().map(|_| crate::cpu::monotonic_ns());
         src.arm()?;
         // The re-check: a completion that landed before the arm took effect
         // raised no notification.
@@ -293,6 +309,11 @@ pub fn block_until_ready<S: Source + ?Sized>(
         };
         report.sleeps += 1;
         src.sleep(Rechecked { _private: () }, timeout)?;
+        if let (Some(t0), Some(rung)) = (armed_at, src.rung_at())
+            && rung >= t0
+        {
+            report.wake_ns = Some(crate::cpu::monotonic_ns().saturating_sub(rung));
+        }
         src.disarm();
         if !src.ready() {
             // Either a timeout (the loop's deadline check returns) or a

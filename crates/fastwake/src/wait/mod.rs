@@ -276,7 +276,7 @@ impl Waiter {
         self.stats.spurious += rep.spurious as u64;
         let no_sleep = rep.sleeps == 0;
         if let Some(ctl) = self.adaptive.as_deref_mut() {
-            ctl.finish(!no_sleep);
+            ctl.finish(!no_sleep, rep.wake_ns);
         }
         self.count(r, no_sleep)
     }
