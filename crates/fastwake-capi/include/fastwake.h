@@ -109,7 +109,9 @@ void fw_receiver_destroy(fw_receiver *rx);
  *   "adaptive" or "adaptive:<options>" (comma-separated cap=N% (CPU cap),
  *       worth=N (us of CPU one us of latency is worth), idle=N (waits/s
  *       below which it waits in interrupt mode), catch=N% (percent of
- *       waits a spin should catch)): the controller picks spin, interrupt
+ *       waits a spin should catch), wake=learn|model (measured wake-up
+ *       latency as the cost of a sleep, or the default 4.3 us)): the
+ *       controller picks spin, interrupt
  *       or hand-off to the core's dispatcher per wait;
  *   "dispatch": register with the dispatcher serving the CPU the thread
  *       runs on and sleep until it hands off; without one, interrupt mode.

@@ -168,7 +168,7 @@ proptest! {
     /// the best possible spin budget for the true distribution.
     #[test]
     fn converges_near_the_optimum(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
-        let cfg = Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100 };
+        let cfg = Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false };
         let mut s = Sim::new(cfg, seed);
         let plans = s.run(d, 2_000);
         let chosen = budget(*plans.last().unwrap());
@@ -188,7 +188,7 @@ proptest! {
     /// Under steady load the plan settles: few changes once warmed up.
     #[test]
     fn does_not_oscillate(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
-        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100 }, seed);
+        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false }, seed);
         s.run(d, 1_000);
         let before = s.core.stats().plan_changes;
         s.run(d, 5_000);
@@ -367,12 +367,13 @@ fn catch_limits_the_budget_to_a_quantile_of_the_waits() {
 
 /// The model learns what a sleep costs from the caller's measurements:
 /// a dearer sleep makes spinning pay through longer gaps.
-/// The lean budget a contended-CPU-style stream (20 µs mean gaps, no idle
-/// rule) settles on after `observe` has fed the core measured costs.
-fn lean_budget_after(observe: impl Fn(&mut Core)) -> u64 {
+/// The lean budget a stream of 20 µs mean gaps (no idle rule) settles on
+/// after `observe` has fed the core measured costs.
+fn lean_budget_after(learn_wake: bool, observe: impl Fn(&mut Core)) -> u64 {
     let mut s = Sim::new(
         Config {
             idle_rate: 0,
+            learn_wake,
             ..Config::default()
         },
         11,
@@ -387,24 +388,37 @@ fn measured_sleep_cost_moves_the_break_even() {
     // 20 µs gaps spin lean (worth = 1) only when a sleep costs more than
     // about the gap's share of it.
     assert_eq!(
-        lean_budget_after(|_| {}),
+        lean_budget_after(false, |_| {}),
         0,
         "3 µs sleeps: no lean spin through 20 µs gaps"
     );
-    let slow_sleeps = lean_budget_after(|c| (0..32).for_each(|_| c.observe_sleep_cpu(30_000)));
+    let slow_sleeps =
+        lean_budget_after(false, |c| (0..32).for_each(|_| c.observe_sleep_cpu(30_000)));
     assert!(slow_sleeps > 0, "30 µs sleeps: lean spin pays");
 }
 
 #[test]
 fn measured_wake_up_moves_the_break_even() {
-    // As the sleep cost: a wake-up measured at 30 µs instead of the
-    // default 4.3 µs makes lean spinning through 20 µs gaps pay.
-    let slow_wakes = lean_budget_after(|c| {
+    // As the sleep cost, with `wake=learn`: a wake-up measured at 30 µs
+    // instead of the default 4.3 µs makes lean spinning through 20 µs
+    // gaps pay. Without it the measurement is kept but the model's
+    // figure stays.
+    let observe = |c: &mut Core| {
         (0..32).for_each(|_| c.observe_wake(30_000));
         assert_eq!(c.wake_samples(), 32);
-        assert!((c.model().wake_ns - 30_000.0).abs() < 1.0);
-    });
-    assert!(slow_wakes > 0, "30 µs wake-ups: lean spin pays");
+        assert!((c.measured_wake_ns() - 30_000.0).abs() < 1.0);
+        let model = if c.config().learn_wake {
+            30_000.0
+        } else {
+            4_300.0
+        };
+        assert!((c.model().wake_ns - model).abs() < 1.0);
+    };
+    assert!(
+        lean_budget_after(true, observe) > 0,
+        "30 µs wake-ups: lean spin pays"
+    );
+    assert_eq!(lean_budget_after(false, observe), 0, "model figure kept");
 }
 
 #[test]
@@ -416,9 +430,9 @@ fn one_slow_wake_up_does_not_swing_the_model() {
     // A waiter preempted for 50 ms after its wake-up.
     c.observe_wake(50_000_000);
     assert!(
-        c.model().wake_ns < 8_000.0,
-        "one outlier moved the model to {} ns",
-        c.model().wake_ns
+        c.measured_wake_ns() < 8_000.0,
+        "one outlier moved the average to {} ns",
+        c.measured_wake_ns()
     );
 }
 
@@ -511,15 +525,17 @@ fn dispatch_is_chosen_when_a_shared_dispatcher_is_cheaper() {
 #[test]
 fn adaptive_parses_and_prints() {
     use fastwake::WaitMode;
-    for (s, cap, worth, idle_rate, catch_pct) in [
-        ("adaptive", 100, 100, 2000, 90),
-        ("adaptive:cap=20%", 20, 100, 2000, 90),
-        ("adaptive:cap=5%,worth=10", 5, 10, 2000, 90),
-        ("adaptive:worth=1000", 100, 1000, 2000, 90),
-        ("adaptive:idle=0", 100, 100, 0, 90),
-        ("adaptive:cap=50%,idle=500", 50, 100, 500, 90),
-        ("adaptive:catch=100%", 100, 100, 2000, 100),
-        ("adaptive:worth=50,catch=99%", 100, 50, 2000, 99),
+    for (s, cap, worth, idle_rate, catch_pct, learn_wake) in [
+        ("adaptive", 100, 100, 2000, 90, false),
+        ("adaptive:cap=20%", 20, 100, 2000, 90, false),
+        ("adaptive:cap=5%,worth=10", 5, 10, 2000, 90, false),
+        ("adaptive:worth=1000", 100, 1000, 2000, 90, false),
+        ("adaptive:idle=0", 100, 100, 0, 90, false),
+        ("adaptive:cap=50%,idle=500", 50, 100, 500, 90, false),
+        ("adaptive:catch=100%", 100, 100, 2000, 100, false),
+        ("adaptive:worth=50,catch=99%", 100, 50, 2000, 99, false),
+        ("adaptive:wake=learn", 100, 100, 2000, 90, true),
+        ("adaptive:catch=95%,wake=learn", 100, 100, 2000, 95, true),
     ] {
         let m: WaitMode = s.parse().unwrap();
         assert_eq!(
@@ -529,6 +545,7 @@ fn adaptive_parses_and_prints() {
                 worth,
                 idle_rate,
                 catch_pct,
+                learn_wake,
             })
         );
         assert_eq!(m.to_string(), s);
@@ -550,6 +567,7 @@ fn adaptive_parses_and_prints() {
         "adaptive:cap",
         "adaptive:catch=40%",
         "adaptive:catch=101",
+        "adaptive:wake=maybe",
     ] {
         let r = bad.parse::<WaitMode>();
         if bad == "adaptive:" {

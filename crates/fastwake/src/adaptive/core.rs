@@ -198,8 +198,9 @@ pub struct Core {
     catch_ns: u64,
     /// Sleep CPU costs observed so far (the first replaces the default).
     sleep_samples: u32,
-    /// Wake-up latencies observed so far (the first replaces the default).
+    /// Wake-up latencies observed so far, and their moving average.
     wake_samples: u32,
+    measured_wake_ns: f64,
     /// Long-run mean ns between waits: the running mean of the first
     /// [`RATE_MEMORY`] gaps, then an EWMA with that memory. Unlike
     /// `cycle_ns` (a few dozen waits) it spans many bursts and the idle
@@ -245,6 +246,7 @@ impl Core {
             catch_ns: u64::MAX,
             sleep_samples: 0,
             wake_samples: 0,
+            measured_wake_ns: 0.0,
             long_gap_ns: 0.0,
             gaps: 0,
             stats: AdaptiveStats::ZERO,
@@ -307,26 +309,35 @@ impl Core {
     }
 
     /// Fold one measured wake-up latency (ring to running) into the
-    /// model. Why measure: the default is one figure from another day's
-    /// host, and a wake-up is what every spin budget is weighed against
-    /// (the cost of a miss, the ski-rental budget), while the real one
-    /// moves with the host's state and the IRQ/IPI path of the source.
-    /// Clamped so one preempted wake-up cannot swing the model.
+    /// average, and into the model with [`Config::learn_wake`]. Why
+    /// measure: the default is one figure from another day's host, and a
+    /// wake-up is what every spin budget is weighed against (the cost of a
+    /// miss, the ski-rental budget), while the real one moves with the
+    /// host's state and the IRQ/IPI path of the source. Clamped so one
+    /// preempted wake-up cannot swing the average.
     pub fn observe_wake(&mut self, ns: u64) {
         let x = (ns as f64).clamp(200.0, 1_000_000.0);
         self.wake_samples = self.wake_samples.saturating_add(1);
-        self.model.wake_ns = if self.wake_samples == 1 {
+        self.measured_wake_ns = if self.wake_samples == 1 {
             x
         } else {
             // At most 4x the current estimate per sample, then the EWMA.
-            let x = x.min(4.0 * self.model.wake_ns);
-            self.model.wake_ns + (x - self.model.wake_ns) / 8.0
+            let x = x.min(4.0 * self.measured_wake_ns);
+            self.measured_wake_ns + (x - self.measured_wake_ns) / 8.0
         };
+        if self.cfg.learn_wake {
+            self.model.wake_ns = self.measured_wake_ns;
+        }
     }
 
-    /// Wake-up latencies observed (0: the model's default is in use).
+    /// Wake-up latencies observed.
     pub fn wake_samples(&self) -> u32 {
         self.wake_samples
+    }
+
+    /// Moving average of the observed wake-up latencies, ns (0: none).
+    pub fn measured_wake_ns(&self) -> f64 {
+        self.measured_wake_ns
     }
 
     /// Long-run waits per second (0 before the second wait).
@@ -532,9 +543,6 @@ impl Core {
         let Some((best, j_min)) = self.evaluate(env) else {
             return;
         };
-        // Keep the current plan while it is still near-optimal and not
-        // clearly dearer in CPU than the pick: estimates wobble with every
-        // few waits, and a plan that flips on noise is worse than either.
         // Keep the current plan while it is still near-optimal: estimates
         // wobble with every few waits, and a plan that flips on noise is
         // worse than either. Leaving interrupt mode needs the wider

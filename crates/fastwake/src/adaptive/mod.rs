@@ -68,6 +68,17 @@ pub struct Config {
     /// stream: the model alone spun to ~200 µs at 1.46× the CPU of a
     /// 20 µs hybrid for the same p50.
     pub catch_pct: u8,
+    /// Use the measured wake-up latency as the model's cost of a sleep
+    /// (`wake=learn`) instead of the default 4.3 µs (`wake=model`). Either
+    /// way it is measured where the source dates its rings (the channel)
+    /// and shown by `explain`, and each slept wait's own wake-up is
+    /// subtracted when its length is learned. Why off by default: this
+    /// VM's measured wake-ups (12-57 µs, most of it the idle vCPU being
+    /// woken by the host) make the model spin through the ends of bursts,
+    /// which on a 10k/s ON/OFF stream bought a lower p99 (138 against
+    /// 213 µs) for 1.33-1.37x the CPU of a fixed hybrid at the same p50
+    /// (docs/adaptive.md, "Wake-up latency").
+    pub learn_wake: bool,
 }
 
 /// Default [`Config::worth`].
@@ -86,6 +97,7 @@ impl Config {
         worth: DEFAULT_WORTH,
         idle_rate: DEFAULT_IDLE_RATE,
         catch_pct: DEFAULT_CATCH_PCT,
+        learn_wake: false,
     };
 }
 
@@ -113,6 +125,10 @@ impl std::fmt::Display for Config {
         }
         if self.catch_pct != DEFAULT_CATCH_PCT {
             write!(f, "{sep}catch={}%", self.catch_pct)?;
+            sep = ',';
+        }
+        if self.learn_wake {
+            write!(f, "{sep}wake=learn")?;
         }
         Ok(())
     }
@@ -121,13 +137,14 @@ impl std::fmt::Display for Config {
 impl Config {
     /// Parse the part after `adaptive:`: comma-separated `cap=N%` (or
     /// `cap=N`, percent of one core), `worth=N`, `idle=N` (waits/s) and
-    /// `catch=N%` (percent of waits a spin should catch; 100 = no limit).
+    /// `catch=N%` (percent of waits a spin should catch; 100 = no limit)
+    /// and `wake=learn|model` ([`Config::learn_wake`]).
     pub fn parse_options(s: &str) -> Result<Config> {
         let mut c = Config::default();
         for kv in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, v) = kv.split_once('=').ok_or_else(|| {
                 Fail::invalid(format!(
-                    "bad adaptive option '{kv}': expected cap=N%, worth=N, idle=N or catch=N%"
+                    "bad adaptive option '{kv}': expected cap=N%, worth=N, idle=N, catch=N% or wake=learn|model"
                 ))
             })?;
             match k.trim() {
@@ -147,9 +164,20 @@ impl Config {
                     })?;
                 }
                 "catch" => c.catch_pct = percent(v, 50, "catch", "of waits")?,
+                "wake" => {
+                    c.learn_wake = match v.trim() {
+                        "learn" => true,
+                        "model" => false,
+                        _ => {
+                            return Err(Fail::invalid(format!(
+                                "bad adaptive wake '{v}': expected learn or model"
+                            )));
+                        }
+                    }
+                }
                 other => {
                     return Err(Fail::invalid(format!(
-                        "unknown adaptive option '{other}': expected cap, worth, idle or catch"
+                        "unknown adaptive option '{other}': expected cap, worth, idle, catch or wake"
                     )));
                 }
             }
@@ -534,12 +562,24 @@ pub fn explain(core: &Core, shared: Option<&pressure::Shared>) -> String {
         n => format!("{n} measured"),
     };
     out += &format!(
-        "; sleep cpu {:.1}us ({}); wake {:.1}us ({})",
+        "; sleep cpu {:.1}us ({}); wake {:.1}us ({}",
         core.model().sleep_cpu_ns / 1000.0,
         source(core.sleep_samples()),
         core.model().wake_ns / 1000.0,
-        source(core.wake_samples()),
+        if core.config().learn_wake {
+            source(core.wake_samples())
+        } else {
+            "model".to_string()
+        },
     );
+    if !core.config().learn_wake && core.wake_samples() > 0 {
+        out += &format!(
+            ", measured {:.1}us over {}",
+            core.measured_wake_ns() / 1000.0,
+            core.wake_samples()
+        );
+    }
+    out += ")";
     if let Some(c) = core.choice() {
         out += &format!("; model: p_hit {:.2} spin-frac {:.2}", c.p_hit, c.spin_frac);
     }
