@@ -64,6 +64,7 @@ typedef struct fw_sender fw_sender;     /* producing end */
 typedef struct fw_receiver fw_receiver; /* consuming end */
 typedef struct fw_waiter fw_waiter;     /* a wait mode plus its statistics */
 typedef struct fw_dispatcher fw_dispatcher; /* a per-core dispatcher thread */
+typedef struct fw_socket fw_socket;     /* a stream socket read in fixed-size messages */
 
 /* Version of this ABI in the loaded library; compare with FW_ABI_VERSION. */
 uint32_t fw_abi_version(void);
@@ -137,6 +138,23 @@ int fw_dispatcher_start(uint32_t cpu, int64_t idle_after_ns, int learn_idle, fw_
 int fw_dispatcher_stats(const fw_dispatcher *d, struct fw_dispatch_stats *out);
 /* Stop it: its waiters fall back to interrupt mode, none is lost. */
 void fw_dispatcher_stop(fw_dispatcher *d);
+
+/* A connected stream socket (TCP, Unix) as a source of messages of
+ * msg_size bytes each, for every wait mode above. fd is duplicated: the
+ * caller keeps its own and may close it. busy_poll_us > 0 also asks the
+ * kernel to busy-poll the device queue (SO_BUSY_POLL; no effect over
+ * loopback). EINVAL: msg_size 0; EBADF: fd not open. */
+int fw_socket_create(int fd, size_t msg_size, uint32_t busy_poll_us, fw_socket **out);
+/* Send len bytes (whole; blocks while the socket buffer is full). */
+int fw_socket_send(fw_socket *s, const void *data, size_t len);
+/* Wait for one whole message; copies min(msg_size, buf_len) bytes to buf
+ * (may be NULL). ETIMEDOUT: none within timeout_ns (< 0: forever). EPIPE:
+ * the peer closed. */
+int fw_socket_wait(fw_waiter *w, fw_socket *s, int64_t timeout_ns, void *buf, size_t buf_len);
+/* An epoll fd that is readable when a message may be waiting (to nest in
+ * your own epoll), or -1. */
+int fw_socket_fd(const fw_socket *s);
+void fw_socket_destroy(fw_socket *s);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,6 +76,85 @@ static void *pong(void *p) {
     }
     fw_waiter_destroy(w);
     return NULL;
+}
+
+/* Echo msg_size-byte messages back on a socket source until the peer
+ * closes (EPIPE ends it normally). */
+struct sock_echo_arg {
+    fw_socket *s;
+    int bad;
+};
+
+static void *sock_echo(void *p) {
+    struct sock_echo_arg *a = p;
+    fw_waiter *w = NULL;
+    if (fw_waiter_create("interrupt", &w)) {
+        a->bad = 1;
+        return NULL;
+    }
+    char m[16];
+    int rc;
+    while ((rc = fw_socket_wait(w, a->s, 5000000000LL, m, sizeof m)) == 0)
+        if (fw_socket_send(a->s, m, sizeof m)) {
+            a->bad = 1;
+            break;
+        }
+    if (rc != 0 && rc != EPIPE) a->bad = 1;
+    fw_waiter_destroy(w);
+    return NULL;
+}
+
+/* The socket source: bad arguments, fd duplication, a round trip per
+ * mode with the payload intact, a timeout, and the peer's close. */
+static void socket_checks(void) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+        check(0, "socketpair", strerror(errno));
+        return;
+    }
+    fw_socket *a = NULL, *b = NULL, *x = NULL;
+    check(fw_socket_create(-1, 16, 0, &x) == EBADF && x == NULL, "socket: bad fd is EBADF", "");
+    check(fw_socket_create(sv[0], 0, 0, &x) == EINVAL && x == NULL, "socket: msg_size 0 is EINVAL",
+          "");
+    check(fw_socket_create(sv[0], 16, 0, NULL) == EINVAL, "socket: NULL out is EINVAL", "");
+    int ok = fw_socket_create(sv[0], 16, 0, &a) == 0 && fw_socket_create(sv[1], 16, 0, &b) == 0;
+    check(ok, "socket: create", "");
+    if (!ok) return;
+    /* The library holds duplicates: the caller's fds may go. */
+    close(sv[0]);
+    close(sv[1]);
+    check(fw_socket_fd(a) >= 0 && fw_socket_fd(NULL) == -1, "socket: notify fd", "");
+
+    struct sock_echo_arg e = {b, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, sock_echo, &e);
+    const char *modes[] = {"poll", "interrupt", "hybrid:20us", "adaptive"};
+    for (int k = 0; k < 4; k++) {
+        fw_waiter *w = NULL;
+        int good = fw_waiter_create(modes[k], &w) == 0;
+        for (uint32_t i = 0; good && i < 500; i++) {
+            char out[16], in[16];
+            memset(out, 'a' + k, sizeof out);
+            memcpy(out, &i, sizeof i);
+            good = fw_socket_send(a, out, sizeof out) == 0 &&
+                   fw_socket_wait(w, a, 5000000000LL, in, sizeof in) == 0 &&
+                   memcmp(in, out, sizeof in) == 0;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "socket: 500 round trips, %s", modes[k]);
+        check(good, name, "lost, late or corrupted message");
+        if (k == 3) {
+            check(fw_socket_wait(w, a, 1000000, NULL, 0) == ETIMEDOUT, "socket: timeout",
+                  "expected ETIMEDOUT");
+        }
+        fw_waiter_destroy(w);
+    }
+    /* Closing our end ends the echo thread with EPIPE... */
+    fw_socket_destroy(a);
+    pthread_join(t, NULL);
+    check(!e.bad, "socket: echo side saw the close as EPIPE", "echo thread failed");
+    fw_socket_destroy(b);
+    fw_socket_destroy(NULL);
 }
 
 /* Ping on ping_cpu, pong on pong_cpu (-1: anywhere), both in mode. */
@@ -211,6 +291,7 @@ int main(void) {
     pingpong("adaptive");
     pingpong("adaptive:cap=20%,catch=99%");
     dispatcher_checks();
+    socket_checks();
 
     /* NULL is accepted by every destroy. */
     fw_sender_destroy(NULL);
