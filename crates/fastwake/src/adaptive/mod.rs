@@ -336,27 +336,21 @@ const SLEEP_SAMPLE_EVERY: u32 = 8;
 impl Clone for Controller {
     /// A clone keeps what was learned but registers its own thread.
     fn clone(&self) -> Self {
-        Controller {
-            core: self.core.clone(),
-            epoch: self.epoch,
-            start: None,
-            spun: 0,
-            shared: Arc::new(pressure::Shared::default()),
-            thread: None,
-            dispatch: None,
-            cpu: None,
-            deferred: None,
-            sleeps: 0,
-            sleep_cpu0: None,
-        }
+        Controller::with_core(self.core.clone(), self.epoch)
     }
 }
 
 impl Controller {
     pub fn new(cfg: Config) -> Self {
+        Controller::with_core(Core::new(cfg, Model::default()), Instant::now())
+    }
+
+    /// A controller around `core`, with no wait in progress and no thread
+    /// registered with the pressure sampler yet.
+    fn with_core(core: Core, epoch: Instant) -> Self {
         Controller {
-            core: Core::new(cfg, Model::default()),
-            epoch: Instant::now(),
+            core,
+            epoch,
             start: None,
             spun: 0,
             shared: Arc::new(pressure::Shared::default()),
