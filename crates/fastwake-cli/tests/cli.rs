@@ -255,11 +255,32 @@ fn ipc_measures_each_requested_mechanism() {
 
 #[test]
 fn doctor_runs_and_reports() {
+    // Its wake-up measurement spins a producer for ~4 ms.
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
     let o = fastwake(&["doctor"]);
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         out.contains("cpus") && out.contains("rdma") && out.contains("warning(s)"),
         "{out}"
+    );
+    // The measured wake-up: two positive figures, or a reason.
+    let line = out
+        .lines()
+        .find(|l| l.contains("wake-up latency") && !l.contains("cpuidle"))
+        .unwrap_or_else(|| panic!("no wake-up line: {out}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let after_short = words
+        .windows(2)
+        .find(|w| w[0] == "p50")
+        .and_then(|w| w[1].parse::<f64>().ok());
+    let after_long = words
+        .windows(4)
+        .find(|w| w[1] == "µs" && w[2] == "after" && w[3] == "2")
+        .and_then(|w| w[0].parse::<f64>().ok());
+    assert!(
+        line.contains("not measured")
+            || matches!((after_short, after_long), (Some(a), Some(b)) if a > 0.0 && b > 0.0),
+        "{line}"
     );
 }
