@@ -612,8 +612,14 @@ fn verdict(rows: &[&Row], lowest_rate: bool) -> Vec<String> {
 fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
     let (psi, running) = fastwake::adaptive::pressure::system();
     println!(
-        "fastwake bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU; dispatcher idle policy {}",
-        a.source, a.cpus.0, a.cpus.1, a.secs, a.rounds, a.dispatcher
+        "fastwake bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU; dispatcher idle policy {}{}",
+        a.source,
+        a.cpus.0,
+        a.cpus.1,
+        a.secs,
+        a.rounds,
+        a.dispatcher,
+        super::idle_note()
     );
     println!(
         "machine at the end: load average {}, PSI cpu some avg10 {}, procs_running {}",

@@ -997,8 +997,11 @@ pub fn run(a: Args) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let idle_after = (a.idle_after_us > 0).then(|| Duration::from_micros(a.idle_after_us));
     let note = format!(
-        "client thread pinned to CPU {} (busy-polling); server ends on CPU(s) {:?}; rings of {} slots; one-way latency = RTT/2; cpu/op = CPU µs per round trip, client+servers (incl. dispatchers)",
-        layout.client_cpu, layout.server_cpus, a.capacity
+        "client thread pinned to CPU {} (busy-polling); server ends on CPU(s) {:?}; rings of {} slots; one-way latency = RTT/2; cpu/op = CPU µs per round trip, client+servers (incl. dispatchers){}",
+        layout.client_cpu,
+        layout.server_cpus,
+        a.capacity,
+        super::idle_note()
     );
     let note = match a.rotate {
         Some(m) => format!("{note}; the request rotates over the first {m} connection(s) only"),
