@@ -11,7 +11,7 @@
 const SUB: u32 = 4;
 /// Values below 2^MIN_SHIFT ns share bucket 0.
 const MIN_SHIFT: u32 = 6;
-/// Number of buckets: bucket 0 plus 21 octaves of [`SUB`].
+/// Number of buckets: bucket 0 plus 21 octaves of `SUB`.
 pub const BUCKETS: usize = 1 + 21 * SUB as usize;
 /// Weight of an observation halves after this many newer ones.
 pub const HALF_LIFE: u32 = 128;

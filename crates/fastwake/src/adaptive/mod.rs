@@ -424,7 +424,7 @@ impl Controller {
     }
 
     /// The wait begun last is about to block (after its spin, if any).
-    /// One sleep in [`SLEEP_SAMPLE_EVERY`] has its CPU cost measured: the
+    /// One sleep in `SLEEP_SAMPLE_EVERY` has its CPU cost measured: the
     /// model's figure is a default from another day's host, and the real
     /// cost (arm, futex, two context switches, re-check) moves by 4× with
     /// the host's state (3 µs in shared/notes, 11-13 µs measured later on

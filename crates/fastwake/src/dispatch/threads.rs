@@ -81,7 +81,7 @@ pub struct Config {
     /// Relay: a thread about to wait first peeks the core's other waiting
     /// sources (and its own) for up to this long, and hands off to the
     /// owner of the first ready one itself; `None` = never. See
-    /// [`super::waiter`] for why this halves the switches per hand-off.
+    /// the `dispatch::waiter` module for why this halves the switches per hand-off.
     pub relay: Option<Duration>,
 }
 

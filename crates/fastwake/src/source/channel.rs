@@ -41,7 +41,7 @@
 //! that peeks 16 channels would then thrash one 8-way set and miss L1 on
 //! every peek, and channels that move in lockstep (one request each, round
 //! robin) would also collide slot for slot. Each new channel gets the next
-//! of [`COLOURS`] pads of three lines, which spreads the hot lines and the
+//! of `COLOURS` pads of three lines, which spreads the hot lines and the
 //! slots over the sets. (Each such miss is an L2 hit, a few ns: at 16
 //! connections `fastwake bench share` moved by less than this VM's noise;
 //! the pad is there for the hundreds-of-channels case, and costs nothing.) The pad is recorded in the constants, so a process
