@@ -133,6 +133,21 @@ fn dup_fd(fd: c_int) -> Result<Option<OwnedFd>, Fail> {
     Ok(Some(b.try_clone_to_owned().map_err(Fail::from)?))
 }
 
+/// One wait with the header's timeout convention: `timeout_ns < 0` waits
+/// forever, otherwise ETIMEDOUT when nothing came in time.
+fn wait_for<S: Source + ?Sized>(
+    w: &mut Waiter,
+    src: &mut S,
+    timeout_ns: i64,
+) -> Result<S::Completion, Fail> {
+    if timeout_ns < 0 {
+        w.wait(src)
+    } else {
+        w.wait_timeout(src, Duration::from_nanos(timeout_ns as u64))?
+            .ok_or_else(Fail::timed_out)
+    }
+}
+
 fn destroy<T>(p: *mut T) {
     if !p.is_null() {
         // SAFETY: created by Box::into_raw here and destroyed once, per the
@@ -373,12 +388,7 @@ pub unsafe extern "C" fn fw_wait(
     guard(|| {
         let w = obj(w)?;
         let r = obj(rx)?;
-        let m = if timeout_ns < 0 {
-            w.0.wait(&mut r.0)?
-        } else {
-            w.0.wait_timeout(&mut r.0, Duration::from_nanos(timeout_ns as u64))?
-                .ok_or_else(Fail::timed_out)?
-        };
+        let m = wait_for(&mut w.0, &mut r.0, timeout_ns)?;
         let p = r.0.payload();
         // SAFETY: each output pointer is NULL or writable per the header;
         // the copy is bounded by buf_len.
@@ -564,12 +574,7 @@ pub unsafe extern "C" fn fw_socket_wait(
     guard(|| {
         let w = obj(w)?;
         let s = obj(s)?;
-        if timeout_ns < 0 {
-            w.0.wait(&mut s.0)?;
-        } else {
-            w.0.wait_timeout(&mut s.0, Duration::from_nanos(timeout_ns as u64))?
-                .ok_or_else(Fail::timed_out)?;
-        }
+        wait_for(&mut w.0, &mut s.0, timeout_ns)?;
         let m = s.0.message();
         if !buf.is_null() {
             // SAFETY: writable for buf_len per the header; the copy is

@@ -184,8 +184,7 @@ pub fn run() -> fastwake::Result<()> {
 /// 0.09 µs); this command's wake-up after 20 µs idle 16.1-16.6 against
 /// 2.6 µs (after 2 ms idle ~30 µs either way: the poll window is over).
 fn halt_polling(r: &mut Report) {
-    let p = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
-    match read(p).and_then(|v| v.parse::<u64>().ok()) {
+    match guest_halt_poll_ns() {
         Some(0) => r.warn(
             "guest halt polling",
             "off (guest_halt_poll_ns = 0): an idle vCPU halts at once and each wake-up goes through the host",
@@ -194,6 +193,16 @@ fn halt_polling(r: &mut Report) {
         Some(ns) => r.ok("guest halt polling", format!("up to {ns} ns before halting")),
         None => r.info("guest halt polling", "haltpoll parameters not readable"),
     }
+}
+
+/// `guest_halt_poll_ns` when this host's idle driver is haltpoll (and the
+/// parameter is readable); `None` otherwise. The benchmarks print it too,
+/// since it moves interrupt mode's figures.
+pub fn guest_halt_poll_ns() -> Option<u64> {
+    if read("/sys/devices/system/cpu/cpuidle/current_driver").as_deref() != Some("haltpoll") {
+        return None;
+    }
+    read("/sys/module/haltpoll/parameters/guest_halt_poll_ns").and_then(|v| v.parse().ok())
 }
 
 /// Measure what a sleeping waiter pays to be woken here: a producer sends

@@ -16,7 +16,7 @@
 //! by direction (docs/dispatch.md).
 
 use fastwake::dispatch::{Runtime, TaskConfig};
-use fastwake::source::channel::{self, Config};
+use fastwake::source::channel::{self, Config, Msg, Receiver, Sender};
 use fastwake::{Fail, Source, WaitMode, Waiter};
 use std::sync::mpsc;
 
@@ -43,6 +43,23 @@ fn median(mut v: Vec<u64>) -> u64 {
     v[v.len() / 2]
 }
 
+/// Answer each request on `rx` with a stamped reply on `tx`, noting its
+/// request hop, until the client closes; then hand the hops to `out`.
+fn serve(
+    rx: &mut Receiver,
+    tx: &mut Sender,
+    out: &mpsc::Sender<Vec<u64>>,
+    mut wait: impl FnMut(&mut Receiver) -> fastwake::Result<Msg>,
+) -> fastwake::Result<()> {
+    let mut hops = Vec::new();
+    while let Ok(m) = wait(rx) {
+        hops.push(stamp().wrapping_sub(m.tag));
+        tx.send(stamp(), b"reply")?;
+    }
+    let _ = out.send(hops);
+    Ok(())
+}
+
 /// Medians (request hop, reply hop, round trip) in ticks, for `conns`
 /// connections (`None`: the single polled one) with requests on `active`.
 fn run(conns: Option<usize>, active: usize, n: usize) -> fastwake::Result<(u64, u64, u64)> {
@@ -66,28 +83,15 @@ fn run(conns: Option<usize>, active: usize, n: usize) -> fastwake::Result<(u64, 
             let mut rt = Runtime::new(TaskConfig::default())?;
             for (mut rx, mut tx) in server {
                 let hops_tx = hops_tx.clone();
-                rt.spawn(move |cx| {
-                    let mut hops = Vec::new();
-                    while let Ok(m) = cx.wait(&mut rx) {
-                        hops.push(stamp().wrapping_sub(m.tag));
-                        tx.send(stamp(), b"reply")?;
-                    }
-                    let _ = hops_tx.send(hops);
-                    Ok(())
-                })?;
+                rt.spawn(move |cx| serve(&mut rx, &mut tx, &hops_tx, |rx| cx.wait(rx)))?;
             }
             rt.run()?;
+            Ok(())
         } else {
             let (mut rx, mut tx) = server.pop().expect("one connection");
             let mut w = Waiter::new(WaitMode::Poll);
-            let mut hops = Vec::new();
-            while let Ok(m) = w.wait(&mut rx) {
-                hops.push(stamp().wrapping_sub(m.tag));
-                tx.send(stamp(), b"reply")?;
-            }
-            let _ = hops_tx.send(hops);
+            serve(&mut rx, &mut tx, &hops_tx, |rx| w.wait(rx))
         }
-        Ok(())
     });
     fastwake::cpu::pin(0)?;
     let active = active.clamp(1, client.len());

@@ -84,6 +84,26 @@ fn paced(
     (prod, rx)
 }
 
+/// A `paced` producer on `prod_cpu` and a waiter in `mode` on `wait_cpu`
+/// that waits until the producer closes; the waiter and the time it spent
+/// draining.
+fn drain_paced(
+    (prod_cpu, wait_cpu): (u32, u32),
+    gap: Duration,
+    run: Duration,
+    mode: WaitMode,
+) -> (Waiter, Duration) {
+    let (prod, mut rx) = paced(prod_cpu, gap, run);
+    fastwake::cpu::pin(wait_cpu).unwrap();
+    let mut w = Waiter::new(mode);
+    let t0 = Instant::now();
+    while let Ok(Some(_)) = w.wait_timeout(&mut rx, Duration::from_secs(5)) {}
+    let wall = t0.elapsed();
+    prod.join().unwrap();
+    fastwake::cpu::unpin().unwrap();
+    (w, wall)
+}
+
 #[test]
 fn delivers_everything_across_load_changes() {
     let _g = common::spin_lock();
@@ -118,15 +138,14 @@ fn delivers_everything_across_load_changes() {
 #[test]
 fn learns_the_wake_up_latency_from_dated_rings() {
     let _g = common::spin_lock();
-    let (cpu_p, cpu_c) = common::two_cpus();
     // 2 ms between messages: 500 waits/s, below the idle rate, so the
     // waiter sleeps through nearly every wait once it has learned.
-    let (prod, mut rx) = paced(cpu_p, Duration::from_millis(2), Duration::from_millis(800));
-    fastwake::cpu::pin(cpu_c).unwrap();
-    let mut w = Waiter::new(adaptive());
-    while let Ok(Some(_)) = w.wait_timeout(&mut rx, Duration::from_secs(5)) {}
-    prod.join().unwrap();
-    fastwake::cpu::unpin().unwrap();
+    let (w, _) = drain_paced(
+        common::two_cpus(),
+        Duration::from_millis(2),
+        Duration::from_millis(800),
+        adaptive(),
+    );
     let ctl = w.adaptive().unwrap();
     eprintln!("{}", ctl.explain());
     let core = ctl.core();
@@ -176,14 +195,14 @@ fn a_hog_on_the_waiters_cpu_is_seen_as_contention() {
     });
     // A quick stream the controller would spin on, for 1.5 s: the sampler
     // (50 ms period) must flag the CPU well before the end.
-    let (prod, mut rx) = paced(0, Duration::from_micros(5), Duration::from_millis(1_500));
-    fastwake::cpu::pin(1).unwrap();
-    let mut w = Waiter::new(adaptive());
-    while let Ok(Some(_)) = w.wait_timeout(&mut rx, Duration::from_secs(5)) {}
+    let (w, _) = drain_paced(
+        (0, 1),
+        Duration::from_micros(5),
+        Duration::from_millis(1_500),
+        adaptive(),
+    );
     stop.store(true, Ordering::Relaxed);
-    prod.join().unwrap();
     hog.join().unwrap();
-    fastwake::cpu::unpin().unwrap();
     let s = w.adaptive_stats().unwrap();
     eprintln!("{}", w.adaptive().unwrap().explain());
     // Seen means: waits planned for a contended CPU, either in interrupt
@@ -200,15 +219,13 @@ fn cap_limits_spinning_time() {
     // Gaps of ~30 µs the controller wants to spin through (default
     // worth); a 10 % cap must keep the spin time near 10 % of the wall
     // time (plus the allowance's initial burst).
-    let (a, b) = common::two_cpus();
-    let (prod, mut rx) = paced(a, Duration::from_micros(30), Duration::from_millis(1_000));
-    fastwake::cpu::pin(b).unwrap();
-    let mut w = Waiter::new("adaptive:cap=10%".parse().unwrap());
-    let t0 = Instant::now();
-    while let Ok(Some(_)) = w.wait_timeout(&mut rx, Duration::from_secs(5)) {}
-    let wall = t0.elapsed().as_nanos() as f64;
-    prod.join().unwrap();
-    fastwake::cpu::unpin().unwrap();
+    let (w, wall) = drain_paced(
+        common::two_cpus(),
+        Duration::from_micros(30),
+        Duration::from_millis(1_000),
+        "adaptive:cap=10%".parse().unwrap(),
+    );
+    let wall = wall.as_nanos() as f64;
     let s = w.adaptive_stats().unwrap();
     eprintln!("{}", w.adaptive().unwrap().explain());
     let burst = 0.10 * fastwake::adaptive::core::BURST_NS as f64;

@@ -121,15 +121,7 @@ impl Common {
 /// or polls first; interrupt mode's p50 moved 22.7 -> 2.6 µs between 0
 /// and 200000 here. Empty elsewhere.
 pub fn idle_note() -> String {
-    let driver = std::fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver")
-        .unwrap_or_default();
-    if driver.trim() != "haltpoll" {
-        return String::new();
-    }
-    match std::fs::read_to_string("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-    {
+    match crate::doctor::guest_halt_poll_ns() {
         Some(0) => "; guest halt polling off (idle vCPUs halt at once)".into(),
         Some(ns) => format!("; guest halt polling up to {ns} ns"),
         None => String::new(),

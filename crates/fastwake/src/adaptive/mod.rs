@@ -453,10 +453,7 @@ impl Controller {
             self.core.observe_wake(w);
         }
         let spun = std::mem::take(&mut self.spun);
-        self.end(spun, slept);
-        if let Some(o) = &mut self.deferred {
-            o.wake_ns = wake_ns;
-        }
+        self.end_with(Instant::now(), spun, slept, wake_ns);
     }
 
     /// Finish the wait begun last: `spun_ns` of it spinning, `slept` if it
@@ -471,13 +468,18 @@ impl Controller {
     /// clock reading it already had).
     #[inline]
     pub fn end_at(&mut self, t: Instant, spun_ns: u64, slept: bool) {
+        self.end_with(t, spun_ns, slept, None);
+    }
+
+    /// [`Controller::end_at`] with the wait's measured wake-up, if any.
+    fn end_with(&mut self, t: Instant, spun_ns: u64, slept: bool, wake_ns: Option<u64>) {
         let Some(s) = self.start.take() else { return };
         let waited = t.saturating_duration_since(s).as_nanos() as u64;
         self.deferred = Some(Outcome {
             waited_ns: waited,
             spun_ns: spun_ns.min(waited),
             slept,
-            wake_ns: None,
+            wake_ns,
         });
     }
 
