@@ -18,7 +18,7 @@ use fastwake::dispatch::{Config, Dispatcher};
 use fastwake::source::channel::{self, Config as ChannelConfig};
 use fastwake::{Fail, WaitMode, Waiter};
 
-fn main() -> fastwake::Result<()> {
+fn run() -> fastwake::Result<()> {
     let mut args = std::env::args().skip(1);
     let threads: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(8);
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
@@ -61,4 +61,12 @@ fn main() -> fastwake::Result<()> {
         dispatcher.stats().state
     );
     Ok(())
+}
+
+/// A bad argument or a failure is one line on stderr and exit status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("dispatch_threads: {e}");
+        std::process::exit(1);
+    }
 }

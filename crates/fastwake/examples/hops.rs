@@ -62,7 +62,7 @@ fn serve(
 
 /// Medians (request hop, reply hop, round trip) in ticks, for `conns`
 /// connections (`None`: the single polled one) with requests on `active`.
-fn run(conns: Option<usize>, active: usize, n: usize) -> fastwake::Result<(u64, u64, u64)> {
+fn measure(conns: Option<usize>, active: usize, n: usize) -> fastwake::Result<(u64, u64, u64)> {
     let cfg = Config {
         capacity: 8,
         slot_size: 8,
@@ -119,7 +119,7 @@ fn run(conns: Option<usize>, active: usize, n: usize) -> fastwake::Result<(u64, 
     Ok((median(request), median(reply), median(rtt)))
 }
 
-fn main() -> fastwake::Result<()> {
+fn run() -> fastwake::Result<()> {
     let mut args = std::env::args().skip(1);
     let conns: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(16);
     let active: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(conns);
@@ -132,7 +132,7 @@ fn main() -> fastwake::Result<()> {
     // Alternate the two, three times: this VM's speed drifts by the minute.
     for _ in 0..3 {
         for (label, c) in [("1 polled connection", None), ("tasks", Some(conns))] {
-            let (q, r, t) = run(c, active, n)?;
+            let (q, r, t) = measure(c, active, n)?;
             let what = match c {
                 None => label.to_string(),
                 Some(c) => format!("{label}, {active} of {c} connections"),
@@ -146,4 +146,12 @@ fn main() -> fastwake::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A bad argument or a failure is one line on stderr and exit status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("hops: {e}");
+        std::process::exit(1);
+    }
 }

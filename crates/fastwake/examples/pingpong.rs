@@ -15,7 +15,7 @@ use fastwake::source::channel::{self, Config};
 use fastwake::{Fail, WaitMode, Waiter};
 use std::time::Instant;
 
-fn main() -> fastwake::Result<()> {
+fn run() -> fastwake::Result<()> {
     let mut args = std::env::args().skip(1);
     let mode: WaitMode = args.next().as_deref().unwrap_or("hybrid").parse()?;
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
@@ -63,4 +63,12 @@ fn main() -> fastwake::Result<()> {
         pong_sleeps
     );
     Ok(())
+}
+
+/// A bad argument or a failure is one line on stderr and exit status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("pingpong: {e}");
+        std::process::exit(1);
+    }
 }

@@ -18,7 +18,7 @@ use fastwake::Fail;
 use fastwake::dispatch::{Runtime, TaskConfig};
 use fastwake::source::channel::{self, Config};
 
-fn main() -> fastwake::Result<()> {
+fn run() -> fastwake::Result<()> {
     let mut args = std::env::args().skip(1);
     let conns: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(16);
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
@@ -68,4 +68,12 @@ fn main() -> fastwake::Result<()> {
         stats.passes as f64 / stats.handoffs.max(1) as f64
     );
     Ok(())
+}
+
+/// A bad argument or a failure is one line on stderr and exit status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("tasks_echo: {e}");
+        std::process::exit(1);
+    }
 }
