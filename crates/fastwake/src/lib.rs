@@ -2,8 +2,8 @@
 //!
 //! Microsecond I/O completes faster than Linux wakes a sleeping thread. fastwake
 //! separates *where completions come from* ([`source`]) from *how a thread waits
-//! for them* ([`wait`]), so every wait mode (poll, interrupt, hybrid, and later
-//! dispatch and adaptive) works on every completion source.
+//! for them* ([`wait`]), so every wait mode (poll, interrupt, hybrid, dispatch
+//! and adaptive) works on every completion source.
 //!
 //! The one rule every blocking wait must follow — arm the notification, look
 //! again, only then sleep — lives in exactly one place,
@@ -12,8 +12,11 @@
 //!
 //! Layout (one concept per module):
 //! - [`source`]: the completion-source contract and its implementations
-//!   ([`source::channel`]: the shared-memory ring with a doorbell;
-//!   [`source::verbs`]: an RDMA CQ with its completion channel).
+//!   ([`source::channel`]: the shared-memory ring with a doorbell, which
+//!   also dates its rings so sleepers measure their wake-up;
+//!   [`source::verbs`]: an RDMA CQ with its completion channel;
+//!   [`source::socket`]: a stream socket; [`source::uring`]: an io_uring
+//!   CQ ring).
 //! - [`wait`]: wait modes and the [`wait::Waiter`] that applies them.
 //! - [`dispatch`]: the per-core dispatcher with direct hand-off, for tasks
 //!   and for ordinary threads ([`WaitMode::Dispatch`]).
@@ -22,6 +25,12 @@
 //! - [`cpu`]: CPU placement helpers (pinning, current CPU).
 //! - [`affinity`]: completion-vector / IRQ placement for RDMA CQs.
 //! - [`Fail`]: the error type.
+//!
+//! Examples (`cargo run --release --example NAME`): `pingpong` (any wait
+//! mode over two channels), `tasks_echo` (the task runtime), `dispatch_threads`
+//! (threads in dispatch mode), `hops` (a round trip split by direction).
+//! Not yet: a `dispatch` mode in the preload shim; wake-up measurement on
+//! sources other than the channel.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
