@@ -117,3 +117,49 @@ impl FutexWord {
         }
     }
 }
+
+/// Atomics in cache lines of their own: the allocation starts on a line
+/// and fills its last line, so no other heap object shares a line with
+/// them. `PER` is how many fit in a line (64 for bytes, 8 for words).
+///
+/// Why: memory written on one CPU (a producer raising a flag, a waiter
+/// announcing itself) and a small allocation next to it read on another
+/// CPU on every operation would pay a line transfer per operation,
+/// invisible in the code. The channel's payload buffer did this and cost
+/// `fastwake bench share` 10-25 % (docs/dispatch.md, "False sharing in the
+/// heap").
+pub(crate) struct LineArray<T, const PER: usize> {
+    lines: Box<[LineOf<T, PER>]>,
+    len: usize,
+}
+
+#[repr(C, align(64))]
+struct LineOf<T, const PER: usize>([T; PER]);
+
+/// Atomic bytes in lines of their own.
+pub(crate) type LineBytes = LineArray<AtomicU8, 64>;
+/// Atomic words in lines of their own.
+pub(crate) type LineWords = LineArray<AtomicU64, 8>;
+
+impl<T, const PER: usize> LineArray<T, PER> {
+    /// `len` elements, each made by `init`.
+    pub(crate) fn new(len: usize, mut init: impl FnMut() -> T) -> Self {
+        LineArray {
+            lines: (0..len.div_ceil(PER).max(1))
+                .map(|_| LineOf(std::array::from_fn(|_| init())))
+                .collect(),
+            len,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Element `i`; panics past `len` like a slice.
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> &T {
+        assert!(i < self.len, "element {i} of {}", self.len);
+        &self.lines[i / PER].0[i % PER]
+    }
+}

@@ -24,7 +24,7 @@
 //! if it raced with a new announcement). The loom model in
 //! `tests/dispatch_loom.rs` checks that no hand-off is lost.
 
-use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, FutexWord, LineWords, Ordering};
 use std::time::Duration;
 
 /// The owner is not waiting.
@@ -165,16 +165,15 @@ impl Slot {
 
 /// One bit per slot: "this slot may be waiting".
 pub struct WaitSet {
-    words: Box<[AtomicU64]>,
+    // Lines of their own: waiters announce here on every wait.
+    words: LineWords,
 }
 
 impl WaitSet {
     /// Room for `capacity` slots.
     pub fn new(capacity: usize) -> WaitSet {
         WaitSet {
-            words: (0..capacity.div_ceil(64))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            words: LineWords::new(capacity.div_ceil(64), || AtomicU64::new(0)),
         }
     }
 
@@ -186,14 +185,14 @@ impl WaitSet {
     /// Bits of word `w`.
     #[inline]
     pub fn word(&self, w: usize) -> u64 {
-        self.words[w].load(Ordering::SeqCst)
+        self.words.get(w).load(Ordering::SeqCst)
     }
 
     fn mark(&self, index: usize) {
         let (w, b) = (index / 64, 1u64 << (index % 64));
         // Skip the locked RMW when the bit is still set from before.
-        if self.words[w].load(Ordering::SeqCst) & b == 0 {
-            self.words[w].fetch_or(b, Ordering::SeqCst);
+        if self.words.get(w).load(Ordering::SeqCst) & b == 0 {
+            self.words.get(w).fetch_or(b, Ordering::SeqCst);
         }
     }
 
@@ -201,9 +200,9 @@ impl WaitSet {
     /// the state and restore the bit if the owner announced meanwhile.
     pub fn unmark(&self, index: usize, slot: &Slot) {
         let (w, b) = (index / 64, 1u64 << (index % 64));
-        self.words[w].fetch_and(!b, Ordering::SeqCst);
+        self.words.get(w).fetch_and(!b, Ordering::SeqCst);
         if slot.state() == WAITING {
-            self.words[w].fetch_or(b, Ordering::SeqCst);
+            self.words.get(w).fetch_or(b, Ordering::SeqCst);
         }
     }
 }

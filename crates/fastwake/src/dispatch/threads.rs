@@ -109,6 +109,9 @@ impl Config {
     }
 }
 
+/// Line aligned: the dispatcher writes its counters and heartbeat on every
+/// pass, and the `Arc` must not share a line with other heap objects.
+#[repr(align(64))]
 pub(crate) struct Core {
     cfg: Config,
     pub(crate) slots: Box<[Slot]>,

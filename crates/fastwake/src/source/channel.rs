@@ -189,6 +189,12 @@ fn colour_of(header_bytes: usize) -> Option<usize> {
 }
 
 /// The mapping both ends share. Dropping it unmaps.
+///
+/// Line aligned (so the `Arc` allocation owns whole lines): both ends read
+/// these fields on every operation, and a neighbouring heap object written
+/// by one end would otherwise turn each of those reads into a line
+/// transfer (see [`PayloadBuf`]).
+#[repr(align(64))]
 struct Region {
     base: NonNull<u8>,
     len: usize,
@@ -459,7 +465,8 @@ impl SharedChannel {
     }
 }
 
-/// The producing end.
+/// The producing end. Line aligned for the reason given on [`Receiver`].
+#[repr(align(64))]
 pub struct Sender {
     r: Arc<Region>,
     /// Next slot to fill (pushed, maybe not yet published).
@@ -633,13 +640,62 @@ pub struct Msg {
     pub len: u32,
 }
 
+/// The receiver's copy of the last payload, in cache lines of its own.
+///
+/// Why not a `Vec<u8>`: a small payload buffer is a small allocation, and
+/// the allocator packs small allocations two or more to a line. The buffer
+/// is written on every take by the consumer's CPU; the allocation next to
+/// it was typically made by the same `channel()` call sequence and is read
+/// on every operation by the *other* CPU (the next channel's `Region`, the
+/// other end's buffer), so every take evicted a line from the other core.
+/// `fastwake bench share` (16 connections) paid this on every hop; see
+/// docs/dispatch.md, "False sharing in the heap".
+struct PayloadBuf {
+    lines: Box<[Line<[u8; 64]>]>,
+    len: usize,
+}
+
+impl PayloadBuf {
+    fn new(capacity: usize) -> PayloadBuf {
+        let n = capacity.div_ceil(64).max(1);
+        PayloadBuf {
+            lines: (0..n).map(|_| Line([0u8; 64])).collect(),
+            len: 0,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the lines are one contiguous allocation of plain bytes
+        // (`Line` is `repr(C)` and a multiple of its alignment in size, so
+        // there is no padding), and `len` never exceeds its size (`fill`).
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    fn fill(&mut self, src: &[u8]) {
+        let cap = self.lines.len() * 64;
+        let n = src.len().min(cap);
+        // SAFETY: as in `bytes`; `n` fits in the allocation, and `src`
+        // cannot overlap a buffer we own exclusively.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.lines.as_mut_ptr().cast::<u8>(), n)
+        };
+        self.len = n;
+    }
+}
+
 /// The consuming end; a [`Source`].
+///
+/// Line aligned, like [`Sender`]: each end writes its own fields on every
+/// operation, and must not share a line with whatever the caller stores
+/// next to it (often the other end of another channel, used on the other
+/// CPU).
+#[repr(align(64))]
 pub struct Receiver {
     r: Arc<Region>,
     tail: u64,
     cached_head: Cell<u64>,
     armed_seq: u32,
-    payload: Vec<u8>,
+    payload: PayloadBuf,
     /// The peek handle, made once: dispatch-mode waits ask for it on every
     /// wait to notice a changed source.
     peek: std::cell::OnceCell<Arc<dyn Peek>>,
@@ -659,7 +715,7 @@ impl Receiver {
             return Err(Fail::new(libc::EBUSY, "channel already has a consumer"));
         }
         let tail = c.tail.load(Ordering::Acquire);
-        let payload = Vec::with_capacity(r.cfg.slot_size as usize);
+        let payload = PayloadBuf::new(r.cfg.slot_size as usize);
         Ok(Receiver {
             r,
             tail,
@@ -677,7 +733,7 @@ impl Receiver {
 
     /// Payload of the completion taken last.
     pub fn payload(&self) -> &[u8] {
-        &self.payload
+        self.payload.bytes()
     }
 
     /// Completions waiting in the ring now.
@@ -727,8 +783,7 @@ impl Source for Receiver {
         let msg = unsafe {
             let tag = slot.cast::<u64>().read();
             let len = slot.add(8).cast::<u32>().read().min(self.r.cfg.slot_size);
-            self.payload.clear();
-            self.payload.extend_from_slice(std::slice::from_raw_parts(
+            self.payload.fill(std::slice::from_raw_parts(
                 slot.add(SLOT_HEAD),
                 len as usize,
             ));
@@ -848,5 +903,74 @@ impl Peek for ChannelPeek {
                 mask: self.r.cfg.capacity as u64 - 1,
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines a heap object at `p` of `len` bytes touches.
+    fn lines(p: usize, len: usize) -> std::ops::Range<usize> {
+        p / 64..(p + len).div_ceil(64)
+    }
+
+    /// Memory written on every take by one CPU must not share a cache line
+    /// with memory the other CPU reads on every operation. With the payload
+    /// in a `Vec<u8>` the allocator put a receiver's 8-byte buffer in the
+    /// same line as the next channel's `Region`, and this test fails.
+    #[test]
+    fn per_operation_state_owns_its_cache_lines() {
+        let cfg = Config {
+            capacity: 8,
+            slot_size: 8,
+            doorbell: Doorbell::Futex,
+        };
+        // The shape of a benchmark's set-up: request and reply channels
+        // made back to back, so their heap objects are neighbours.
+        let ends: Vec<(Sender, Receiver)> = (0..32).map(|_| channel(cfg).unwrap()).collect();
+        let written: Vec<std::ops::Range<usize>> = ends
+            .iter()
+            .map(|(_, rx)| lines(rx.payload().as_ptr() as usize, cfg.slot_size as usize))
+            .collect();
+        for (_, rx) in &ends {
+            // The Arc's counts sit before the Region in the same
+            // allocation; the whole allocation is line aligned with it.
+            let region = Arc::as_ptr(&rx.r) as usize;
+            let read = lines(region, std::mem::size_of::<Region>());
+            for w in &written {
+                assert!(
+                    w.end <= read.start || read.end <= w.start,
+                    "a payload buffer shares a line with a Region: {w:?} vs {read:?}"
+                );
+            }
+        }
+    }
+
+    /// Both ends and the shared region own whole lines wherever they are
+    /// stored (the caller's `Vec`, a task's stack).
+    #[test]
+    fn ends_and_region_are_line_aligned() {
+        assert_eq!(std::mem::align_of::<Region>(), 64);
+        assert_eq!(std::mem::align_of::<Sender>(), 64);
+        assert_eq!(std::mem::align_of::<Receiver>(), 64);
+    }
+
+    #[test]
+    fn payload_buffer_holds_multi_line_payloads() {
+        let cfg = Config {
+            capacity: 4,
+            slot_size: 150,
+            doorbell: Doorbell::Futex,
+        };
+        let (mut tx, mut rx) = channel(cfg).unwrap();
+        let data: Vec<u8> = (0..150u8).collect();
+        assert!(tx.try_send(1, &data).unwrap());
+        let m = rx.try_take().unwrap().unwrap();
+        assert_eq!(m.len, 150);
+        assert_eq!(rx.payload(), &data[..]);
+        assert!(tx.try_send(2, b"ab").unwrap());
+        rx.try_take().unwrap().unwrap();
+        assert_eq!(rx.payload(), b"ab");
     }
 }

@@ -22,16 +22,18 @@
 //! of `sleeping`; the dispatcher's store of `sleeping` precedes its
 //! re-check with a fence.
 
-use crate::sync::{AtomicU8, AtomicU32, FutexWord, Ordering, fence};
+use crate::sync::{AtomicU8, AtomicU32, FutexWord, LineBytes, Ordering, fence};
 use std::sync::Arc;
 use std::time::Duration;
 
 const GROUP: usize = 64;
 
 /// Flags for up to `capacity` sources.
+#[repr(align(64))]
 pub struct Summary {
-    groups: Box<[AtomicU8]>,
-    flags: Box<[AtomicU8]>,
+    // Lines of their own: producers on other CPUs write them.
+    groups: LineBytes,
+    flags: LineBytes,
     sleeping: AtomicU32,
     bell: FutexWord,
 }
@@ -49,8 +51,8 @@ impl Summary {
     pub fn new(capacity: usize) -> Arc<Summary> {
         let groups = capacity.div_ceil(GROUP).max(1);
         Arc::new(Summary {
-            groups: (0..groups).map(|_| AtomicU8::new(0)).collect(),
-            flags: (0..groups * GROUP).map(|_| AtomicU8::new(0)).collect(),
+            groups: LineBytes::new(groups, || AtomicU8::new(0)),
+            flags: LineBytes::new(groups * GROUP, || AtomicU8::new(0)),
             sleeping: AtomicU32::new(0),
             bell: FutexWord::new(0),
         })
@@ -96,14 +98,15 @@ impl Summary {
     /// Lower and visit every raised flag among the first `groups` groups of
     /// 64. Visit order is by index.
     pub fn drain(&self, groups: usize, mut visit: impl FnMut(usize)) {
-        for (g, group) in self.groups.iter().take(groups).enumerate() {
+        for g in 0..groups.min(self.groups.len()) {
+            let group = self.groups.get(g);
             // Plain load first: on an idle core the line stays shared and
             // the pass costs no write.
             if group.load(Ordering::Relaxed) == 0 || group.swap(0, Ordering::SeqCst) == 0 {
                 continue;
             }
             for i in g * GROUP..(g + 1) * GROUP {
-                let f = &self.flags[i];
+                let f = self.flags.get(i);
                 if f.load(Ordering::Relaxed) != 0 && f.swap(0, Ordering::SeqCst) != 0 {
                     visit(i);
                 }
@@ -128,10 +131,10 @@ impl Flag {
         // The flag before the group: a drain that sees the group raised
         // (with the swap's acquire) also sees this flag.
         let s = &*self.summary;
-        s.flags[self.index].store(1, Ordering::Release);
+        s.flags.get(self.index).store(1, Ordering::Release);
         // A swap, not a store: it is a full barrier, ordering the flags
         // before the read of `sleeping` (Dekker with `Summary::arm`).
-        s.groups[self.index / GROUP].swap(1, Ordering::SeqCst);
+        s.groups.get(self.index / GROUP).swap(1, Ordering::SeqCst);
         if s.sleeping.load(Ordering::SeqCst) != 0 && s.sleeping.swap(0, Ordering::SeqCst) != 0 {
             s.bell.bump_and_wake_private();
         }
