@@ -63,9 +63,8 @@ pub struct Args {
     pub size: usize,
     /// Slots per channel ring (a power of two, 2 or more). Both loads keep
     /// at most one request in flight per connection, so a deeper ring
-    /// only spreads the same traffic over more cache lines and pages:
-    /// with 64, the hand-written 16-connection event loop was 1.19-1.33x
-    /// the single connection, with 8, 1.13-1.2x (same modes, one run).
+    /// only spreads the same traffic over more cache lines and pages
+    /// (8 and 64 measured the same at 16 connections, in alternating runs).
     #[arg(long, default_value_t = 8)]
     pub capacity: u32,
     /// `latency` load only: rotate the one request over the first M

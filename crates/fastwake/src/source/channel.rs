@@ -33,6 +33,11 @@
 //! doorbell), then `capacity` slots, each `16 + slot_size` bytes rounded up
 //! to a cache line so the two ends never share a line.
 //!
+//! The ends' own state lives on the heap, not in the mapping, and each
+//! piece written per operation (`Sender`, `Receiver`, the payload copy)
+//! owns its cache lines, as does the `Region` both ends read: see
+//! `PayloadBuf` for the false sharing this prevents.
+//!
 //! # Why channels are coloured
 //!
 //! Every mapping starts on a page boundary, so without the pad the hot
