@@ -65,6 +65,7 @@ typedef struct fw_receiver fw_receiver; /* consuming end */
 typedef struct fw_waiter fw_waiter;     /* a wait mode plus its statistics */
 typedef struct fw_dispatcher fw_dispatcher; /* a per-core dispatcher thread */
 typedef struct fw_socket fw_socket;     /* a stream socket read in fixed-size messages */
+typedef struct fw_ring fw_ring;         /* a completion ring the caller owns (io_uring CQ) */
 
 /* Version of this ABI in the loaded library; compare with FW_ABI_VERSION. */
 uint32_t fw_abi_version(void);
@@ -155,6 +156,30 @@ int fw_socket_wait(fw_waiter *w, fw_socket *s, int64_t timeout_ns, void *buf, si
  * your own epoll), or -1. */
 int fw_socket_fd(const fw_socket *s);
 void fw_socket_destroy(fw_socket *s);
+
+/* A completion ring the caller owns and consumes, waited on in every mode
+ * above (including dispatch: a dispatcher peeks the counters). head and
+ * tail are the ring's 32-bit consumer and producer counters; fd is its
+ * doorbell. For an io_uring set up with liburing:
+ *     fw_ring_create(ring.cq.khead, ring.cq.ktail, ring.ring_fd, FW_RING_LEVEL, &r);
+ * (not with IORING_SETUP_DEFER_TASKRUN: its completions only appear when
+ * the owner enters the kernel). FW_RING_LEVEL: fd is readable while the
+ * ring holds entries (an io_uring fd). FW_RING_EVENTFD: fd is a
+ * non-blocking eventfd the producer writes after publishing the tail (an
+ * io_uring registered eventfd, or your own ring's doorbell); fastwake
+ * drains it. fastwake never writes head or tail; they and fd must outlive
+ * the fw_ring. EINVAL: NULL or misaligned counters, unknown kind, or a
+ * blocking eventfd; EBADF: fd not open. */
+#define FW_RING_LEVEL 0
+#define FW_RING_EVENTFD 1
+int fw_ring_create(const unsigned *head, const unsigned *tail, int fd, int kind, fw_ring **out);
+/* Wait until the ring holds at least one entry; *ready (may be NULL) gets
+ * how many. Nothing is consumed: reap them your own way
+ * (io_uring_peek_cqe / io_uring_cqe_seen), or the next wait returns at
+ * once. ETIMEDOUT: none within timeout_ns (< 0: forever). EBADF: the fd
+ * was closed. */
+int fw_ring_wait(fw_waiter *w, fw_ring *r, int64_t timeout_ns, unsigned *ready);
+void fw_ring_destroy(fw_ring *r);
 
 #ifdef __cplusplus
 }

@@ -57,6 +57,11 @@ pub struct fw_receiver(Receiver);
 pub struct fw_waiter(Waiter);
 pub struct fw_dispatcher(fastwake::dispatch::Dispatcher);
 pub struct fw_socket(fastwake::source::socket::SocketSource);
+pub struct fw_ring(fastwake::source::ring::ExternalRing);
+
+/// `fw_ring_create`'s kinds, as the header defines them.
+pub const FW_RING_LEVEL: c_int = 0;
+pub const FW_RING_EVENTFD: c_int = 1;
 
 thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());
@@ -600,6 +605,60 @@ pub unsafe extern "C" fn fw_socket_fd(s: *const fw_socket) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_socket_destroy(s: *mut fw_socket) {
     destroy(s)
+}
+
+/// # Safety
+/// `head`/`tail` point to the ring's counters and, with `fd`, outlive the
+/// ring object (the header's contract); `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_ring_create(
+    head: *const u32,
+    tail: *const u32,
+    fd: c_int,
+    kind: c_int,
+    out_r: *mut *mut fw_ring,
+) -> c_int {
+    use fastwake::source::ring::{ExternalRing, RingFd};
+    guard(|| {
+        check_out(out_r)?;
+        let kind = match kind {
+            FW_RING_LEVEL => RingFd::Level,
+            FW_RING_EVENTFD => RingFd::EventFd,
+            k => return Err(Fail::invalid(format!("unknown ring kind {k}"))),
+        };
+        // SAFETY: the caller's promise above, passed on unchanged; `new`
+        // checks null, alignment and the fd.
+        let src = unsafe { ExternalRing::new(head, tail, fd, kind) }?;
+        out(out_r, fw_ring(src))
+    })
+}
+
+/// # Safety
+/// `w` and `r` from this library; `ready` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_ring_wait(
+    w: *mut fw_waiter,
+    r: *mut fw_ring,
+    timeout_ns: i64,
+    ready: *mut u32,
+) -> c_int {
+    guard(|| {
+        let w = obj(w)?;
+        let r = obj(r)?;
+        let n = wait_for(&mut w.0, &mut r.0, timeout_ns)?;
+        if !ready.is_null() {
+            // SAFETY: writable per the header.
+            unsafe { *ready = n };
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `r` is NULL or from this library, destroyed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_ring_destroy(r: *mut fw_ring) {
+    destroy(r)
 }
 
 #[cfg(test)]

@@ -6,11 +6,15 @@
 #include "fastwake.h"
 
 #include <errno.h>
+#include <linux/io_uring.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -225,6 +229,134 @@ static void dispatcher_checks(void) {
     fw_dispatcher_stop(NULL);
 }
 
+/* A bare io_uring (raw syscalls: the test needs no liburing), enough to
+ * submit timeouts and reap their completions as a liburing program does. */
+struct uring {
+    int fd;
+    unsigned *sq_tail, *sq_mask, *sq_array;
+    struct io_uring_sqe *sqes;
+    unsigned *cq_head, *cq_tail, *cq_mask;
+    struct io_uring_cqe *cqes;
+};
+
+static int uring_init(struct uring *u) {
+    struct io_uring_params p;
+    memset(&p, 0, sizeof p);
+    u->fd = (int)syscall(__NR_io_uring_setup, 8, &p);
+    if (u->fd < 0) return -1;
+    size_t sq_sz = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+    size_t cq_sz = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+    if (!(p.features & IORING_FEAT_SINGLE_MMAP)) return -1;
+    size_t sz = sq_sz > cq_sz ? sq_sz : cq_sz;
+    char *q = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, u->fd, IORING_OFF_SQ_RING);
+    void *sqes = mmap(NULL, p.sq_entries * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_POPULATE, u->fd, IORING_OFF_SQES);
+    if (q == MAP_FAILED || sqes == MAP_FAILED) return -1;
+    u->sqes = sqes;
+    u->sq_tail = (unsigned *)(q + p.sq_off.tail);
+    u->sq_mask = (unsigned *)(q + p.sq_off.ring_mask);
+    u->sq_array = (unsigned *)(q + p.sq_off.array);
+    u->cq_head = (unsigned *)(q + p.cq_off.head);
+    u->cq_tail = (unsigned *)(q + p.cq_off.tail);
+    u->cq_mask = (unsigned *)(q + p.cq_off.ring_mask);
+    u->cqes = (struct io_uring_cqe *)(q + p.cq_off.cqes);
+    return 0;
+}
+
+static struct __kernel_timespec two_ms = {0, 2000000};
+
+/* Submit a 2 ms timeout: its completion is posted later, from the timer. */
+static int uring_timeout(struct uring *u, uint64_t data) {
+    unsigned tail = *u->sq_tail, idx = tail & *u->sq_mask;
+    struct io_uring_sqe *e = &u->sqes[idx];
+    memset(e, 0, sizeof *e);
+    e->opcode = IORING_OP_TIMEOUT;
+    e->fd = -1;
+    e->addr = (uint64_t)(uintptr_t)&two_ms;
+    e->len = 1;
+    e->user_data = data;
+    u->sq_array[idx] = idx;
+    __atomic_store_n(u->sq_tail, tail + 1, __ATOMIC_RELEASE);
+    return (int)syscall(__NR_io_uring_enter, u->fd, 1, 0, 0, NULL, 0) == 1 ? 0 : -1;
+}
+
+/* Reap one completion: 1 and its data and result, or 0 if none. */
+static int uring_reap(struct uring *u, uint64_t *data, int *res) {
+    unsigned head = *u->cq_head;
+    if (head == __atomic_load_n(u->cq_tail, __ATOMIC_ACQUIRE)) return 0;
+    struct io_uring_cqe *c = &u->cqes[head & *u->cq_mask];
+    *data = c->user_data;
+    *res = c->res;
+    __atomic_store_n(u->cq_head, head + 1, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* 20 timeouts waited for with fw_ring_wait in `mode`, each reaped. */
+static int uring_rounds(struct uring *u, fw_ring *r, const char *mode) {
+    fw_waiter *w = NULL;
+    if (fw_waiter_create(mode, &w)) return 0;
+    int ok = 1;
+    for (uint64_t i = 1; ok && i <= 20; i++) {
+        unsigned ready = 0;
+        uint64_t data = 0;
+        int res = 0;
+        ok = uring_timeout(u, i) == 0 && fw_ring_wait(w, r, 1000000000LL, &ready) == 0 && ready == 1 &&
+             uring_reap(u, &data, &res) == 1 && data == i && res == -ETIME;
+    }
+    fw_waiter_destroy(w);
+    return ok;
+}
+
+static void ring_checks(void) {
+    struct uring u;
+    if (uring_init(&u)) {
+        printf("SKIPPED io_uring ring checks: io_uring_setup failed (%s)\n", strerror(errno));
+        return;
+    }
+    fw_ring *r = NULL;
+    check(fw_ring_create(NULL, u.cq_tail, u.fd, FW_RING_LEVEL, &r) == EINVAL && r == NULL,
+          "ring: NULL counter is EINVAL", "accepted");
+    check(fw_ring_create(u.cq_head, u.cq_tail, u.fd, 7, &r) == EINVAL, "ring: unknown kind is EINVAL", "accepted");
+    check(fw_ring_create(u.cq_head, u.cq_tail, -1, FW_RING_LEVEL, &r) == EBADF, "ring: bad fd is EBADF", "accepted");
+    int blocking = eventfd(0, 0);
+    check(fw_ring_create(u.cq_head, u.cq_tail, blocking, FW_RING_EVENTFD, &r) == EINVAL,
+          "ring: blocking eventfd is EINVAL", "accepted");
+    close(blocking);
+    check(fw_ring_create(u.cq_head, u.cq_tail, u.fd, FW_RING_LEVEL, &r) == 0 && r != NULL,
+          "ring: io_uring CQ accepted", "refused");
+    if (!r) return;
+    fw_waiter *w = NULL;
+    fw_waiter_create("interrupt", &w);
+    check(fw_ring_wait(w, r, 1000000, NULL) == ETIMEDOUT, "ring: empty wait times out", "no timeout");
+    fw_waiter_destroy(w);
+    const char *modes[] = {"poll", "interrupt", "hybrid:20us", "adaptive"};
+    for (int m = 0; m < 4; m++) {
+        char name[64];
+        snprintf(name, sizeof name, "ring: io_uring timeouts in %s mode", modes[m]);
+        check(uring_rounds(&u, r, modes[m]), name, "lost, late or wrong completion");
+    }
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+        printf("SKIPPED ring: dispatch mode: needs 2 CPUs (this host has 1)\n");
+    } else {
+        fw_dispatcher *d = NULL;
+        if (fw_dispatcher_start(1, 2000000, 0, &d) == 0) {
+            pin(1);
+            int ok = uring_rounds(&u, r, "dispatch");
+            pin(-1);
+            struct fw_dispatch_stats st;
+            fw_dispatcher_stats(d, &st);
+            check(ok && st.handoffs + st.relayed + st.rescued > 0, "ring: io_uring timeouts handed off by a dispatcher",
+                  ok ? "no hand-off" : "lost, late or wrong completion");
+            fw_dispatcher_stop(d);
+        } else {
+            check(0, "ring: dispatcher for the dispatch check", "did not start");
+        }
+    }
+    fw_ring_destroy(r);
+    fw_ring_destroy(NULL);
+    close(u.fd);
+}
+
 int main(void) {
     check(fw_abi_version() == FW_ABI_VERSION, "abi version", "header and library differ");
 
@@ -292,6 +424,7 @@ int main(void) {
     pingpong("adaptive:cap=20%,catch=99%");
     dispatcher_checks();
     socket_checks();
+    ring_checks();
 
     /* NULL is accepted by every destroy. */
     fw_sender_destroy(NULL);

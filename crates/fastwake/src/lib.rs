@@ -16,7 +16,8 @@
 //!   also dates its rings so sleepers measure their wake-up;
 //!   [`source::verbs`]: an RDMA CQ with its completion channel;
 //!   [`source::socket`]: a stream socket; [`source::uring`]: an io_uring
-//!   CQ ring).
+//!   CQ ring; [`source::ring`]: a ring the caller owns and reaps, such as
+//!   a liburing CQ, waited on until it is non-empty).
 //! - [`wait`]: wait modes and the [`wait::Waiter`] that applies them.
 //! - [`dispatch`]: the per-core dispatcher with direct hand-off, for tasks
 //!   and for ordinary threads ([`WaitMode::Dispatch`]).

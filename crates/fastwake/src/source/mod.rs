@@ -64,6 +64,7 @@
 //! header); RDMA CQs and sockets/io_uring provide theirs in their modules.
 
 pub mod channel;
+pub mod ring;
 pub mod socket;
 pub mod summary;
 pub mod uring;
@@ -331,8 +332,21 @@ pub(crate) fn wait_eventfd(
     timeout: Option<Duration>,
     what: &str,
 ) -> Result<()> {
+    use std::os::fd::AsFd;
+    wait_readable(efd.as_fd(), timeout, true, what)
+}
+
+/// Sleep until `fd` is readable or `timeout` passes; with `drain`, read
+/// the eventfd counter it then holds (the fd must be non-blocking if
+/// anyone else may drain it). Returns on signal or spuriously.
+pub(crate) fn wait_readable(
+    fd: BorrowedFd<'_>,
+    timeout: Option<Duration>,
+    drain: bool,
+    what: &str,
+) -> Result<()> {
     let mut fds = [rustix::event::PollFd::new(
-        efd,
+        &fd,
         rustix::event::PollFlags::IN,
     )];
     let ts = timeout.map(|d| rustix::time::Timespec {
@@ -341,8 +355,15 @@ pub(crate) fn wait_eventfd(
     });
     match rustix::event::poll(&mut fds, ts.as_ref()) {
         Ok(n) if n > 0 => {
-            let mut b = [0u8; 8];
-            let _ = rustix::io::read(efd, &mut b);
+            if fds[0].revents().contains(rustix::event::PollFlags::NVAL) {
+                // Closed under us: sleeping again would return at once,
+                // forever.
+                return Err(crate::Fail::new(libc::EBADF, format!("{what}: fd closed")));
+            }
+            if drain {
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(fd, &mut b);
+            }
             Ok(())
         }
         Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),

@@ -1,0 +1,184 @@
+//! A completion ring owned by someone else — an io_uring completion queue
+//! set up with liburing, or any single-producer ring whose producer and
+//! consumer counters sit in shared memory — as a source.
+//!
+//! The ring's owner keeps consuming it its own way (`io_uring_peek_cqe` /
+//! `io_uring_cqe_seen`); fastwake only decides *how to wait* until the ring
+//! holds something, in every wait mode:
+//!
+//! - **peek** ([`Source::ready`]): `tail != head`, two loads of the ring's
+//!   32-bit counters, no syscall: what poll mode, hybrid spins and a
+//!   dispatcher use. The peek handle makes rings dispatchable (io_uring's
+//!   own source, which owns its ring, has no such handle).
+//! - **interrupt**: `poll(fd, POLLIN)`, where `fd` is either
+//!   - [`RingFd::Level`]: readable exactly while the ring holds entries.
+//!     An io_uring fd is: the kernel's `io_uring_poll` reports `POLLIN`
+//!     when the CQ is not empty, and checks it after queueing the waiter,
+//!     so a completion cannot slip between the re-check and the sleep.
+//!   - [`RingFd::EventFd`]: a non-blocking eventfd the producer writes
+//!     *after* it publishes the tail (an io_uring registered eventfd, or a
+//!     user ring's doorbell). A wake-up drains it; the re-check after the
+//!     drain sees every tail published before the write.
+//!
+//! Taking does not consume: [`Source::try_take`] reports how many entries
+//! the ring holds, like `epoll_wait` reports readiness. A caller that does
+//! not consume them gets the next wait back at once.
+//!
+//! Task work: io_uring posts many completions (sockets, timeouts) from
+//! task work of the submitting thread. A thread spinning in user space is
+//! interrupted to run it (`TWA_SIGNAL`), and one asleep in `poll` or on a
+//! dispatcher's futex is woken to run it and goes back to sleep, so every
+//! mode sees them — unless the ring was set up with `DEFER_TASKRUN`, whose
+//! completions only appear when the owner enters the kernel to get them.
+//! Do not use such rings here.
+
+use super::{Peek, Rechecked, Source};
+use crate::{Fail, Result};
+use std::os::fd::{BorrowedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// What the ring's fd says when it is readable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingFd {
+    /// Readable while the ring holds entries (an io_uring fd).
+    Level,
+    /// A non-blocking eventfd written after each publish; drained on wake.
+    EventFd,
+}
+
+/// The two counters, shared with the peek handle.
+struct Counters {
+    head: *const AtomicU32,
+    tail: *const AtomicU32,
+}
+
+// SAFETY: the counters are atomics in memory the ring's owner keeps mapped
+// while the source lives (the contract of `ExternalRing::new`); reading
+// them from any thread is what they are for.
+unsafe impl Send for Counters {}
+// SAFETY: as above; only loads.
+unsafe impl Sync for Counters {}
+
+impl Counters {
+    #[inline]
+    fn pending(&self) -> u32 {
+        // SAFETY: valid while the source lives (see `ExternalRing::new`).
+        // Acquire on the tail pairs with the producer's release store, so
+        // the entries below it are visible once the caller reads them.
+        unsafe {
+            let tail = (*self.tail).load(Ordering::Acquire);
+            let head = (*self.head).load(Ordering::Relaxed);
+            tail.wrapping_sub(head)
+        }
+    }
+}
+
+impl Peek for Counters {
+    fn ready(&self) -> bool {
+        self.pending() != 0
+    }
+}
+
+/// See the [module docs](self).
+pub struct ExternalRing {
+    c: Arc<Counters>,
+    fd: RawFd,
+    kind: RingFd,
+}
+
+impl ExternalRing {
+    /// A source over the ring whose consumer counter is at `head` and
+    /// producer counter at `tail`, with `fd` as its doorbell.
+    ///
+    /// # Safety
+    /// `head` and `tail` must point to 4-byte aligned counters that stay
+    /// mapped, and `fd` must stay open, for as long as the source and any
+    /// peek handle taken from it live (a dispatcher it was registered with
+    /// drops its handle when the waiter is dropped). fastwake only reads
+    /// them (and drains an `EventFd`).
+    pub unsafe fn new(
+        head: *const u32,
+        tail: *const u32,
+        fd: RawFd,
+        kind: RingFd,
+    ) -> Result<ExternalRing> {
+        if head.is_null() || tail.is_null() {
+            return Err(Fail::invalid("ring counters must not be null"));
+        }
+        if !head.cast::<AtomicU32>().is_aligned() || !tail.cast::<AtomicU32>().is_aligned() {
+            return Err(Fail::invalid("ring counters must be 4-byte aligned"));
+        }
+        if fd < 0 {
+            return Err(Fail::new(libc::EBADF, "ring fd is negative"));
+        }
+        // SAFETY: only borrowed for the fcntl; the caller keeps it open.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        let fl = rustix::fs::fcntl_getfl(b).map_err(|e| Fail::os("ring fd", e))?;
+        if kind == RingFd::EventFd && !fl.contains(rustix::fs::OFlags::NONBLOCK) {
+            // A blocking read after a racing drain would hang the waiter.
+            return Err(Fail::invalid(
+                "a ring's eventfd must be non-blocking (EFD_NONBLOCK)",
+            ));
+        }
+        Ok(ExternalRing {
+            c: Arc::new(Counters {
+                head: head.cast(),
+                tail: tail.cast(),
+            }),
+            fd,
+            kind,
+        })
+    }
+
+    /// Entries in the ring now.
+    pub fn pending(&self) -> u32 {
+        self.c.pending()
+    }
+}
+
+impl Source for ExternalRing {
+    /// Entries the ring holds (not consumed: the owner reaps them).
+    type Completion = u32;
+
+    fn name(&self) -> &'static str {
+        "ring"
+    }
+
+    fn ready(&self) -> bool {
+        self.c.pending() != 0
+    }
+
+    fn try_take(&mut self) -> Result<Option<u32>> {
+        Ok(match self.c.pending() {
+            0 => None,
+            n => Some(n),
+        })
+    }
+
+    fn arm(&mut self) -> Result<()> {
+        // Level: the kernel re-checks under its lock. EventFd: the
+        // producer writes after every publish, armed or not.
+        Ok(())
+    }
+
+    fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> Result<()> {
+        // SAFETY: the caller of `new` keeps the fd open while we live.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.fd) };
+        super::wait_readable(fd, timeout, self.kind == RingFd::EventFd, "poll ring fd")
+    }
+
+    fn notify_fd(&self) -> Option<BorrowedFd<'_>> {
+        // SAFETY: as in `sleep`; the borrow is tied to &self.
+        Some(unsafe { BorrowedFd::borrow_raw(self.fd) })
+    }
+
+    fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
+        Some(self.c.clone())
+    }
+
+    fn peek_id(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.c).cast::<u8>() as usize)
+    }
+}
