@@ -11,12 +11,13 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
 const SO_NAME: &str = "libfastwake_preload.so";
-const MODES: &[&str] = &["off", "poll", "interrupt", "hybrid", "adaptive"];
+const MODES: &[&str] = &["off", "poll", "interrupt", "hybrid", "adaptive", "dispatch"];
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Wait mode for the program's epoll_wait/poll/select calls: off, poll,
-    /// interrupt, hybrid, adaptive.
+    /// interrupt, hybrid, adaptive, dispatch (epoll_wait handed off by a
+    /// per-CPU dispatcher; the other calls as hybrid).
     #[arg(long, default_value = "hybrid")]
     pub mode: String,
     /// Spin budget in µs (hybrid: fixed; adaptive: ceiling), e.g. 50 or 50us.

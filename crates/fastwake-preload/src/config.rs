@@ -25,6 +25,10 @@ pub enum Mode {
     Hybrid = 3,
     /// Spin for a budget the library's adaptive controller learns, then block.
     Adaptive = 4,
+    /// `epoll_wait`: sleep on a futex the per-CPU dispatcher rings when the
+    /// epoll fd becomes ready (see `crate::dispatch`); the other hooks
+    /// behave as in `Hybrid`.
+    Dispatch = 5,
 }
 
 impl Mode {
@@ -34,6 +38,7 @@ impl Mode {
             2 => Mode::Interrupt,
             3 => Mode::Hybrid,
             4 => Mode::Adaptive,
+            5 => Mode::Dispatch,
             _ => Mode::Off,
         }
     }
@@ -46,12 +51,16 @@ impl Mode {
             Mode::Interrupt => "interrupt",
             Mode::Hybrid => "hybrid",
             Mode::Adaptive => "adaptive",
+            Mode::Dispatch => "dispatch",
         }
     }
 
     /// Does this mode ever spin?
     pub fn spins(self) -> bool {
-        matches!(self, Mode::Poll | Mode::Hybrid | Mode::Adaptive)
+        matches!(
+            self,
+            Mode::Poll | Mode::Hybrid | Mode::Adaptive | Mode::Dispatch
+        )
     }
 }
 
@@ -107,15 +116,10 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
             "interrupt" => Mode::Interrupt,
             "hybrid" => Mode::Hybrid,
             "adaptive" => Mode::Adaptive,
-            "dispatch" => {
-                return Err(
-                    "FASTWAKE_MODE=dispatch is not supported by the preload shim yet; passing through"
-                        .into(),
-                );
-            }
+            "dispatch" => Mode::Dispatch,
             _ => {
                 return Err(format!(
-                    "FASTWAKE_MODE='{v}' is not one of off, poll, interrupt, hybrid, adaptive; passing through"
+                    "FASTWAKE_MODE='{v}' is not one of off, poll, interrupt, hybrid, adaptive, dispatch; passing through"
                 ));
             }
         };
@@ -225,7 +229,7 @@ mod tests {
     fn bad_values_give_one_line() {
         for (k, v) in [
             ("FASTWAKE_MODE", "fast"),
-            ("FASTWAKE_MODE", "dispatch"),
+            ("FASTWAKE_MODE", "tasks"),
             ("FASTWAKE_BUDGET_US", "-3"),
             ("FASTWAKE_BUDGET_US", "abc"),
             ("FASTWAKE_CPU_CAP", "0"),

@@ -76,6 +76,11 @@ pub unsafe extern "C" fn epoll_wait(
         return unsafe { real(epfd, events, maxevents, timeout) };
     }
     let go = || {
+        if crate::config::mode() == crate::config::Mode::Dispatch
+            && let Some(n) = crate::dispatch::epoll_wait(epfd, events, maxevents, timeout)
+        {
+            return n;
+        }
         wait::wait(
             wait::ms_to_ns(timeout),
             std::ptr::null(),
@@ -112,6 +117,13 @@ pub unsafe extern "C" fn epoll_pwait(
         return unsafe { real(epfd, events, maxevents, timeout, sigmask) };
     }
     let go = || {
+        // With a mask the wait must run under it; the futex sleep cannot.
+        if sigmask.is_null()
+            && crate::config::mode() == crate::config::Mode::Dispatch
+            && let Some(n) = crate::dispatch::epoll_wait(epfd, events, maxevents, timeout)
+        {
+            return n;
+        }
         wait::wait(
             wait::ms_to_ns(timeout),
             sigmask.cast(),

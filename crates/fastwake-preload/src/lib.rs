@@ -15,7 +15,8 @@
 //!   global atomics, which stay consistent across `fork` and in signal
 //!   handlers (a hook entered from a signal handler passes through).
 //!
-//! Modules: [`config`] (environment), [`real`] (the next definitions of the
+//! Modules: [`config`] (environment), [`dispatch`] (dispatch mode for
+//! epoll), [`real`] (the next definitions of the
 //! hooked symbols), [`wait`] (the spin-then-block engine every hook uses),
 //! [`budget`] (the adaptive budget), [`peer`] (the peer's CPU), and one
 //! module per family of hooked calls: [`epoll`], [`poll`], [`select`],
@@ -23,6 +24,7 @@
 
 pub mod budget;
 pub mod config;
+pub mod dispatch;
 pub mod epoll;
 pub mod peer;
 pub mod poll;
@@ -65,6 +67,9 @@ extern "C" fn init() {
         hooks_resolve();
         match cfg {
             Ok(c) => {
+                if c.mode == config::Mode::Dispatch {
+                    dispatch::start();
+                }
                 config::publish(&c);
                 if c.verbose {
                     diag(&format!(
@@ -97,6 +102,7 @@ static INIT: extern "C" fn() = init;
 extern "C" fn fini() {
     if config::verbose() {
         let _ = std::panic::catch_unwind(wait::report);
+        let _ = std::panic::catch_unwind(dispatch::report);
         let _ = std::panic::catch_unwind(verbs::report);
     }
 }

@@ -742,3 +742,54 @@ fn bad_configuration_prints_one_line_and_passes_through() {
         assert!(lines[0].contains(k) && lines[0].contains("passing through"));
     }
 }
+
+// ------------------------------------------------------- dispatch mode
+
+const DISPATCH: &[(&str, &str)] = &[("FASTWAKE_MODE", "dispatch"), ("FASTWAKE_BUDGET_US", "200")];
+
+/// Dispatch mode serves epoll_wait through the per-CPU dispatchers; the
+/// program must see exactly the plain calls' results: events after quick
+/// and slow writes, timeouts honoured, EINTR on signals, many fds, a
+/// close under a waiter, fork and exec. Each scenario runs once.
+#[test]
+fn dispatch_mode_keeps_epoll_semantics() {
+    for scenario in [
+        "child_delivery",
+        "child_timeouts",
+        "child_eintr",
+        "child_many_fds",
+        "child_close_while_waiting",
+        "child_fork_exec",
+        "child_zero_timeout",
+    ] {
+        let Some(out) = child(scenario, DISPATCH) else {
+            return;
+        };
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !err.lines().any(|l| l.contains("no dispatcher")),
+            "{scenario}: a dispatcher failed to start:\n{err}"
+        );
+        if scenario != "child_zero_timeout" {
+            assert!(
+                counter(&out, "dispatch_waits") > 0,
+                "{scenario}: no epoll_wait went through dispatch mode:\n{err}"
+            );
+        }
+    }
+}
+
+/// The point of the mode: waits are handed off by a dispatcher, not
+/// served by the kernel's wake-up (or the fallback).
+#[test]
+fn dispatch_mode_hands_off() {
+    let Some(out) = child("child_delivery", DISPATCH) else {
+        return;
+    };
+    let (h, f) = (counter(&out, "handoffs"), counter(&out, "fallbacks"));
+    assert!(
+        h > 0,
+        "no hand-off (fallbacks {f}):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -83,38 +83,42 @@ impl FutexWord {
 
     /// Sleep while the word equals `expected`. Returns on change, timeout,
     /// signal or spuriously: callers always re-check their condition.
+    /// True when a signal interrupted the sleep (for callers that must
+    /// return `EINTR` the way a blocking syscall would).
     #[cfg(not(loom))]
-    pub(crate) fn wait(&self, expected: u32, timeout: Option<Duration>) {
+    pub(crate) fn wait(&self, expected: u32, timeout: Option<Duration>) -> bool {
         self.wait_flags(expected, timeout, false)
     }
 
     /// [`FutexWord::wait`] for a process-private word.
     #[cfg(not(loom))]
-    pub(crate) fn wait_private(&self, expected: u32, timeout: Option<Duration>) {
+    pub(crate) fn wait_private(&self, expected: u32, timeout: Option<Duration>) -> bool {
         self.wait_flags(expected, timeout, true)
     }
 
     #[cfg(loom)]
-    pub(crate) fn wait_private(&self, expected: u32, timeout: Option<Duration>) {
+    pub(crate) fn wait_private(&self, expected: u32, timeout: Option<Duration>) -> bool {
         self.wait(expected, timeout)
     }
 
     #[cfg(not(loom))]
-    fn wait_flags(&self, expected: u32, timeout: Option<Duration>, private: bool) {
+    fn wait_flags(&self, expected: u32, timeout: Option<Duration>, private: bool) -> bool {
         let ts = timeout.map(|d| rustix::thread::futex::Timespec {
             tv_sec: d.as_secs() as _,
             tv_nsec: d.subsec_nanos() as _,
         });
-        let _ =
-            rustix::thread::futex::wait(&self.word, Self::flags(private), expected, ts.as_ref());
+        rustix::thread::futex::wait(&self.word, Self::flags(private), expected, ts.as_ref())
+            == Err(rustix::io::Errno::INTR)
     }
 
+    /// loom has no signals.
     #[cfg(loom)]
-    pub(crate) fn wait(&self, expected: u32, _timeout: Option<Duration>) {
+    pub(crate) fn wait(&self, expected: u32, _timeout: Option<Duration>) -> bool {
         let mut g = self.lock.lock().unwrap();
         while self.word.load(Ordering::Acquire) == expected {
             g = self.cv.wait(g).unwrap();
         }
+        false
     }
 }
 

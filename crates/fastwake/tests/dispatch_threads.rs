@@ -546,3 +546,75 @@ fn relay_off_means_dispatcher_only() {
     assert_eq!(st.relayed, 0);
     assert!(st.handoffs > 0, "{st:?}");
 }
+
+extern "C" fn on_usr2(_: libc::c_int) {}
+
+/// A dispatch-mode wait asleep on its slot, hit by signals every 10 ms
+/// from 50 ms on: returns (errno of the result or 0, elapsed, stats).
+fn signalled_wait(interruptible: bool) -> (i32, Duration, fastwake::wait::WaitStats) {
+    // SAFETY: a no-op handler, installed without SA_RESTART.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_usr2 as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+    }
+    let (cpu, _) = cpus();
+    let (_tx, mut rx) = chan();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done2 = done.clone();
+    let h = std::thread::spawn(move || {
+        fastwake::cpu::pin(cpu).unwrap();
+        // SAFETY: pthread_self has no preconditions.
+        tid_tx
+            .send(unsafe { libc::pthread_self() } as usize)
+            .unwrap();
+        let mut w = Waiter::new(WaitMode::Dispatch);
+        w.set_interruptible(interruptible);
+        let t = Instant::now();
+        let r = w.wait_timeout(&mut rx, Duration::from_millis(400));
+        done2.store(true, std::sync::atomic::Ordering::SeqCst);
+        let e = match r {
+            Err(e) => e.errno(),
+            Ok(_) => 0,
+        };
+        (e, t.elapsed(), w.stats())
+    });
+    let tid = tid_rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        // SAFETY: the waiting thread is alive until `done`.
+        unsafe { libc::pthread_kill(tid as libc::pthread_t, libc::SIGUSR2) };
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    h.join().unwrap()
+}
+
+/// `Waiter::set_interruptible`: a signal ends a dispatch-mode sleep with
+/// EINTR (what the preload shim's epoll_wait needs); without it the wait
+/// sleeps on until its deadline.
+#[test]
+fn interruptible_dispatch_wait_ends_with_eintr() {
+    let _g = spin_lock();
+    if cpus().0 == cpus().1 {
+        eprintln!("SKIPPED interruptible_dispatch_wait_ends_with_eintr: needs 2 CPUs");
+        return;
+    }
+    // Never idle: a paused dispatcher hands its waiters to interrupt mode,
+    // where the channel's own sleep decides what a signal does.
+    let mut cfg = Config::new(cpus().0);
+    cfg.idle_after = None;
+    let d = Dispatcher::start(cfg).unwrap();
+    let (e, took, st) = signalled_wait(true);
+    assert_eq!(e, libc::EINTR, "interruptible wait: {st:?}");
+    assert!(took < Duration::from_millis(300), "took {took:?}");
+    assert_eq!(
+        st.dispatch_fallbacks, 0,
+        "it slept in dispatch mode: {st:?}"
+    );
+    let (e, took, st) = signalled_wait(false);
+    assert_eq!(e, 0, "plain wait must time out, not fail: {st:?}");
+    assert!(took >= Duration::from_millis(400), "took {took:?}");
+    drop(d);
+}

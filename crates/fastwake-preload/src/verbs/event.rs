@@ -165,7 +165,7 @@ pub unsafe fn get_cq_event(
     } else {
         match m {
             Mode::Poll => u64::MAX,
-            Mode::Hybrid => budget_ns(),
+            Mode::Hybrid | Mode::Dispatch => budget_ns(),
             Mode::Adaptive => crate::wait::adaptive_budget(t0, budget_ns()),
             Mode::Off | Mode::Interrupt => 0,
         }

@@ -92,15 +92,20 @@ impl Slot {
     /// Owner: sleep until the state leaves `WAITING` or `timeout` passes.
     /// Returns the state seen last.
     pub fn sleep(&self, timeout: Option<Duration>) -> u32 {
+        self.sleep_signalled(timeout).0
+    }
+
+    /// [`Slot::sleep`], also saying whether a signal cut the sleep short.
+    pub fn sleep_signalled(&self, timeout: Option<Duration>) -> (u32, bool) {
         // The bell is read before the state: a hand-off after the state
         // check changes the bell, so the futex wait cannot miss it.
         let seq = self.bell.load();
         let s = self.state();
         if s != WAITING {
-            return s;
+            return (s, false);
         }
-        self.bell.wait_private(seq, timeout);
-        self.state()
+        let signalled = self.bell.wait_private(seq, timeout);
+        (self.state(), signalled)
     }
 
     /// Owner: after a hand-off, take the slot back. Returns the state the

@@ -52,6 +52,9 @@ pub struct Link {
     reg: Option<Registration>,
     key: usize,
     relay: RelayHistory,
+    /// A signal ends the wait with `EINTR` (see
+    /// [`crate::Waiter::set_interruptible`]).
+    pub(crate) interruptible: bool,
 }
 
 /// Relays that found nothing in a row before the relay backs off.
@@ -123,7 +126,10 @@ fn relay<S: Source + ?Sized>(src: &S, core: &Core, me: usize, budget: Duration) 
 
 impl Clone for Link {
     fn clone(&self) -> Self {
-        Link::default()
+        Link {
+            interruptible: self.interruptible,
+            ..Link::default()
+        }
     }
 }
 
@@ -202,6 +208,7 @@ pub(crate) fn wait<S: Source + ?Sized>(
         return interrupt(src, deadline, stats);
     }
     let mut slept = false;
+    let interruptible = link.interruptible;
     loop {
         match src.try_take() {
             Ok(Some(c)) => return (Ok(Some(c)), slept),
@@ -246,6 +253,7 @@ pub(crate) fn wait<S: Source + ?Sized>(
         // visible before we look at the source, or both sides could miss.
         fence(Ordering::SeqCst);
         core.kick();
+        let mut signalled = false;
         let st = if src.ready() {
             slot.cancel()
         } else {
@@ -265,13 +273,28 @@ pub(crate) fn wait<S: Source + ?Sized>(
                 }
                 stats.sleeps += 1;
                 slept = true;
-                let s = slot.sleep(t);
+                let (s, sig) = slot.sleep_signalled(t);
                 if s != WAITING {
                     break s;
+                }
+                if sig && interruptible {
+                    // Withdraw; if the dispatcher handed off first, the
+                    // completion it found is returned instead.
+                    signalled = true;
+                    break slot.cancel();
                 }
             }
         };
         if st == RUNNING {
+            if signalled {
+                return (
+                    Err(crate::Fail::new(
+                        libc::EINTR,
+                        "wait interrupted by a signal",
+                    )),
+                    slept,
+                );
+            }
             // Withdrawn before any hand-off: take if something is there,
             // report the deadline otherwise.
             if deadline.is_some_and(|d| Instant::now() >= d) {

@@ -172,6 +172,16 @@ impl Waiter {
         self.adaptive.as_deref()
     }
 
+    /// Dispatch mode: a signal that interrupts the sleep ends the wait
+    /// with `EINTR` (the errno of the returned [`crate::Fail`]), as a
+    /// blocking syscall does, instead of sleeping on until the hand-off.
+    /// For waits that stand in for one (the preload shim's `epoll_wait`).
+    /// Off by default. Interrupt-mode waits (and dispatch-mode fallbacks)
+    /// report signals as their source's `sleep` does.
+    pub fn set_interruptible(&mut self, on: bool) {
+        self.link.interruptible = on;
+    }
+
     /// The mode.
     pub fn mode(&self) -> WaitMode {
         self.mode

@@ -1,0 +1,303 @@
+//! `FASTWAKE_MODE=dispatch`: an unmodified program's `epoll_wait` is
+//! served by the library's per-CPU dispatcher (FastWake approach 1 for
+//! kernel threads, docs/dispatch.md).
+//!
+//! When the shim loads it starts one `SCHED_IDLE` dispatcher per CPU the
+//! process may run on. A thread entering `epoll_wait` (or `epoll_pwait`
+//! without a signal mask) with a non-zero timeout waits in the library's
+//! dispatch mode on its epoll fd: it registers the fd with the dispatcher
+//! of its CPU and sleeps on a futex; the dispatcher peeks the epoll fd
+//! (`poll` with a zero timeout: readiness without consuming, even for
+//! edge-triggered registrations) and, when it is ready, wakes the thread
+//! on the same CPU. Then the thread collects the events with a zero-timeout
+//! `epoll_wait` and returns them. What the program sees is what the real
+//! call returns: the events, 0 after the timeout, -1/`EINTR` when a signal
+//! interrupts the sleep, -1 with the kernel's errno for a bad fd.
+//!
+//! Why a futex and not the kernel's own epoll sleep: the gain is in who
+//! wakes the thread. The kernel wakes it from whichever CPU processed the
+//! packet, with an IPI to a CPU that may have halted (tens of µs in a VM
+//! without halt polling); the dispatcher wakes it from its own CPU, which
+//! the dispatcher kept from halting.
+//!
+//! What stays as in `hybrid`: `poll`, `select`, `epoll_pwait` with a mask,
+//! and libibverbs waits. No dispatcher for the thread's CPU (it failed to
+//! start, or is starved: a `SCHED_IDLE` thread next to a busy one) means
+//! the library's interrupt-mode fallback, which here is a `poll` on the
+//! epoll fd.
+//!
+//! fork: dispatcher threads do not survive it. A child stops dispatching
+//! (its waits behave as in `hybrid`), and the forking thread's waiter,
+//! copied into the child and registered with the parent's dispatcher, is
+//! leaked there rather than dropped (dropping takes the dispatcher's lock,
+//! which another parent thread may have held at the fork).
+
+use fastwake::source::{Peek, Rechecked, Source};
+use fastwake::{Fail, WaitMode, Waiter};
+use std::cell::RefCell;
+use std::ffi::{c_int, c_long};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Dispatchers are running in this process.
+static STARTED: AtomicBool = AtomicBool::new(false);
+/// This process is a fork of the one that started them.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Counters for the exit report (FASTWAKE_VERBOSE=1).
+pub static WAITS: AtomicU64 = AtomicU64::new(0);
+pub static HANDOFFS: AtomicU64 = AtomicU64::new(0);
+pub static FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// Start a dispatcher on every CPU this process may use. Called once, from
+/// the library constructor, in dispatch mode. A CPU whose dispatcher fails
+/// to start is reported in one line; its waits fall back.
+pub fn start() {
+    let Ok(set) = rustix::thread::sched_getaffinity(None) else {
+        crate::diag("dispatch: cannot read the CPU set; epoll waits fall back to interrupt mode");
+        return;
+    };
+    let mut n = 0;
+    for cpu in 0..rustix::thread::CpuSet::MAX_CPU {
+        if !set.is_set(cpu) {
+            continue;
+        }
+        match fastwake::dispatch::Dispatcher::start(fastwake::dispatch::Config::new(cpu as u32)) {
+            // The dispatchers live as long as the process: its exit ends
+            // their threads.
+            Ok(d) => {
+                std::mem::forget(d);
+                n += 1;
+            }
+            Err(e) => crate::diag(&format!("dispatch: no dispatcher on CPU {cpu}: {e}")),
+        }
+    }
+    if n > 0 {
+        // SAFETY: registers a plain function; it runs in the child only,
+        // where it touches an atomic and this thread's own cell.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+        STARTED.store(true, Ordering::Release);
+    }
+}
+
+extern "C" fn after_fork_child() {
+    FORKED.store(true, Ordering::Release);
+    let _ = STATE.try_with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut()
+            && let Some(st) = s.take()
+        {
+            std::mem::forget(st);
+        }
+    });
+}
+
+/// Will `epoll_wait` be dispatched in this process?
+pub fn active() -> bool {
+    STARTED.load(Ordering::Acquire) && !FORKED.load(Ordering::Acquire)
+}
+
+/// A thread's dispatch-mode waiter and the peek handle of the epoll fd it
+/// last waited on (the handle's address is the registration's identity).
+struct State {
+    waiter: Waiter,
+    peek: Option<Arc<EpollPeek>>,
+}
+
+thread_local! {
+    // Has a destructor (the waiter unregisters at thread exit); only
+    // touched in dispatch mode.
+    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+}
+
+/// The dispatcher's view of an epoll fd.
+struct EpollPeek {
+    epfd: c_int,
+}
+
+impl Peek for EpollPeek {
+    fn ready(&self) -> bool {
+        // POLLNVAL (fd closed) counts as ready: the owner then learns the
+        // error from its own zero-timeout epoll_wait.
+        poll_fd(self.epfd, 0) != 0
+    }
+}
+
+/// `poll` on one fd as a raw syscall (never our hook): >0 readable (or
+/// invalid), 0 not, -errno on failure.
+fn poll_fd(fd: c_int, timeout_ms: c_int) -> c_int {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on our stack.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_poll,
+            &mut p as *mut libc::pollfd,
+            1 as c_long,
+            timeout_ms as c_long,
+        )
+    };
+    if r < 0 {
+        // SAFETY: the thread's errno slot.
+        -(unsafe { *libc::__errno_location() })
+    } else {
+        r as c_int
+    }
+}
+
+/// One `epoll_wait` as a source: "taking" is the zero-timeout wait that
+/// fills the caller's array.
+struct EpollWait<'a> {
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    max: c_int,
+    peek: &'a Arc<EpollPeek>,
+}
+
+impl Source for EpollWait<'_> {
+    type Completion = c_int;
+
+    fn name(&self) -> &'static str {
+        "epoll"
+    }
+
+    fn ready(&self) -> bool {
+        self.peek.ready()
+    }
+
+    fn try_take(&mut self) -> fastwake::Result<Option<c_int>> {
+        // SAFETY: the caller's epoll_wait arguments (checked non-null and
+        // positive by the hook); a raw syscall, not our hook.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_epoll_pwait,
+                self.epfd as c_long,
+                self.events,
+                self.max as c_long,
+                0 as c_long,
+                std::ptr::null::<u64>(),
+                8 as c_long,
+            )
+        };
+        match n {
+            0 => Ok(None),
+            n if n > 0 => Ok(Some(n as c_int)),
+            // SAFETY: the thread's errno slot, set by the failed syscall.
+            _ => Err(Fail::new(
+                unsafe { *libc::__errno_location() },
+                "epoll_wait",
+            )),
+        }
+    }
+
+    fn arm(&mut self) -> fastwake::Result<()> {
+        // Level: poll on an epoll fd queues us before it checks.
+        Ok(())
+    }
+
+    fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> fastwake::Result<()> {
+        let ms = match timeout {
+            None => -1,
+            // Rounded up: never wake before the deadline.
+            Some(d) => d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as c_int,
+        };
+        match poll_fd(self.epfd, ms) {
+            e if e == -libc::EINTR => Err(Fail::new(libc::EINTR, "epoll_wait interrupted")),
+            e if e < 0 => Err(Fail::new(-e, "poll epoll fd")),
+            _ => Ok(()),
+        }
+    }
+
+    fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
+        Some(self.peek.clone())
+    }
+
+    fn peek_id(&self) -> Option<usize> {
+        Some(Arc::as_ptr(self.peek) as *const () as usize)
+    }
+}
+
+/// `epoll_wait(epfd, events, max, timeout_ms)` in dispatch mode, or `None`
+/// when this call cannot be dispatched (the caller then uses the engine):
+/// a zero timeout, dispatch inactive, or the thread's state busy (a hook
+/// entered from a signal handler during a wait).
+pub fn epoll_wait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    max: c_int,
+    timeout_ms: c_int,
+) -> Option<c_int> {
+    if timeout_ms == 0 || !active() {
+        return None;
+    }
+    STATE
+        .try_with(|s| {
+            let mut s = s.try_borrow_mut().ok()?;
+            let st = s.get_or_insert_with(|| {
+                let mut w = Waiter::new(WaitMode::Dispatch);
+                w.set_interruptible(true);
+                State {
+                    waiter: w,
+                    peek: None,
+                }
+            });
+            if st.peek.as_ref().is_none_or(|p| p.epfd != epfd) {
+                st.peek = Some(Arc::new(EpollPeek { epfd }));
+            }
+            let peek = st.peek.as_ref()?;
+            let mut src = EpollWait {
+                epfd,
+                events,
+                max,
+                peek,
+            };
+            let before = st.waiter.stats();
+            let r = if timeout_ms < 0 {
+                st.waiter.wait(&mut src).map(Some)
+            } else {
+                st.waiter
+                    .wait_timeout(&mut src, Duration::from_millis(timeout_ms as u64))
+            };
+            if crate::config::verbose() {
+                let after = st.waiter.stats();
+                WAITS.fetch_add(1, Ordering::Relaxed);
+                HANDOFFS.fetch_add(
+                    (after.handoffs + after.relays) - (before.handoffs + before.relays),
+                    Ordering::Relaxed,
+                );
+                FALLBACKS.fetch_add(
+                    after.dispatch_fallbacks - before.dispatch_fallbacks,
+                    Ordering::Relaxed,
+                );
+            }
+            Some(match r {
+                Ok(Some(n)) => n,
+                Ok(None) => 0,
+                Err(e) => {
+                    // SAFETY: the thread's errno slot.
+                    unsafe { *libc::__errno_location() = e.errno() };
+                    -1
+                }
+            })
+        })
+        .ok()
+        .flatten()
+}
+
+/// The exit report's dispatch line (FASTWAKE_VERBOSE=1).
+pub fn report() {
+    let w = WAITS.load(Ordering::Relaxed);
+    if w == 0 {
+        return;
+    }
+    crate::diag(&format!(
+        "pid={} dispatch_waits={} handoffs={} fallbacks={}",
+        std::process::id(),
+        w,
+        HANDOFFS.load(Ordering::Relaxed),
+        FALLBACKS.load(Ordering::Relaxed)
+    ));
+}
