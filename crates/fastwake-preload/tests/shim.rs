@@ -793,3 +793,50 @@ fn dispatch_mode_hands_off() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+// ------------------------------------------------- threads sharing a CPU
+
+#[test]
+#[ignore = "child scenario, run by no_spin_while_a_sibling_waits_on_the_cpu"]
+fn child_siblings() {
+    // Two threads of this process wait on CPU 1; the second one to start
+    // waiting finds the first there and must not spin (when the first
+    // one's data comes, it needs the CPU).
+    let (ra, wa) = pipe();
+    let (rb, wb) = pipe();
+    let epa = epoll_with(&[ra.as_raw_fd()]);
+    let epb = epoll_with(&[rb.as_raw_fd()]);
+    let a = std::thread::spawn(move || {
+        pin(1);
+        ewait(&epa, 2_000).0
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let b = std::thread::spawn(move || {
+        pin(1);
+        ewait(&epb, 2_000).0
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    pin(0);
+    write1(&wa);
+    assert_eq!(a.join().unwrap(), 1);
+    write1(&wb);
+    assert_eq!(b.join().unwrap(), 1);
+    drop((ra, rb));
+}
+
+#[test]
+fn no_spin_while_a_sibling_waits_on_the_cpu() {
+    // SAFETY: sysconf has no preconditions.
+    if unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } < 2 {
+        eprintln!("SKIPPED no_spin_while_a_sibling_waits_on_the_cpu: needs 2 CPUs");
+        return;
+    }
+    let Some(out) = child("child_siblings", HYBRID) else {
+        return;
+    };
+    assert!(
+        counter(&out, "sibling_skips") > 0,
+        "the second waiter on CPU 1 spun:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
