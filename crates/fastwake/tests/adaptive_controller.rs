@@ -254,6 +254,28 @@ fn never_spins_against_a_producer_on_its_cpu() {
     assert!(budget(s.step(1_000, Env::default())) > 0);
 }
 
+/// Another thread of the process waits on this CPU: no spin (it would
+/// hold the CPU the sibling's completion needs), and with a dispatcher
+/// serving the CPU the wait goes to it.
+#[test]
+fn never_spins_next_to_a_sibling_waiter_and_dispatches_if_it_can() {
+    let mut s = Sim::new(Config::default(), 1);
+    s.run(Dist::Exp(1_000.0), 500);
+    let env = Env {
+        siblings: true,
+        ..Env::default()
+    };
+    assert_eq!(s.step(1_000, env), Plan::Spin(0));
+    assert_eq!(s.core.stats().siblings, 1);
+    let with_dispatcher = Env {
+        siblings: true,
+        dispatch_waiters: Some(2),
+        ..Env::default()
+    };
+    assert_eq!(s.step(1_000, with_dispatcher), Plan::Dispatch);
+    assert!(budget(s.step(1_000, Env::default())) > 0);
+}
+
 /// On a contended CPU the controller spins only while the spin is a small
 /// share of the CPU over the long run (a waiter that spins most of the
 /// time loses the scheduler's wake-up preemption to the threads it shares

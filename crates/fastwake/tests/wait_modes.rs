@@ -112,3 +112,46 @@ fn poll_with_deadline_returns_none() {
     let r = w.wait_timeout(&mut rx, Duration::from_millis(5)).unwrap();
     assert!(r.is_none());
 }
+
+/// A hybrid wait does not spin while another thread of the process sleeps
+/// in a wait on the same CPU (its completion would need the CPU the spin
+/// holds); alone on the CPU, it spins.
+#[test]
+fn hybrid_does_not_spin_while_a_sibling_sleeps_on_its_cpu() {
+    let cpu = common::two_cpus().1;
+    let (mut tx_a, mut rx_a) = channel::channel(Config::default()).unwrap();
+    let (mut tx_b, mut rx_b) = channel::channel(Config::default()).unwrap();
+    let hybrid_wait = move |rx: &mut channel::Receiver| {
+        fastwake::cpu::pin(cpu).unwrap();
+        let mut w = Waiter::new(WaitMode::Hybrid {
+            budget: Duration::from_micros(200),
+        });
+        w.wait_timeout(rx, Duration::from_secs(5))
+            .unwrap()
+            .expect("delivered");
+        w.stats()
+    };
+    // A sleeps in interrupt mode on `cpu` until we send to it.
+    let a = std::thread::spawn(move || {
+        fastwake::cpu::pin(cpu).unwrap();
+        let mut w = Waiter::new(WaitMode::Interrupt);
+        w.wait_timeout(&mut rx_a, Duration::from_secs(5))
+            .unwrap()
+            .expect("delivered");
+    });
+    std::thread::sleep(Duration::from_millis(30));
+    let b = std::thread::spawn(move || hybrid_wait(&mut rx_b));
+    std::thread::sleep(Duration::from_millis(30));
+    tx_b.send(1, b"").unwrap();
+    let with_sibling = b.join().unwrap();
+    tx_a.send(1, b"").unwrap();
+    a.join().unwrap();
+    assert_eq!(with_sibling.spin_skipped_siblings, 1, "{with_sibling:?}");
+    // Alone on the CPU now: the same wait spins first.
+    let (mut tx_c, mut rx_c) = channel::channel(Config::default()).unwrap();
+    let c = std::thread::spawn(move || hybrid_wait(&mut rx_c));
+    std::thread::sleep(Duration::from_millis(30));
+    tx_c.send(1, b"").unwrap();
+    let alone = c.join().unwrap();
+    assert_eq!(alone.spin_skipped_siblings, 0, "{alone:?}");
+}

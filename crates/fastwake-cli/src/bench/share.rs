@@ -133,7 +133,7 @@ impl Mode {
     fn parse(s: &str) -> Result<Mode> {
         let bad = || {
             Fail::invalid(format!(
-                "unknown mode '{s}': expected interrupt, poll, tasks[:noprefetch], threads[:idle|fifo|yield|normal|cross][:norelay], reference or evloop"
+                "unknown mode '{s}': expected interrupt, poll, hybrid[:BUDGET], adaptive[:OPTS], tasks[:noprefetch], threads[:idle|fifo|yield|normal|cross][:norelay], reference or evloop"
             ))
         };
         Ok(match s {
@@ -143,6 +143,11 @@ impl Mode {
             "tasks:noprefetch" => Mode::Tasks { prefetch: false },
             "reference" => Mode::Reference,
             "evloop" => Mode::EventLoop,
+            // Thread per connection in the library's spinning modes: what
+            // spinning does when many waiters share a core.
+            s if s.starts_with("hybrid") || s.starts_with("adaptive") => {
+                Mode::PerThread(s.parse::<WaitMode>()?)
+            }
             _ => {
                 let mut parts = s.split(':');
                 if parts.next() != Some("threads") {

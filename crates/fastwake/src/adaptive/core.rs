@@ -117,6 +117,9 @@ fn regime(p: Plan) -> u8 {
 pub struct Env {
     /// The producer last ran on this CPU.
     pub same_cpu: bool,
+    /// Another thread of this process waits on this CPU: a spin would
+    /// hold the CPU its completion needs (see `wait::siblings`).
+    pub siblings: bool,
     /// Other threads want this CPU (from the pressure sampler).
     pub contended: bool,
     /// A live dispatcher serves this CPU, shared by this many waiters;
@@ -427,6 +430,12 @@ impl Core {
             Plan::Spin(b) => {
                 if env.same_cpu {
                     (Plan::Spin(0), Reason::SameCpu)
+                } else if env.siblings {
+                    // Many waiters on one core: what a dispatcher is for.
+                    match env.dispatch_waiters {
+                        Some(_) => (Plan::Dispatch, Reason::Dispatch),
+                        None => (Plan::Spin(0), Reason::Siblings),
+                    }
                 } else if env.contended {
                     // Other threads want this CPU. What decides is the
                     // spin's share of the CPU over the long run: a waiter

@@ -218,6 +218,9 @@ pub enum Reason {
     LeanSpin,
     /// Interrupt mode: the producer runs on this CPU.
     SameCpu,
+    /// Interrupt mode: another thread of this process waits on this CPU
+    /// and no dispatcher serves it (with one, the wait is dispatched).
+    Siblings,
     /// Interrupt mode: other threads want this CPU.
     Contended,
     /// Interrupt mode: the CPU cap's allowance is spent.
@@ -248,6 +251,9 @@ pub struct AdaptiveStats {
     pub lean_spins: u64,
     /// Interrupt-mode waits because the producer shared the CPU.
     pub same_cpu: u64,
+    /// Interrupt-mode waits because another thread of this process waited
+    /// on the CPU (see [`Reason::Siblings`]).
+    pub siblings: u64,
     /// Interrupt-mode waits because the CPU was contended.
     pub contended: u64,
     /// Interrupt-mode waits because the CPU cap's allowance was spent.
@@ -276,6 +282,7 @@ impl AdaptiveStats {
         idle_rate: 0,
         lean_spins: 0,
         same_cpu: 0,
+        siblings: 0,
         contended: 0,
         capped: 0,
         dispatched: 0,
@@ -296,6 +303,7 @@ impl AdaptiveStats {
                 self.lean_spins += 1;
             }
             Reason::SameCpu => self.same_cpu += 1,
+            Reason::Siblings => self.siblings += 1,
             Reason::Contended => self.contended += 1,
             Reason::Cap => self.capped += 1,
             Reason::Dispatch => self.dispatched += 1,
@@ -370,7 +378,8 @@ impl Controller {
     /// Start a wait (called after a first look found nothing). `peer` is
     /// the source's producer CPU.
     #[inline]
-    pub fn begin(&mut self, peer: Option<u32>) -> Plan {
+    /// `siblings`: another thread of this process waits on this CPU.
+    pub fn begin(&mut self, peer: Option<u32>, siblings: bool) -> Plan {
         if let Some(o) = self.deferred.take() {
             self.core.record(o);
         }
@@ -386,6 +395,7 @@ impl Controller {
         }
         let env = Env {
             same_cpu: peer.is_some() && peer == self.cpu,
+            siblings,
             contended: self.shared.contended(),
             dispatch_waiters: self.dispatch,
         };
@@ -524,7 +534,7 @@ pub fn explain(core: &Core, shared: Option<&pressure::Shared>) -> String {
         }
     };
     let mut out = format!(
-        "{}: {} waits: spin {:.0}% (hit {}, miss {}; lean {:.0}%), interrupt: long-waits {:.0}% idle-rate {:.0}% contended {:.0}% same-cpu {:.0}% cap {:.0}% learning {:.0}%, dispatch {:.0}%; budget {:.1}us (lean {:.1}us); rate {:.0}/s; wait p50 {:.1}us p90 {:.1}us; spun {:.3}s; plan changes {}",
+        "{}: {} waits: spin {:.0}% (hit {}, miss {}; lean {:.0}%), interrupt: long-waits {:.0}% idle-rate {:.0}% contended {:.0}% same-cpu {:.0}% siblings {:.0}% cap {:.0}% learning {:.0}%, dispatch {:.0}%; budget {:.1}us (lean {:.1}us); rate {:.0}/s; wait p50 {:.1}us p90 {:.1}us; spun {:.3}s; plan changes {}",
         core.config(),
         s.decisions,
         pct(s.spins),
@@ -535,6 +545,7 @@ pub fn explain(core: &Core, shared: Option<&pressure::Shared>) -> String {
         pct(s.idle_rate),
         pct(s.contended),
         pct(s.same_cpu),
+        pct(s.siblings),
         pct(s.capped),
         pct(s.learning),
         pct(s.dispatched),

@@ -13,6 +13,7 @@
 
 mod hybrid;
 mod poll;
+mod siblings;
 
 use crate::source::{BlockReport, Source, block_until_ready};
 use crate::{Fail, Result};
@@ -125,6 +126,9 @@ pub struct WaitStats {
     pub spurious: u64,
     /// Hybrid waits that skipped the spin because the producer shared our CPU.
     pub spin_skipped_same_cpu: u64,
+    /// Hybrid waits that skipped the spin because another thread of this
+    /// process was waiting on our CPU (see `wait::siblings`).
+    pub spin_skipped_siblings: u64,
     /// Dispatch mode: wake-ups handed off by the dispatcher.
     pub handoffs: u64,
     /// Dispatch mode: hand-offs this thread made to another thread of its
@@ -223,21 +227,29 @@ impl Waiter {
             WaitMode::Poll => return self.count(poll::spin(src, deadline), true),
             WaitMode::Interrupt => None,
             WaitMode::Dispatch => {
+                let _asleep = siblings::Asleep::enter(crate::cpu::current());
                 let (r, slept) =
                     crate::dispatch::wait(src, deadline, &mut self.link, &mut self.stats);
                 return self.count(r, !slept);
             }
             WaitMode::Hybrid { budget } => {
-                hybrid::spin_phase(src, budget, deadline, &mut self.stats)?
+                if siblings::others_asleep(crate::cpu::current()) {
+                    self.stats.spin_skipped_siblings += 1;
+                    None
+                } else {
+                    hybrid::spin_phase(src, budget, deadline, &mut self.stats)?
+                }
             }
             WaitMode::Adaptive(_) => {
                 let ctl = self
                     .adaptive
                     .as_deref_mut()
                     .expect("adaptive waiter has a controller");
-                let budget = match ctl.begin(src.peer_cpu()) {
+                let asleep = siblings::others_asleep(crate::cpu::current());
+                let budget = match ctl.begin(src.peer_cpu(), asleep) {
                     crate::adaptive::Plan::Spin(ns) => ns,
                     crate::adaptive::Plan::Dispatch => {
+                        let _asleep = siblings::Asleep::enter(crate::cpu::current());
                         let (r, slept) =
                             crate::dispatch::wait(src, deadline, &mut self.link, &mut self.stats);
                         ctl.end(0, slept);
@@ -280,7 +292,9 @@ impl Waiter {
             ctl.before_block();
         }
         let mut rep = BlockReport::default();
+        let asleep = siblings::Asleep::enter(crate::cpu::current());
         let r = block_until_ready(src, deadline, &mut rep);
+        drop(asleep);
         self.stats.sleeps += rep.sleeps as u64;
         self.stats.rechecks_hit += rep.rechecks_hit as u64;
         self.stats.spurious += rep.spurious as u64;
