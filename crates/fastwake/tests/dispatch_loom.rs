@@ -210,3 +210,39 @@ fn relay_and_dispatcher_hand_off_once() {
         assert!(handed.load(Ordering::SeqCst) <= 1);
     });
 }
+
+/// A wait withdrawn by a signal (`Waiter::set_interruptible`: cancel after
+/// the owner announced and slept) racing the dispatcher's hand-off of a
+/// completion that just arrived: exactly one of the two CASes wins; if the
+/// hand-off won, the owner reclaims the slot before it returns EINTR-or-
+/// completion; either way the slot ends RUNNING and the retried wait
+/// takes the completion (it lives in the source, not in the hand-off).
+#[test]
+fn withdrawal_racing_a_hand_off_settles_once() {
+    loom::model(|| {
+        let slot = Arc::new(Slot::default());
+        let set = Arc::new(WaitSet::new(64));
+        let src = Src::new();
+        let d = {
+            let (slot, set, src) = (slot.clone(), set.clone(), src.clone());
+            loom::thread::spawn(move || {
+                src.head.store(1, Ordering::SeqCst);
+                pass(&slot, &set, &src);
+            })
+        };
+        assert!(slot.announce(&set, 0));
+        // The signal: withdraw, as the interruptible wait does.
+        match slot.cancel() {
+            RUNNING => {}
+            s => {
+                assert_eq!(s, HANDED, "only a hand-off can beat the withdrawal");
+                assert_eq!(slot.reclaim(), HANDED);
+            }
+        }
+        d.join().unwrap();
+        assert_eq!(slot.state(), RUNNING);
+        // The program retries: the completion is taken, once.
+        assert!(wait_one(&slot, &set, &src));
+        assert_eq!(src.tail.load(Ordering::SeqCst), 1);
+    });
+}
