@@ -1,6 +1,6 @@
-//! `FASTWAKE_MODE=dispatch`: an unmodified program's `epoll_wait` is
-//! served by the library's per-CPU dispatcher (FastWake approach 1 for
-//! kernel threads, docs/dispatch.md).
+//! `FASTWAKE_MODE=dispatch`: an unmodified program's `epoll_wait` and
+//! `poll` (up to [`MAX_FDS`] fds) are served by the library's per-CPU
+//! dispatcher (FastWake approach 1 for kernel threads, docs/dispatch.md).
 //!
 //! When the shim loads it starts one `SCHED_IDLE` dispatcher per CPU the
 //! process may run on. A thread entering `epoll_wait` (or `epoll_pwait`
@@ -20,8 +20,10 @@
 //! without halt polling); the dispatcher wakes it from its own CPU, which
 //! the dispatcher kept from halting.
 //!
-//! What stays as in `hybrid`: `poll`, `select`, `epoll_pwait` with a mask,
-//! and libibverbs waits. No dispatcher for the thread's CPU (it failed to
+//! A `poll` is dispatched the same way, the dispatcher peeking a copy of
+//! its fd set. What stays as in `hybrid`: `poll` on more than
+//! [`MAX_FDS`] fds, `select`, `epoll_pwait` with a mask, and libibverbs
+//! waits. No dispatcher for the thread's CPU (it failed to
 //! start, or is starved: a `SCHED_IDLE` thread next to a busy one) means
 //! the library's interrupt-mode fallback, which here is a `poll` on the
 //! epoll fd.
@@ -97,11 +99,11 @@ pub fn active() -> bool {
     STARTED.load(Ordering::Acquire) && !FORKED.load(Ordering::Acquire)
 }
 
-/// A thread's dispatch-mode waiter and the peek handle of the epoll fd it
-/// last waited on (the handle's address is the registration's identity).
+/// A thread's dispatch-mode waiter and the peek handle of what it last
+/// waited on (the handle's address is the registration's identity).
 struct State {
     waiter: Waiter,
-    peek: Option<Arc<EpollPeek>>,
+    peek: Option<Arc<FdsPeek>>,
 }
 
 thread_local! {
@@ -110,91 +112,108 @@ thread_local! {
     static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
 }
 
-/// The dispatcher's view of an epoll fd.
-struct EpollPeek {
-    epfd: c_int,
+/// Most fds a dispatched `poll` may watch; more and the call behaves as in
+/// `hybrid` (the set is copied into the peek handle, inline).
+pub const MAX_FDS: usize = 8;
+
+/// What a dispatcher peeks: a small set of fds with the events waited for
+/// (one epoll fd with `POLLIN`, or a `poll` call's set), tested with a
+/// zero-timeout `poll` on a copy, so nothing is consumed (edge-triggered
+/// epoll registrations included) and the caller's `revents` are not
+/// touched. A closed fd reads as ready (`POLLNVAL`): the owner then learns
+/// the error from its own zero-timeout call.
+struct FdsPeek {
+    fds: [libc::pollfd; MAX_FDS],
+    n: usize,
 }
 
-impl Peek for EpollPeek {
+impl FdsPeek {
+    fn new(set: &[libc::pollfd]) -> Option<FdsPeek> {
+        if set.is_empty() || set.len() > MAX_FDS {
+            return None;
+        }
+        let mut fds = [libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }; MAX_FDS];
+        for (d, s) in fds.iter_mut().zip(set) {
+            *d = libc::pollfd {
+                fd: s.fd,
+                events: s.events,
+                revents: 0,
+            };
+        }
+        Some(FdsPeek { fds, n: set.len() })
+    }
+
+    /// Same fds and events as `set`?
+    fn watches(&self, set: &[libc::pollfd]) -> bool {
+        set.len() == self.n
+            && self.fds[..self.n]
+                .iter()
+                .zip(set)
+                .all(|(a, b)| a.fd == b.fd && a.events == b.events)
+    }
+
+    /// `poll` on a copy: >0 some fd ready (or invalid), 0 none, -errno.
+    fn poll(&self, timeout_ms: c_int) -> c_int {
+        let mut fds = self.fds;
+        // SAFETY: `n` initialised pollfds on our stack; a raw syscall, not
+        // our hook.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_poll,
+                fds.as_mut_ptr(),
+                self.n as c_long,
+                timeout_ms as c_long,
+            )
+        };
+        if r < 0 {
+            // SAFETY: the thread's errno slot.
+            -(unsafe { *libc::__errno_location() })
+        } else {
+            r as c_int
+        }
+    }
+}
+
+impl Peek for FdsPeek {
     fn ready(&self) -> bool {
-        // POLLNVAL (fd closed) counts as ready: the owner then learns the
-        // error from its own zero-timeout epoll_wait.
-        poll_fd(self.epfd, 0) != 0
+        self.poll(0) != 0
     }
 }
 
-/// `poll` on one fd as a raw syscall (never our hook): >0 readable (or
-/// invalid), 0 not, -errno on failure.
-fn poll_fd(fd: c_int, timeout_ms: c_int) -> c_int {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd on our stack.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_poll,
-            &mut p as *mut libc::pollfd,
-            1 as c_long,
-            timeout_ms as c_long,
-        )
-    };
-    if r < 0 {
-        // SAFETY: the thread's errno slot.
-        -(unsafe { *libc::__errno_location() })
-    } else {
-        r as c_int
-    }
+/// One hooked wait as a source: "taking" is the zero-timeout call that
+/// fills the caller's buffer (`take`, returning like libc: n, or -1 and
+/// errno).
+struct HookWait<'a, F: FnMut() -> c_int> {
+    peek: &'a Arc<FdsPeek>,
+    take: F,
 }
 
-/// One `epoll_wait` as a source: "taking" is the zero-timeout wait that
-/// fills the caller's array.
-struct EpollWait<'a> {
-    epfd: c_int,
-    events: *mut libc::epoll_event,
-    max: c_int,
-    peek: &'a Arc<EpollPeek>,
-}
-
-impl Source for EpollWait<'_> {
+impl<F: FnMut() -> c_int> Source for HookWait<'_, F> {
     type Completion = c_int;
 
     fn name(&self) -> &'static str {
-        "epoll"
+        "fds"
     }
 
     fn ready(&self) -> bool {
-        self.peek.ready()
+        self.peek.poll(0) != 0
     }
 
     fn try_take(&mut self) -> fastwake::Result<Option<c_int>> {
-        // SAFETY: the caller's epoll_wait arguments (checked non-null and
-        // positive by the hook); a raw syscall, not our hook.
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_epoll_pwait,
-                self.epfd as c_long,
-                self.events,
-                self.max as c_long,
-                0 as c_long,
-                std::ptr::null::<u64>(),
-                8 as c_long,
-            )
-        };
-        match n {
+        match (self.take)() {
             0 => Ok(None),
-            n if n > 0 => Ok(Some(n as c_int)),
-            // SAFETY: the thread's errno slot, set by the failed syscall.
-            _ => Err(Fail::new(
-                unsafe { *libc::__errno_location() },
-                "epoll_wait",
-            )),
+            n if n > 0 => Ok(Some(n)),
+            // SAFETY: the thread's errno slot, set by the failed call.
+            _ => Err(Fail::new(unsafe { *libc::__errno_location() }, "wait")),
         }
     }
 
     fn arm(&mut self) -> fastwake::Result<()> {
-        // Level: poll on an epoll fd queues us before it checks.
+        // Level: `poll` queues us before it checks.
         Ok(())
     }
 
@@ -204,9 +223,9 @@ impl Source for EpollWait<'_> {
             // Rounded up: never wake before the deadline.
             Some(d) => d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as c_int,
         };
-        match poll_fd(self.epfd, ms) {
-            e if e == -libc::EINTR => Err(Fail::new(libc::EINTR, "epoll_wait interrupted")),
-            e if e < 0 => Err(Fail::new(-e, "poll epoll fd")),
+        match self.peek.poll(ms) {
+            e if e == -libc::EINTR => Err(Fail::new(libc::EINTR, "wait interrupted")),
+            e if e < 0 => Err(Fail::new(-e, "poll")),
             _ => Ok(()),
         }
     }
@@ -220,17 +239,17 @@ impl Source for EpollWait<'_> {
     }
 }
 
-/// `epoll_wait(epfd, events, max, timeout_ms)` in dispatch mode, or `None`
-/// when this call cannot be dispatched (the caller then uses the engine):
-/// a zero timeout, dispatch inactive, or the thread's state busy (a hook
-/// entered from a signal handler during a wait).
-pub fn epoll_wait(
-    epfd: c_int,
-    events: *mut libc::epoll_event,
-    max: c_int,
+/// A wait for `set` (fds and events) in dispatch mode, taking with `take`
+/// (the hooked call with a zero timeout), or `None` when this call cannot
+/// be dispatched (the caller then uses the engine): a zero timeout,
+/// dispatch inactive, more than [`MAX_FDS`] fds, or the thread's state
+/// busy (a hook entered from a signal handler during a wait).
+fn dispatched(
+    set: &[libc::pollfd],
     timeout_ms: c_int,
+    take: impl FnMut() -> c_int,
 ) -> Option<c_int> {
-    if timeout_ms == 0 || !active() {
+    if timeout_ms == 0 || !active() || set.is_empty() || set.len() > MAX_FDS {
         return None;
     }
     STATE
@@ -244,16 +263,11 @@ pub fn epoll_wait(
                     peek: None,
                 }
             });
-            if st.peek.as_ref().is_none_or(|p| p.epfd != epfd) {
-                st.peek = Some(Arc::new(EpollPeek { epfd }));
+            if st.peek.as_ref().is_none_or(|p| !p.watches(set)) {
+                st.peek = Some(Arc::new(FdsPeek::new(set)?));
             }
             let peek = st.peek.as_ref()?;
-            let mut src = EpollWait {
-                epfd,
-                events,
-                max,
-                peek,
-            };
+            let mut src = HookWait { peek, take };
             let before = st.waiter.stats();
             let r = if timeout_ms < 0 {
                 st.waiter.wait(&mut src).map(Some)
@@ -285,6 +299,59 @@ pub fn epoll_wait(
         })
         .ok()
         .flatten()
+}
+
+/// `epoll_wait(epfd, events, max, timeout_ms)` in dispatch mode (see
+/// [`dispatched`] for `None`).
+pub(crate) fn epoll_wait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    max: c_int,
+    timeout_ms: c_int,
+) -> Option<c_int> {
+    let set = [libc::pollfd {
+        fd: epfd,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    dispatched(&set, timeout_ms, || {
+        // SAFETY: the caller's epoll_wait arguments (checked non-null and
+        // positive by the hook); a raw syscall, not our hook.
+        unsafe {
+            libc::syscall(
+                libc::SYS_epoll_pwait,
+                epfd as c_long,
+                events,
+                max as c_long,
+                0 as c_long,
+                std::ptr::null::<u64>(),
+                8 as c_long,
+            ) as c_int
+        }
+    })
+}
+
+/// `poll(fds, nfds, timeout_ms)` in dispatch mode (see [`dispatched`] for
+/// `None`); `take` is the hook's zero-timeout probe.
+pub(crate) fn poll(
+    fds: *mut libc::pollfd,
+    nfds: libc::nfds_t,
+    timeout_ms: c_int,
+    take: impl FnMut() -> c_int,
+) -> Option<c_int> {
+    if fds.is_null() || nfds == 0 || nfds as usize > MAX_FDS {
+        return None;
+    }
+    // SAFETY: the caller passed `nfds` pollfds at `fds` (non-null).
+    let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
+    // A copy: the probe writes the caller's revents.
+    let mut copy = [libc::pollfd {
+        fd: -1,
+        events: 0,
+        revents: 0,
+    }; MAX_FDS];
+    copy[..set.len()].copy_from_slice(set);
+    dispatched(&copy[..set.len()], timeout_ms, take)
 }
 
 /// The exit report's dispatch line (FASTWAKE_VERBOSE=1).

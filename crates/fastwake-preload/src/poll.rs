@@ -54,6 +54,12 @@ fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_
         return unsafe { real(fds, nfds, timeout) };
     }
     let go = || {
+        if crate::config::mode() == crate::config::Mode::Dispatch
+            && let Some(n) =
+                crate::dispatch::poll(fds, nfds, timeout, || probe(fds, nfds, std::ptr::null()))
+        {
+            return n;
+        }
         wait::wait(
             wait::ms_to_ns(timeout),
             std::ptr::null(),

@@ -747,12 +747,13 @@ fn bad_configuration_prints_one_line_and_passes_through() {
 
 const DISPATCH: &[(&str, &str)] = &[("FASTWAKE_MODE", "dispatch"), ("FASTWAKE_BUDGET_US", "200")];
 
-/// Dispatch mode serves epoll_wait through the per-CPU dispatchers; the
-/// program must see exactly the plain calls' results: events after quick
-/// and slow writes, timeouts honoured, EINTR on signals, many fds, a
-/// close under a waiter, fork and exec. Each scenario runs once.
+/// Dispatch mode serves epoll_wait and poll through the per-CPU
+/// dispatchers; the program must see exactly the plain calls' results:
+/// events after quick and slow writes, timeouts honoured, EINTR on
+/// signals, many fds, a close under a waiter, fork and exec. Each scenario
+/// runs once.
 #[test]
-fn dispatch_mode_keeps_epoll_semantics() {
+fn dispatch_mode_keeps_epoll_and_poll_semantics() {
     for scenario in [
         "child_delivery",
         "child_timeouts",
@@ -773,7 +774,14 @@ fn dispatch_mode_keeps_epoll_semantics() {
         if scenario != "child_zero_timeout" {
             assert!(
                 counter(&out, "dispatch_waits") > 0,
-                "{scenario}: no epoll_wait went through dispatch mode:\n{err}"
+                "{scenario}: no wait went through dispatch mode:\n{err}"
+            );
+        }
+        if scenario == "child_delivery" {
+            // Five epoll_wait and five poll waits.
+            assert!(
+                counter(&out, "dispatch_waits") >= 10,
+                "poll was not dispatched:\n{err}"
             );
         }
     }
