@@ -180,6 +180,25 @@ fn share_json_has_pingpong_keys_plus_sharing_keys() {
     assert_eq!(rows[0]["dispatch_fallbacks"], 0);
 }
 
+/// Thread-per-connection in the library's spinning modes, and threads
+/// waiting in adaptive mode next to a dispatcher: the adaptive controller
+/// finds the dispatcher by itself when the connections share a core.
+#[test]
+fn share_runs_spinning_and_adaptive_thread_modes() {
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let rows = json_rows(
+        "bench share --conns 3 --mode hybrid:10us,adaptive,threads:adaptive --iters 900 --warmup 50 --rounds 3",
+    );
+    let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["hybrid", "adaptive", "threads:adaptive"]);
+    let dispatched = rows[2]["handoffs"].as_u64().unwrap() + rows[2]["relays"].as_u64().unwrap();
+    assert!(
+        dispatched > 0,
+        "adaptive threads never used the dispatcher: {}",
+        rows[2]
+    );
+}
+
 #[test]
 fn pingpong_same_cpu_table_has_perftest_columns() {
     let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());

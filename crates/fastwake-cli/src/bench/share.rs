@@ -118,6 +118,9 @@ enum Mode {
         policy: Policy,
         cross: bool,
         relay: bool,
+        /// The threads wait in `adaptive` mode instead of `dispatch`: the
+        /// controller decides per wait whether to use the dispatcher.
+        adaptive: bool,
     },
     /// A task per connection on a runtime per core; `prefetch` as
     /// [`TaskConfig::prefetch`] (`tasks:noprefetch` measures what it saves).
@@ -133,7 +136,7 @@ impl Mode {
     fn parse(s: &str) -> Result<Mode> {
         let bad = || {
             Fail::invalid(format!(
-                "unknown mode '{s}': expected interrupt, poll, hybrid[:BUDGET], adaptive[:OPTS], tasks[:noprefetch], threads[:idle|fifo|yield|normal|cross][:norelay], reference or evloop"
+                "unknown mode '{s}': expected interrupt, poll, hybrid[:BUDGET], adaptive[:OPTS], tasks[:noprefetch], threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive], reference or evloop"
             ))
         };
         Ok(match s {
@@ -153,10 +156,12 @@ impl Mode {
                 if parts.next() != Some("threads") {
                     return Err(bad());
                 }
-                let (mut policy, mut cross, mut relay) = (Policy::Idle, false, true);
+                let (mut policy, mut cross, mut relay, mut adaptive) =
+                    (Policy::Idle, false, true, false);
                 for p in parts {
                     match p {
                         "norelay" => relay = false,
+                        "adaptive" => adaptive = true,
                         // SCHED_OTHER: on the client's core a SCHED_IDLE
                         // dispatcher would never run next to the
                         // busy-polling client.
@@ -171,6 +176,7 @@ impl Mode {
                     policy,
                     cross,
                     relay,
+                    adaptive,
                 }
             }
         })
@@ -183,8 +189,12 @@ impl Mode {
                 policy,
                 cross,
                 relay,
+                adaptive,
             } => {
                 let mut l = String::from("threads");
+                if *adaptive {
+                    l.push_str(":adaptive");
+                }
                 if *cross {
                     l.push_str(":cross");
                 } else if *policy != Policy::Idle {
@@ -376,12 +386,14 @@ fn start(
             let wm = match mode {
                 Mode::PerThread(m) => m,
                 Mode::Reference => WaitMode::Poll,
+                Mode::Threads { adaptive: true, .. } => "adaptive".parse::<WaitMode>()?,
                 _ => WaitMode::Dispatch,
             };
             if let Mode::Threads {
                 policy,
                 cross,
                 relay,
+                ..
             } = mode
             {
                 for &cpu in &layout.server_cpus {
