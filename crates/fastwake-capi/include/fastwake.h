@@ -126,6 +126,12 @@ int fw_waiter_create(const char *mode, fw_waiter **out);
 int fw_wait(fw_waiter *w, fw_receiver *rx, int64_t timeout_ns, uint64_t *tag, void *buf,
             size_t buf_len, size_t *len);
 int fw_waiter_stats(const fw_waiter *w, struct fw_wait_stats *out);
+/* Dispatch-mode waits (and adaptive waits handed to a dispatcher): with
+ * on != 0, a signal that interrupts the sleep ends the wait with EINTR, as
+ * a blocking syscall does; with 0 (the default) the wait sleeps on until a
+ * completion or its timeout. Interrupt-mode sleeps on a channel treat a
+ * signal as a spurious wake-up either way. EINVAL: w is NULL. */
+int fw_waiter_set_interruptible(fw_waiter *w, int on);
 void fw_waiter_destroy(fw_waiter *w);
 
 /* Start a dispatcher thread for CPU cpu (SCHED_IDLE, on that CPU): it

@@ -360,6 +360,16 @@ pub unsafe extern "C" fn fw_receiver_destroy(rx: *mut fw_receiver) {
 }
 
 /// # Safety
+/// `w` is NULL or from this library.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_waiter_set_interruptible(w: *mut fw_waiter, on: c_int) -> c_int {
+    guard(|| {
+        obj(w)?.0.set_interruptible(on != 0);
+        Ok(())
+    })
+}
+
+/// # Safety
 /// `mode` is a NUL-terminated string; `w` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_waiter_create(mode: *const c_char, w: *mut *mut fw_waiter) -> c_int {

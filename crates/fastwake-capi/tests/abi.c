@@ -9,6 +9,7 @@
 #include <linux/io_uring.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -201,6 +202,68 @@ static void pingpong_on(const char *mode, int ping_cpu, int pong_cpu) {
 static void pingpong(const char *mode) { pingpong_on(mode, -1, -1); }
 
 /* A dispatcher on CPU 1 serving the pong thread pinned there. */
+static void on_usr1(int sig) { (void)sig; }
+
+struct intr_arg {
+    fw_receiver *rx;
+    int interruptible;
+    volatile int started;
+    volatile int rc;
+};
+
+/* A dispatch-mode wait on CPU 1 for a completion that never comes. */
+static void *intr_wait(void *p) {
+    struct intr_arg *a = p;
+    pin(1);
+    fw_waiter *w = NULL;
+    fw_waiter_create("dispatch", &w);
+    fw_waiter_set_interruptible(w, a->interruptible);
+    a->started = 1;
+    a->rc = fw_wait(w, a->rx, 300000000LL, NULL, NULL, 0, NULL);
+    fw_waiter_destroy(w);
+    return NULL;
+}
+
+/* Signal the waiting thread every 10 ms until it returns; its result. */
+static int signalled_wait(int interruptible) {
+    fw_sender *tx = NULL;
+    struct intr_arg a = {NULL, interruptible, 0, -1};
+    fw_channel_create(NULL, &tx, &a.rx);
+    pthread_t t;
+    pthread_create(&t, NULL, intr_wait, &a);
+    while (!a.started) usleep(1000);
+    usleep(30000);
+    for (int i = 0; i < 100 && a.rc == -1; i++) {
+        pthread_kill(t, SIGUSR1);
+        usleep(10000);
+    }
+    pthread_join(t, NULL);
+    fw_sender_destroy(tx);
+    fw_receiver_destroy(a.rx);
+    return a.rc;
+}
+
+static void interruptible_checks(void) {
+    check(fw_waiter_set_interruptible(NULL, 1) == EINVAL, "set_interruptible NULL is EINVAL", "accepted");
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+        printf("SKIPPED interruptible dispatch waits: needs 2 CPUs (this host has 1)\n");
+        return;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1; /* no SA_RESTART */
+    sigaction(SIGUSR1, &sa, NULL);
+    fw_dispatcher *d = NULL;
+    /* Never idle: an idle dispatcher hands waiters to interrupt mode. */
+    if (fw_dispatcher_start(1, -1, 0, &d)) {
+        check(0, "interruptible: dispatcher", "did not start");
+        return;
+    }
+    check(signalled_wait(1) == EINTR, "interruptible dispatch wait ends with EINTR on a signal", "no EINTR");
+    check(signalled_wait(0) == ETIMEDOUT, "plain dispatch wait sleeps on to its timeout", "ended early");
+    fw_dispatcher_stop(d);
+}
+
 static void dispatcher_checks(void) {
     fw_dispatcher *d = NULL;
     check(fw_dispatcher_start(100000, 2000000, 0, &d) == EINVAL && d == NULL &&
@@ -425,6 +488,7 @@ int main(void) {
     dispatcher_checks();
     socket_checks();
     ring_checks();
+    interruptible_checks();
 
     /* NULL is accepted by every destroy. */
     fw_sender_destroy(NULL);
