@@ -20,10 +20,9 @@
 //! without halt polling); the dispatcher wakes it from its own CPU, which
 //! the dispatcher kept from halting.
 //!
-//! A `poll` is dispatched the same way, the dispatcher peeking a copy of
-//! its fd set. What stays as in `hybrid`: `poll` on more than
-//! [`MAX_FDS`] fds, `select`, `epoll_pwait` with a mask, and libibverbs
-//! waits. No dispatcher for the thread's CPU (it failed to
+//! A `poll` or `select` is dispatched the same way, the dispatcher
+//! peeking a copy of its fd set. What stays as in `hybrid`: sets of more
+//! than [`MAX_FDS`] fds, `epoll_pwait` with a mask, and libibverbs waits. No dispatcher for the thread's CPU (it failed to
 //! start, or is starved: a `SCHED_IDLE` thread next to a busy one) means
 //! the library's interrupt-mode fallback, which here is a `poll` on the
 //! epoll fd.
@@ -244,12 +243,12 @@ impl<F: FnMut() -> c_int> Source for HookWait<'_, F> {
 /// be dispatched (the caller then uses the engine): a zero timeout,
 /// dispatch inactive, more than [`MAX_FDS`] fds, or the thread's state
 /// busy (a hook entered from a signal handler during a wait).
-fn dispatched(
+pub(crate) fn dispatched(
     set: &[libc::pollfd],
-    timeout_ms: c_int,
+    timeout: Option<Duration>,
     take: impl FnMut() -> c_int,
 ) -> Option<c_int> {
-    if timeout_ms == 0 || !active() || set.is_empty() || set.len() > MAX_FDS {
+    if timeout.is_some_and(|t| t.is_zero()) || !active() || set.is_empty() || set.len() > MAX_FDS {
         return None;
     }
     STATE
@@ -269,11 +268,9 @@ fn dispatched(
             let peek = st.peek.as_ref()?;
             let mut src = HookWait { peek, take };
             let before = st.waiter.stats();
-            let r = if timeout_ms < 0 {
-                st.waiter.wait(&mut src).map(Some)
-            } else {
-                st.waiter
-                    .wait_timeout(&mut src, Duration::from_millis(timeout_ms as u64))
+            let r = match timeout {
+                None => st.waiter.wait(&mut src).map(Some),
+                Some(t) => st.waiter.wait_timeout(&mut src, t),
             };
             if crate::config::verbose() {
                 let after = st.waiter.stats();
@@ -314,7 +311,7 @@ pub(crate) fn epoll_wait(
         events: libc::POLLIN,
         revents: 0,
     }];
-    dispatched(&set, timeout_ms, || {
+    dispatched(&set, ms(timeout_ms), || {
         // SAFETY: the caller's epoll_wait arguments (checked non-null and
         // positive by the hook); a raw syscall, not our hook.
         unsafe {
@@ -351,7 +348,12 @@ pub(crate) fn poll(
         revents: 0,
     }; MAX_FDS];
     copy[..set.len()].copy_from_slice(set);
-    dispatched(&copy[..set.len()], timeout_ms, take)
+    dispatched(&copy[..set.len()], ms(timeout_ms), take)
+}
+
+/// A millisecond timeout as the hooks get it: negative = forever.
+fn ms(timeout_ms: c_int) -> Option<Duration> {
+    u64::try_from(timeout_ms).ok().map(Duration::from_millis)
 }
 
 /// The exit report's dispatch line (FASTWAKE_VERBOSE=1).

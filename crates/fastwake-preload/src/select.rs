@@ -62,6 +62,46 @@ impl Saved {
         }
     }
 
+    /// The sets as `poll` entries (read: `POLLIN`, write: `POLLOUT`,
+    /// except: `POLLPRI`), for a dispatcher to peek; `None` past
+    /// [`crate::dispatch::MAX_FDS`] fds.
+    fn as_pollfds(&self) -> Option<([libc::pollfd; crate::dispatch::MAX_FDS], usize)> {
+        let mut out = [libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }; crate::dispatch::MAX_FDS];
+        let mut n = 0;
+        for w in 0..self.words {
+            let mut bits = self.copy[0][w] | self.copy[1][w] | self.copy[2][w];
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let bit = 1u64 << b;
+                let mut events = 0;
+                if self.copy[0][w] & bit != 0 {
+                    events |= libc::POLLIN;
+                }
+                if self.copy[1][w] & bit != 0 {
+                    events |= libc::POLLOUT;
+                }
+                if self.copy[2][w] & bit != 0 {
+                    events |= libc::POLLPRI;
+                }
+                if n == out.len() {
+                    return None;
+                }
+                out[n] = libc::pollfd {
+                    fd: (w * 64 + b) as c_int,
+                    events,
+                    revents: 0,
+                };
+                n += 1;
+            }
+        }
+        Some((out, n))
+    }
+
     /// A readable fd among the results, for the peer-CPU sample.
     fn readable(&self) -> Option<c_int> {
         let r = self.sets[0];
@@ -149,26 +189,49 @@ pub unsafe extern "C" fn select(
     let go = || {
         let saved = Saved::new(sets, n);
         let t0 = wait::now_ns();
-        let r = wait::wait(
-            orig_ns,
-            std::ptr::null(),
-            |m| probe(nfds, &saved, m),
-            |left| {
+        let dispatched = if crate::config::mode() == crate::config::Mode::Dispatch {
+            saved.as_pollfds().and_then(|(fds, k)| {
+                crate::dispatch::dispatched(
+                    &fds[..k],
+                    orig_ns.map(std::time::Duration::from_nanos),
+                    || probe(nfds, &saved, std::ptr::null()),
+                )
+            })
+        } else {
+            None
+        };
+        let r = if let Some(r) = dispatched {
+            if r < 0 {
+                // Like select on an error (EINTR included): the sets as
+                // the caller passed them, not the last look's result.
+                let e = std::io::Error::last_os_error();
                 saved.restore();
-                if let Some(ns) = left {
-                    let us = ns.div_ceil(1_000);
-                    // SAFETY: non-null whenever there is time left.
-                    unsafe {
-                        timeout.write(libc::timeval {
-                            tv_sec: (us / 1_000_000) as _,
-                            tv_usec: (us % 1_000_000) as _,
-                        })
-                    };
-                }
-                plain()
-            },
-            || saved.readable(),
-        );
+                // SAFETY: the thread's errno slot.
+                unsafe { *libc::__errno_location() = e.raw_os_error().unwrap_or(libc::EINTR) };
+            }
+            r
+        } else {
+            wait::wait(
+                orig_ns,
+                std::ptr::null(),
+                |m| probe(nfds, &saved, m),
+                |left| {
+                    saved.restore();
+                    if let Some(ns) = left {
+                        let us = ns.div_ceil(1_000);
+                        // SAFETY: non-null whenever there is time left.
+                        unsafe {
+                            timeout.write(libc::timeval {
+                                tv_sec: (us / 1_000_000) as _,
+                                tv_usec: (us % 1_000_000) as _,
+                            })
+                        };
+                    }
+                    plain()
+                },
+                || saved.readable(),
+            )
+        };
         // Report the time not slept, as Linux's select does (the real
         // call did too when it ran; this differs only by the return path).
         if let Some(o) = orig_ns {

@@ -265,7 +265,7 @@ fn engine(
     let mut budget = match mode {
         Mode::Poll => timeout_ns.unwrap_or(u64::MAX),
         // Dispatch mode reaches the engine for the hooks it does not
-        // dispatch (select, large polls, epoll_pwait with a mask): hybrid.
+        // dispatch (large fd sets, epoll_pwait with a mask): hybrid.
         Mode::Hybrid | Mode::Dispatch => ceiling,
         Mode::Adaptive => t.ctl.budget_ns(t0, ceiling),
         Mode::Off | Mode::Interrupt => 0,

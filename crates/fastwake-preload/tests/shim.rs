@@ -747,7 +747,7 @@ fn bad_configuration_prints_one_line_and_passes_through() {
 
 const DISPATCH: &[(&str, &str)] = &[("FASTWAKE_MODE", "dispatch"), ("FASTWAKE_BUDGET_US", "200")];
 
-/// Dispatch mode serves epoll_wait and poll through the per-CPU
+/// Dispatch mode serves epoll_wait, poll and select through the per-CPU
 /// dispatchers; the program must see exactly the plain calls' results:
 /// events after quick and slow writes, timeouts honoured, EINTR on
 /// signals, many fds, a close under a waiter, fork and exec. Each scenario
@@ -762,6 +762,7 @@ fn dispatch_mode_keeps_epoll_and_poll_semantics() {
         "child_close_while_waiting",
         "child_fork_exec",
         "child_zero_timeout",
+        "child_select",
     ] {
         let Some(out) = child(scenario, DISPATCH) else {
             return;
