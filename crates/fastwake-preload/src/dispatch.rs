@@ -1,10 +1,11 @@
-//! `FASTWAKE_MODE=dispatch`: an unmodified program's `epoll_wait` and
-//! `poll` (up to [`MAX_FDS`] fds) are served by the library's per-CPU
-//! dispatcher (FastWake approach 1 for kernel threads, docs/dispatch.md).
+//! `FASTWAKE_MODE=dispatch`: an unmodified program's `epoll_wait`, and
+//! `poll` and `select` on up to [`MAX_FDS`] fds, are served by the
+//! library's per-CPU dispatcher (FastWake approach 1 for kernel threads,
+//! docs/dispatch.md).
 //!
-//! When the shim loads it starts one `SCHED_IDLE` dispatcher per CPU the
-//! process may run on. A thread entering `epoll_wait` (or `epoll_pwait`
-//! without a signal mask) with a non-zero timeout waits in the library's
+//! The first wait on a CPU starts a `SCHED_IDLE` dispatcher for that CPU.
+//! A thread entering `epoll_wait` (or `epoll_pwait` without a signal
+//! mask) with a non-zero timeout waits in the library's
 //! dispatch mode on its epoll fd: it registers the fd with the dispatcher
 //! of its CPU and sleeps on a futex; the dispatcher peeks the epoll fd
 //! (`poll` with a zero timeout: readiness without consuming, even for
@@ -38,47 +39,55 @@ use fastwake::{Fail, WaitMode, Waiter};
 use std::cell::RefCell;
 use std::ffi::{c_int, c_long};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Dispatchers are running in this process.
+/// Dispatch mode is on in this process (set by the constructor).
 static STARTED: AtomicBool = AtomicBool::new(false);
 /// This process is a fork of the one that started them.
 static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Per CPU (mod the table size): 0 no dispatcher yet, 1 started, 2 failed
+/// to start (reported once; waits there fall back).
+const CPUS: usize = 1024;
+static CPU_STATE: [AtomicU8; CPUS] = [const { AtomicU8::new(0) }; CPUS];
 
 /// Counters for the exit report (FASTWAKE_VERBOSE=1).
 pub static WAITS: AtomicU64 = AtomicU64::new(0);
 pub static HANDOFFS: AtomicU64 = AtomicU64::new(0);
 pub static FALLBACKS: AtomicU64 = AtomicU64::new(0);
 
-/// Start a dispatcher on every CPU this process may use. Called once, from
-/// the library constructor, in dispatch mode. A CPU whose dispatcher fails
-/// to start is reported in one line; its waits fall back.
+/// Turn dispatch mode on. Called once, from the library constructor, in
+/// dispatch mode. Dispatchers start lazily, one for each CPU on which a
+/// thread of the program first waits (a dispatcher is two threads: on a
+/// 64-CPU machine, starting them all would add 128 threads to every
+/// process, most never used).
 pub fn start() {
-    let Ok(set) = rustix::thread::sched_getaffinity(None) else {
-        crate::diag("dispatch: cannot read the CPU set; epoll waits fall back to interrupt mode");
+    // SAFETY: registers a plain function; it runs in the child only,
+    // where it touches atomics and this thread's own cell.
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    STARTED.store(true, Ordering::Release);
+}
+
+/// Start the dispatcher of `cpu` if it has none yet. Called on the wait
+/// path: one load once it runs.
+fn ensure_dispatcher(cpu: u32) {
+    let st = &CPU_STATE[cpu as usize % CPUS];
+    if st.load(Ordering::Acquire) != 0
+        || st
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+    {
         return;
-    };
-    let mut n = 0;
-    for cpu in 0..rustix::thread::CpuSet::MAX_CPU {
-        if !set.is_set(cpu) {
-            continue;
-        }
-        match fastwake::dispatch::Dispatcher::start(fastwake::dispatch::Config::new(cpu as u32)) {
-            // The dispatchers live as long as the process: its exit ends
-            // their threads.
-            Ok(d) => {
-                std::mem::forget(d);
-                n += 1;
-            }
-            Err(e) => crate::diag(&format!("dispatch: no dispatcher on CPU {cpu}: {e}")),
-        }
     }
-    if n > 0 {
-        // SAFETY: registers a plain function; it runs in the child only,
-        // where it touches an atomic and this thread's own cell.
-        unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
-        STARTED.store(true, Ordering::Release);
+    match fastwake::dispatch::Dispatcher::start(fastwake::dispatch::Config::new(cpu)) {
+        // The dispatcher lives as long as the process: its exit ends the
+        // threads.
+        Ok(d) => std::mem::forget(d),
+        Err(e) => {
+            st.store(2, Ordering::Release);
+            crate::diag(&format!("dispatch: no dispatcher on CPU {cpu}: {e}"));
+        }
     }
 }
 
@@ -250,6 +259,9 @@ pub(crate) fn dispatched(
 ) -> Option<c_int> {
     if timeout.is_some_and(|t| t.is_zero()) || !active() || set.is_empty() || set.len() > MAX_FDS {
         return None;
+    }
+    if let Some(cpu) = fastwake::cpu::current() {
+        ensure_dispatcher(cpu);
     }
     STATE
         .try_with(|s| {
