@@ -4,7 +4,7 @@
 # binaries and SKIPs loudly without them. TCG timings are not performance:
 # latencies are only compared as ratios within one run.
 
-RXE_VERBS_MODES=${RXE_VERBS_MODES:-interrupt hybrid poll adaptive}
+RXE_VERBS_MODES=${RXE_VERBS_MODES:-interrupt hybrid poll adaptive dispatch}
 RXE_VERBS_RC_ITERS=${RXE_VERBS_RC_ITERS:-300}
 RXE_VERBS_LAT_ITERS=${RXE_VERBS_LAT_ITERS:-200}
 
