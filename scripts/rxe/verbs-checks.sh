@@ -103,6 +103,15 @@ check_shim_rc() {
             || { rxe_fail "$mode: the shim did not wrap the context in $(basename "$side")"; return 1; }
         grep 'verbs pid=' "$side"
     done
+    if [ "$mode" = dispatch ]; then
+        # The completion-channel waits went through the dispatcher: some
+        # were handed off (not only caught by the owner's own look).
+        local h
+        h=$(grep -o 'dispatch_waits=[0-9]* handoffs=[0-9]*' "$RXE_CLIENT_LOG" | tail -n 1)
+        [ -n "$h" ] && [ "${h##*handoffs=}" -gt 0 ] \
+            || { rxe_fail "dispatch: no ibv_get_cq_event was handed off (${h:-no dispatch counters})"; return 1; }
+        rxe_info "dispatch: $h"
+    fi
     rxe_info "rc_pingpong -e under shim $mode: $iters iters, data checked (-c); usec/iter = $(rxe_ratio "$shim" "$base") x no-shim (TCG: ratio only); $(grep -o 'events synthetic=[0-9]* real=[0-9]* swallowed=[0-9]*' "$RXE_CLIENT_LOG")"
 }
 

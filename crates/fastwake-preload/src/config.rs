@@ -25,7 +25,7 @@ pub enum Mode {
     Hybrid = 3,
     /// Spin for a budget the library's adaptive controller learns, then block.
     Adaptive = 4,
-    /// `epoll_wait`, `poll` and `select`: sleep on a futex the per-CPU dispatcher
+    /// `epoll_wait`, `poll`, `select`, `ibv_get_cq_event`: sleep on a futex the per-CPU dispatcher
     /// rings when the fds become ready (see `crate::dispatch`); the other
     /// hooks behave as in `Hybrid`.
     Dispatch = 5,

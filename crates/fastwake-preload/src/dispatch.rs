@@ -22,8 +22,10 @@
 //! the dispatcher kept from halting.
 //!
 //! A `poll` or `select` is dispatched the same way, the dispatcher
-//! peeking a copy of its fd set. What stays as in `hybrid`: sets of more
-//! than [`MAX_FDS`] fds, `epoll_pwait` with a mask, and libibverbs waits. No dispatcher for the thread's CPU (it failed to
+//! peeking a copy of its fd set, and so is a blocking `ibv_get_cq_event`,
+//! the dispatcher peeking the channel's armed CQs (see `VerbsPeek`). What
+//! stays as in `hybrid`: sets of more than [`MAX_FDS`] fds and
+//! `epoll_pwait` with a mask. No dispatcher for the thread's CPU (it failed to
 //! start, or is starved: a `SCHED_IDLE` thread next to a busy one) means
 //! the library's interrupt-mode fallback, which here is a `poll` on the
 //! epoll fd.
@@ -112,12 +114,62 @@ pub fn active() -> bool {
 struct State {
     waiter: Waiter,
     peek: Option<Arc<FdsPeek>>,
+    verbs: Option<Arc<VerbsPeek>>,
 }
 
 thread_local! {
     // Has a destructor (the waiter unregisters at thread exit); only
     // touched in dispatch mode.
     static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+}
+
+impl State {
+    fn new() -> State {
+        State {
+            waiter: Waiter::new(WaitMode::Dispatch),
+            peek: None,
+            verbs: None,
+        }
+    }
+}
+
+/// Run `f` on this thread's dispatch state; `None` when the state is busy
+/// (a hook entered from a signal handler during a wait) or gone (thread
+/// exit).
+fn with_state<R>(f: impl FnOnce(&mut State) -> Option<R>) -> Option<R> {
+    STATE
+        .try_with(|s| {
+            let mut s = s.try_borrow_mut().ok()?;
+            f(s.get_or_insert_with(State::new))
+        })
+        .ok()
+        .flatten()
+}
+
+/// One dispatch-mode wait, counted for the exit report.
+fn wait_counted<S: Source>(
+    w: &mut Waiter,
+    src: &mut S,
+    timeout: Option<Duration>,
+) -> fastwake::Result<Option<S::Completion>> {
+    let before = w.stats();
+    let r = match timeout {
+        None => w.wait(src).map(Some),
+        Some(t) => w.wait_timeout(src, t),
+    };
+    if crate::config::verbose() {
+        let after = w.stats();
+        WAITS.fetch_add(1, Ordering::Relaxed);
+        HANDOFFS.fetch_add(
+            (after.handoffs + after.relays) - (before.handoffs + before.relays),
+            Ordering::Relaxed,
+        );
+        FALLBACKS.fetch_add(
+            after.dispatch_fallbacks - before.dispatch_fallbacks,
+            Ordering::Relaxed,
+        );
+    }
+    r
 }
 
 /// Most fds a dispatched `poll` may watch; more and the call behaves as in
@@ -226,16 +278,7 @@ impl<F: FnMut() -> c_int> Source for HookWait<'_, F> {
     }
 
     fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> fastwake::Result<()> {
-        let ms = match timeout {
-            None => -1,
-            // Rounded up: never wake before the deadline.
-            Some(d) => d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as c_int,
-        };
-        match self.peek.poll(ms) {
-            e if e == -libc::EINTR => Err(Fail::new(libc::EINTR, "wait interrupted")),
-            e if e < 0 => Err(Fail::new(-e, "poll")),
-            _ => Ok(()),
-        }
+        sleep_poll(self.peek, timeout, true)
     }
 
     fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
@@ -244,6 +287,21 @@ impl<F: FnMut() -> c_int> Source for HookWait<'_, F> {
 
     fn peek_id(&self) -> Option<usize> {
         Some(Arc::as_ptr(self.peek) as *const () as usize)
+    }
+}
+
+/// Sleep in `poll` on `p`'s fds until one is ready or `timeout` passes
+/// (rounded up to whole ms: never before the deadline). `eintr_ends`: a
+/// signal ends the wait with EINTR, else it is a spurious wake-up.
+fn sleep_poll(p: &FdsPeek, timeout: Option<Duration>, eintr_ends: bool) -> fastwake::Result<()> {
+    let ms = match timeout {
+        None => -1,
+        Some(d) => d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as c_int,
+    };
+    match p.poll(ms) {
+        e if e == -libc::EINTR && eintr_ends => Err(Fail::new(libc::EINTR, "wait interrupted")),
+        e if e < 0 && e != -libc::EINTR => Err(Fail::new(-e, "poll")),
+        _ => Ok(()),
     }
 }
 
@@ -263,51 +321,23 @@ pub(crate) fn dispatched(
     if let Some(cpu) = fastwake::cpu::current() {
         ensure_dispatcher(cpu);
     }
-    STATE
-        .try_with(|s| {
-            let mut s = s.try_borrow_mut().ok()?;
-            let st = s.get_or_insert_with(|| {
-                let mut w = Waiter::new(WaitMode::Dispatch);
-                w.set_interruptible(true);
-                State {
-                    waiter: w,
-                    peek: None,
-                }
-            });
-            if st.peek.as_ref().is_none_or(|p| !p.watches(set)) {
-                st.peek = Some(Arc::new(FdsPeek::new(set)?));
+    with_state(|st| {
+        if st.peek.as_ref().is_none_or(|p| !p.watches(set)) {
+            st.peek = Some(Arc::new(FdsPeek::new(set)?));
+        }
+        let peek = st.peek.as_ref()?;
+        st.waiter.set_interruptible(true);
+        let mut src = HookWait { peek, take };
+        Some(match wait_counted(&mut st.waiter, &mut src, timeout) {
+            Ok(Some(n)) => n,
+            Ok(None) => 0,
+            Err(e) => {
+                // SAFETY: the thread's errno slot.
+                unsafe { *libc::__errno_location() = e.errno() };
+                -1
             }
-            let peek = st.peek.as_ref()?;
-            let mut src = HookWait { peek, take };
-            let before = st.waiter.stats();
-            let r = match timeout {
-                None => st.waiter.wait(&mut src).map(Some),
-                Some(t) => st.waiter.wait_timeout(&mut src, t),
-            };
-            if crate::config::verbose() {
-                let after = st.waiter.stats();
-                WAITS.fetch_add(1, Ordering::Relaxed);
-                HANDOFFS.fetch_add(
-                    (after.handoffs + after.relays) - (before.handoffs + before.relays),
-                    Ordering::Relaxed,
-                );
-                FALLBACKS.fetch_add(
-                    after.dispatch_fallbacks - before.dispatch_fallbacks,
-                    Ordering::Relaxed,
-                );
-            }
-            Some(match r {
-                Ok(Some(n)) => n,
-                Ok(None) => 0,
-                Err(e) => {
-                    // SAFETY: the thread's errno slot.
-                    unsafe { *libc::__errno_location() = e.errno() };
-                    -1
-                }
-            })
         })
-        .ok()
-        .flatten()
+    })
 }
 
 /// `epoll_wait(epfd, events, max, timeout_ms)` in dispatch mode (see
@@ -361,6 +391,118 @@ pub(crate) fn poll(
     }; MAX_FDS];
     copy[..set.len()].copy_from_slice(set);
     dispatched(&copy[..set.len()], ms(timeout_ms), take)
+}
+
+/// A completion channel as a dispatcher sees it: its managed CQs (a CQE
+/// is moved to the shim's stash, which the program cannot tell) and its
+/// fd. Peeked only while its waiter is inside `ibv_get_cq_event` on it
+/// (a dispatcher peeks waiting slots only), so the channel is alive.
+struct VerbsPeek {
+    channel: usize,
+    fd: c_int,
+}
+
+impl Peek for VerbsPeek {
+    fn ready(&self) -> bool {
+        crate::verbs::event::channel_ready(self.channel as *mut _, self.fd)
+    }
+}
+
+/// `ibv_get_cq_event` on `channel` as a source: taking is a synthetic
+/// event, or the real read when the fd is readable.
+struct VerbsWait<'a> {
+    real_get: crate::verbs::real::GetCqEventFn,
+    channel: *mut fastwake::source::verbs::sys::ibv_comp_channel,
+    fd: c_int,
+    peek: &'a Arc<VerbsPeek>,
+    /// The channel fd, to sleep on.
+    wake: FdsPeek,
+}
+
+impl Source for VerbsWait<'_> {
+    type Completion = crate::verbs::event::Event;
+
+    fn name(&self) -> &'static str {
+        "verbs-channel"
+    }
+
+    fn ready(&self) -> bool {
+        crate::verbs::event::channel_ready(self.channel, self.fd)
+    }
+
+    fn try_take(&mut self) -> fastwake::Result<Option<Self::Completion>> {
+        // SAFETY: we are inside the program's ibv_get_cq_event on channel.
+        unsafe { crate::verbs::event::try_event(self.real_get, self.channel, self.fd) }
+            .map_err(|e| Fail::new(e, "ibv_get_cq_event"))
+    }
+
+    fn arm(&mut self) -> fastwake::Result<()> {
+        // The program armed its CQs (req_notify_cq, which the shim makes
+        // real); poll on the fd queues us before it checks.
+        Ok(())
+    }
+
+    fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> fastwake::Result<()> {
+        // EINTR is a spurious wake-up here: the blocking read the program
+        // asked for is restarted after a handler installed with
+        // SA_RESTART, so a signal must not end this wait.
+        sleep_poll(&self.wake, timeout, false)
+    }
+
+    fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
+        Some(self.peek.clone())
+    }
+
+    fn peek_id(&self) -> Option<usize> {
+        Some(Arc::as_ptr(self.peek) as *const () as usize)
+    }
+}
+
+/// The program's blocking `ibv_get_cq_event(channel)` in dispatch mode, or
+/// `None` when it cannot be dispatched (inactive, or the thread's state
+/// busy). Signals do not end it (see `VerbsWait::sleep`).
+pub(crate) fn verbs_wait(
+    real_get: crate::verbs::real::GetCqEventFn,
+    channel: *mut fastwake::source::verbs::sys::ibv_comp_channel,
+    fd: c_int,
+) -> Option<Result<crate::verbs::event::Event, c_int>> {
+    if !active() {
+        return None;
+    }
+    if let Some(cpu) = fastwake::cpu::current() {
+        ensure_dispatcher(cpu);
+    }
+    with_state(|st| {
+        if st
+            .verbs
+            .as_ref()
+            .is_none_or(|p| p.channel != channel as usize || p.fd != fd)
+        {
+            st.verbs = Some(Arc::new(VerbsPeek {
+                channel: channel as usize,
+                fd,
+            }));
+        }
+        let peek = st.verbs.as_ref()?;
+        st.waiter.set_interruptible(false);
+        let wake = FdsPeek::new(&[libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }])?;
+        let mut src = VerbsWait {
+            real_get,
+            channel,
+            fd,
+            peek,
+            wake,
+        };
+        Some(
+            wait_counted(&mut st.waiter, &mut src, None)
+                .map(|e| e.expect("no deadline"))
+                .map_err(|e| e.errno()),
+        )
+    })
 }
 
 /// A millisecond timeout as the hooks get it: negative = forever.

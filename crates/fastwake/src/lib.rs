@@ -30,9 +30,7 @@
 //! Examples (`cargo run --release --example NAME`): `pingpong` (any wait
 //! mode over two channels), `tasks_echo` (the task runtime), `dispatch_threads`
 //! (threads in dispatch mode), `hops` (a round trip split by direction).
-//! Not yet: the preload shim's `dispatch` mode for libibverbs waits (it
-//! covers `epoll_wait`, `poll` and `select`); wake-up measurement on
-//! sources other than the channel.
+//! Not yet: wake-up measurement on sources other than the channel.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -56,9 +56,13 @@ fn nonblocking(fd: c_int) -> bool {
     fl >= 0 && (fl as c_int) & libc::O_NONBLOCK != 0
 }
 
-/// A CQ on `channel` the program armed and that has a CQE (stashing one if
-/// needed): the event to report.
-fn synthetic(channel: *mut ibv_comp_channel) -> Option<*mut ibv_cq> {
+/// The first CQ on `channel` the program armed (with the shim managing it)
+/// for which `f` says yes, `f` called with the CQ's state locked. Skips
+/// CQs whose lock is busy: the caller looks again.
+fn armed_cq(
+    channel: *mut ibv_comp_channel,
+    mut f: impl FnMut(&mut table::CqState, *mut ibv_cq) -> bool,
+) -> Option<*mut ibv_cq> {
     let ch = channel as usize;
     for s in CQS.iter() {
         if s.channel.load(Ordering::Relaxed) != ch {
@@ -76,31 +80,96 @@ fn synthetic(channel: *mut ibv_comp_channel) -> Option<*mut ibv_cq> {
         if s.cq.load(Ordering::Acquire) != cq || !st.app_armed || st.solicited {
             continue;
         }
-        if st.len == 0 {
-            let cq = cq as *mut ibv_cq;
-            // SAFETY: the key was re-checked under the state lock, and
-            // ibv_destroy_cq removes the key under that lock before it
-            // destroys the CQ: the CQ is live while we hold the lock.
-            let Some((real_poll, _)) = table::real_ops(unsafe { (*cq).context }) else {
-                continue;
-            };
-            let mut wc = std::mem::MaybeUninit::<ibv_wc>::zeroed();
-            // SAFETY: live CQ, room for one entry.
-            let n = unsafe { real_poll(cq, 1, wc.as_mut_ptr()) };
-            if n != 1 {
-                continue;
-            }
-            // SAFETY: the provider wrote one entry.
-            st.push(unsafe { wc.assume_init() });
-            STASHED.fetch_add(1, Ordering::AcqRel);
+        if f(&mut st, cq as *mut ibv_cq) {
+            return Some(cq as *mut ibv_cq);
+        }
+    }
+    None
+}
+
+/// Make sure the stash of a locked, live `cq` holds a CQE if the CQ has
+/// one (taking one from the provider: the wrapped `poll_cq` returns the
+/// stash first, so the program cannot tell). True when it holds one.
+fn stash_one(st: &mut table::CqState, cq: *mut ibv_cq) -> bool {
+    if st.len > 0 {
+        return true;
+    }
+    // SAFETY: `armed_cq` holds the state lock, under which the CQ is live.
+    let Some((real_poll, _)) = table::real_ops(unsafe { (*cq).context }) else {
+        return false;
+    };
+    let mut wc = std::mem::MaybeUninit::<ibv_wc>::zeroed();
+    // SAFETY: live CQ, room for one entry.
+    if unsafe { real_poll(cq, 1, wc.as_mut_ptr()) } != 1 {
+        return false;
+    }
+    // SAFETY: the provider wrote one entry.
+    st.push(unsafe { wc.assume_init() });
+    STASHED.fetch_add(1, Ordering::AcqRel);
+    true
+}
+
+/// A CQ on `channel` the program armed and that has a CQE (stashing one if
+/// needed): the event to report.
+fn synthetic(channel: *mut ibv_comp_channel) -> Option<*mut ibv_cq> {
+    armed_cq(channel, |st, cq| {
+        if !stash_one(st, cq) {
+            return false;
         }
         st.app_armed = false;
         if st.real_armed {
             st.swallow_next = true;
         }
-        return Some(cq as *mut ibv_cq);
+        true
+    })
+}
+
+/// Does `channel` hold something for its waiter, without telling the
+/// program anything: an armed managed CQ with a CQE (stashed if needed),
+/// or a readable fd (a real event). What a dispatcher peeks, and what
+/// `synthetic` or the real read will then report.
+pub fn channel_ready(channel: *mut ibv_comp_channel, fd: c_int) -> bool {
+    armed_cq(channel, stash_one).is_some() || fd_readable(fd)
+}
+
+/// One event, as `ibv_get_cq_event` returns it.
+pub type Event = (*mut ibv_cq, *mut c_void);
+
+/// Take an event if one is there without blocking: a synthetic one, or a
+/// real one when the fd is readable. `Ok(None)`: nothing (or a swallowed
+/// real event); `Err(errno)` from the real read.
+///
+/// # Safety
+/// `channel` is live (the caller is inside `ibv_get_cq_event` on it).
+pub unsafe fn try_event(
+    real_get: GetCqEventFn,
+    channel: *mut ibv_comp_channel,
+    fd: c_int,
+) -> Result<Option<Event>, c_int> {
+    if let Some(cq) = synthetic(channel) {
+        stats::add(&STATS.synthetic, 1);
+        // SAFETY: cq is live (a managed CQ just found armed).
+        return Ok(Some((cq, unsafe { (*cq).cq_context })));
     }
-    None
+    if !fd_readable(fd) {
+        return Ok(None);
+    }
+    let mut ev_cq = std::ptr::null_mut();
+    let mut ev_ctx = std::ptr::null_mut();
+    // SAFETY: the caller's channel, readable: the read does not block
+    // (unless another thread read the event first, as without the shim).
+    let rc = unsafe { real_get(channel, &mut ev_cq, &mut ev_ctx) };
+    if rc != 0 {
+        // SAFETY: the thread's errno slot, set by the failed read.
+        return Err(unsafe { *libc::__errno_location() });
+    }
+    match classify(ev_cq) {
+        Real::Deliver => {
+            stats::add(&STATS.real, 1);
+            Ok(Some((ev_cq, ev_ctx)))
+        }
+        Real::Swallowed => Ok(None),
+    }
 }
 
 enum Real {
@@ -182,6 +251,27 @@ pub unsafe fn get_cq_event(
             crate::wait::adaptive_record(waited, spun, blocked);
         }
     };
+    if m == Mode::Dispatch
+        && !nb
+        && let Some(r) = crate::dispatch::verbs_wait(real_get, channel, fd)
+    {
+        return match r {
+            Ok((cq, ctx)) => {
+                // SAFETY: out-pointers valid (checked non-null, caller's
+                // contract).
+                unsafe {
+                    *cq_out = cq;
+                    *ctx_out = ctx;
+                }
+                0
+            }
+            Err(e) => {
+                // SAFETY: the thread's errno slot.
+                unsafe { *libc::__errno_location() = e };
+                -1
+            }
+        };
+    }
     let mut spinning = budget > 0;
     // Interrupt mode is the plain kernel wait (only the vector choice
     // differs): no look at the CQs, no synthetic events.

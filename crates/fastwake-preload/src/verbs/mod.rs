@@ -25,7 +25,7 @@
 //! channel; CQs armed solicited-only; programs using mlx5dv; contexts or CQs
 //! beyond the shim's tables (32 / 256); a bad `FASTWAKE_VERBS_VECTOR`.
 
-mod event;
+pub(crate) mod event;
 mod ops;
 pub mod real;
 mod stats;
