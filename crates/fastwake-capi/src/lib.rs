@@ -153,6 +153,13 @@ fn wait_for<S: Source + ?Sized>(
     }
 }
 
+/// The notification fd of a source the C caller passed (NULL allowed), or
+/// -1: what every `fw_*_fd` returns.
+fn notify_fd_of<S: Source + ?Sized>(src: Option<&S>) -> c_int {
+    src.and_then(|s| s.notify_fd())
+        .map_or(-1, |f| f.as_raw_fd())
+}
+
 fn destroy<T>(p: *mut T) {
     if !p.is_null() {
         // SAFETY: created by Box::into_raw here and destroyed once, per the
@@ -347,9 +354,7 @@ pub unsafe extern "C" fn fw_receiver_ready(rx: *const fw_receiver) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_receiver_fd(rx: *const fw_receiver) -> c_int {
     // SAFETY: NULL or a live receiver.
-    unsafe { rx.as_ref() }
-        .and_then(|r| r.0.notify_fd())
-        .map_or(-1, |f| f.as_raw_fd())
+    notify_fd_of(unsafe { rx.as_ref() }.map(|r| &r.0))
 }
 
 /// # Safety
@@ -605,9 +610,7 @@ pub unsafe extern "C" fn fw_socket_wait(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_socket_fd(s: *const fw_socket) -> c_int {
     // SAFETY: NULL or a live socket source.
-    unsafe { s.as_ref() }
-        .and_then(|s| s.0.notify_fd())
-        .map_or(-1, |f| f.as_raw_fd())
+    notify_fd_of(unsafe { s.as_ref() }.map(|s| &s.0))
 }
 
 /// # Safety

@@ -71,8 +71,19 @@ pub fn start() {
     STARTED.store(true, Ordering::Release);
 }
 
-/// Start the dispatcher of `cpu` if it has none yet. Called on the wait
-/// path: one load once it runs.
+/// May this wait be dispatched? Also starts the dispatcher of the
+/// caller's CPU if it has none yet (one load once it runs).
+fn begin() -> bool {
+    if !active() {
+        return false;
+    }
+    if let Some(cpu) = fastwake::cpu::current() {
+        ensure_dispatcher(cpu);
+    }
+    true
+}
+
+/// Start the dispatcher of `cpu` if it has none yet.
 fn ensure_dispatcher(cpu: u32) {
     let st = &CPU_STATE[cpu as usize % CPUS];
     if st.load(Ordering::Acquire) != 0
@@ -315,11 +326,8 @@ pub(crate) fn dispatched(
     timeout: Option<Duration>,
     take: impl FnMut() -> c_int,
 ) -> Option<c_int> {
-    if timeout.is_some_and(|t| t.is_zero()) || !active() || set.is_empty() || set.len() > MAX_FDS {
+    if timeout.is_some_and(|t| t.is_zero()) || set.is_empty() || set.len() > MAX_FDS || !begin() {
         return None;
-    }
-    if let Some(cpu) = fastwake::cpu::current() {
-        ensure_dispatcher(cpu);
     }
     with_state(|st| {
         if st.peek.as_ref().is_none_or(|p| !p.watches(set)) {
@@ -466,11 +474,8 @@ pub(crate) fn verbs_wait(
     channel: *mut fastwake::source::verbs::sys::ibv_comp_channel,
     fd: c_int,
 ) -> Option<Result<crate::verbs::event::Event, c_int>> {
-    if !active() {
+    if !begin() {
         return None;
-    }
-    if let Some(cpu) = fastwake::cpu::current() {
-        ensure_dispatcher(cpu);
     }
     with_state(|st| {
         if st
@@ -507,7 +512,7 @@ pub(crate) fn verbs_wait(
 
 /// A millisecond timeout as the hooks get it: negative = forever.
 fn ms(timeout_ms: c_int) -> Option<Duration> {
-    u64::try_from(timeout_ms).ok().map(Duration::from_millis)
+    crate::wait::ms_to_ns(timeout_ms).map(Duration::from_nanos)
 }
 
 /// The exit report's dispatch line (FASTWAKE_VERBOSE=1).

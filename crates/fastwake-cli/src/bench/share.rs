@@ -386,7 +386,9 @@ fn start(
             let wm = match mode {
                 Mode::PerThread(m) => m,
                 Mode::Reference => WaitMode::Poll,
-                Mode::Threads { adaptive: true, .. } => "adaptive".parse::<WaitMode>()?,
+                Mode::Threads { adaptive: true, .. } => {
+                    WaitMode::Adaptive(fastwake::adaptive::Config::DEFAULT)
+                }
                 _ => WaitMode::Dispatch,
             };
             if let Mode::Threads {

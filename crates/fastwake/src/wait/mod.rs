@@ -71,6 +71,18 @@ impl std::fmt::Display for WaitMode {
     }
 }
 
+/// A dispatch-mode wait, counted as asleep on this CPU while it lasts
+/// (see `siblings`). Returns (result, slept).
+fn dispatch_wait<S: Source + ?Sized>(
+    src: &mut S,
+    deadline: Option<Instant>,
+    link: &mut crate::dispatch::Link,
+    stats: &mut WaitStats,
+) -> (Result<Option<S::Completion>>, bool) {
+    let _asleep = siblings::Asleep::enter(crate::cpu::current());
+    crate::dispatch::wait(src, deadline, link, stats)
+}
+
 impl FromStr for WaitMode {
     type Err = Fail;
 
@@ -227,9 +239,7 @@ impl Waiter {
             WaitMode::Poll => return self.count(poll::spin(src, deadline), true),
             WaitMode::Interrupt => None,
             WaitMode::Dispatch => {
-                let _asleep = siblings::Asleep::enter(crate::cpu::current());
-                let (r, slept) =
-                    crate::dispatch::wait(src, deadline, &mut self.link, &mut self.stats);
+                let (r, slept) = dispatch_wait(src, deadline, &mut self.link, &mut self.stats);
                 return self.count(r, !slept);
             }
             WaitMode::Hybrid { budget } => {
@@ -249,9 +259,8 @@ impl Waiter {
                 let budget = match ctl.begin(src.peer_cpu(), asleep) {
                     crate::adaptive::Plan::Spin(ns) => ns,
                     crate::adaptive::Plan::Dispatch => {
-                        let _asleep = siblings::Asleep::enter(crate::cpu::current());
                         let (r, slept) =
-                            crate::dispatch::wait(src, deadline, &mut self.link, &mut self.stats);
+                            dispatch_wait(src, deadline, &mut self.link, &mut self.stats);
                         ctl.end(0, slept);
                         return self.count(r, !slept);
                     }
