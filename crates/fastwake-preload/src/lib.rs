@@ -15,8 +15,8 @@
 //!   global atomics, which stay consistent across `fork` and in signal
 //!   handlers (a hook entered from a signal handler passes through).
 //!
-//! Modules: [`config`] (environment), [`dispatch`] (dispatch mode for
-//! epoll), [`real`] (the next definitions of the
+//! Modules: [`config`] (environment), [`dispatch`] (dispatch mode: waits
+//! handed off by a per-CPU dispatcher), [`real`] (the next definitions of the
 //! hooked symbols), [`wait`] (the spin-then-block engine every hook uses),
 //! [`budget`] (the adaptive budget), [`peer`] (the peer's CPU), and one
 //! module per family of hooked calls: [`epoll`], [`poll`], [`select`],

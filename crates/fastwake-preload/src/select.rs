@@ -204,10 +204,8 @@ pub unsafe extern "C" fn select(
             if r < 0 {
                 // Like select on an error (EINTR included): the sets as
                 // the caller passed them, not the last look's result.
-                let e = std::io::Error::last_os_error();
+                // (Plain memory writes: errno stays as the wait set it.)
                 saved.restore();
-                // SAFETY: the thread's errno slot.
-                unsafe { *libc::__errno_location() = e.raw_os_error().unwrap_or(libc::EINTR) };
             }
             r
         } else {

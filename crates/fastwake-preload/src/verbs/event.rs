@@ -146,22 +146,44 @@ pub unsafe fn try_event(
     channel: *mut ibv_comp_channel,
     fd: c_int,
 ) -> Result<Option<Event>, c_int> {
-    if let Some(cq) = synthetic(channel) {
-        stats::add(&STATS.synthetic, 1);
-        // SAFETY: cq is live (a managed CQ just found armed).
-        return Ok(Some((cq, unsafe { (*cq).cq_context })));
+    if let Some(ev) = synthetic_event(channel) {
+        return Ok(Some(ev));
     }
     if !fd_readable(fd) {
         return Ok(None);
     }
-    let mut ev_cq = std::ptr::null_mut();
-    let mut ev_ctx = std::ptr::null_mut();
     // SAFETY: the caller's channel, readable: the read does not block
     // (unless another thread read the event first, as without the shim).
+    unsafe { real_event(real_get, channel) }.map_err(|_| {
+        // SAFETY: the thread's errno slot, set by the failed read.
+        unsafe { *libc::__errno_location() }
+    })
+}
+
+/// A synthetic event for `channel` (see `synthetic`), counted.
+fn synthetic_event(channel: *mut ibv_comp_channel) -> Option<Event> {
+    let cq = synthetic(channel)?;
+    stats::add(&STATS.synthetic, 1);
+    // SAFETY: cq is live (a managed CQ just found armed).
+    Some((cq, unsafe { (*cq).cq_context }))
+}
+
+/// The real read of an event (it blocks while there is none), accounted:
+/// `Ok(Some)` an event for the program, `Ok(None)` one the shim swallowed,
+/// `Err(rc)` the real call's failure (errno as it set it).
+///
+/// # Safety
+/// `channel` is live.
+unsafe fn real_event(
+    real_get: GetCqEventFn,
+    channel: *mut ibv_comp_channel,
+) -> Result<Option<Event>, c_int> {
+    let mut ev_cq = std::ptr::null_mut();
+    let mut ev_ctx = std::ptr::null_mut();
+    // SAFETY: the caller's channel; our own out-pointers.
     let rc = unsafe { real_get(channel, &mut ev_cq, &mut ev_ctx) };
     if rc != 0 {
-        // SAFETY: the thread's errno slot, set by the failed read.
-        return Err(unsafe { *libc::__errno_location() });
+        return Err(rc);
     }
     match classify(ev_cq) {
         Real::Deliver => {
@@ -170,6 +192,19 @@ pub unsafe fn try_event(
         }
         Real::Swallowed => Ok(None),
     }
+}
+
+/// Hand `ev` to the program through `ibv_get_cq_event`'s out-pointers.
+///
+/// # Safety
+/// Both pointers valid for writes.
+unsafe fn deliver(ev: Event, cq_out: *mut *mut ibv_cq, ctx_out: *mut *mut c_void) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        *cq_out = ev.0;
+        *ctx_out = ev.1;
+    }
+    0
 }
 
 enum Real {
@@ -256,15 +291,9 @@ pub unsafe fn get_cq_event(
         && let Some(r) = crate::dispatch::verbs_wait(real_get, channel, fd)
     {
         return match r {
-            Ok((cq, ctx)) => {
-                // SAFETY: out-pointers valid (checked non-null, caller's
-                // contract).
-                unsafe {
-                    *cq_out = cq;
-                    *ctx_out = ctx;
-                }
-                0
-            }
+            // SAFETY: out-pointers valid (checked non-null, caller's
+            // contract).
+            Ok(ev) => unsafe { deliver(ev, cq_out, ctx_out) },
             Err(e) => {
                 // SAFETY: the thread's errno slot.
                 unsafe { *libc::__errno_location() = e };
@@ -278,16 +307,11 @@ pub unsafe fn get_cq_event(
     let looks = m.spins();
     let mut spins: u32 = 0;
     loop {
-        if looks && let Some(cq) = synthetic(channel) {
-            stats::add(&STATS.synthetic, 1);
+        if looks && let Some(ev) = synthetic_event(channel) {
             done(blocked);
             // SAFETY: out-pointers valid (checked non-null, caller's
-            // contract); cq is live.
-            unsafe {
-                *cq_out = cq;
-                *ctx_out = (*cq).cq_context;
-            }
-            return 0;
+            // contract).
+            return unsafe { deliver(ev, cq_out, ctx_out) };
         }
         // While spinning, read the fd only when it has something (so the
         // read cannot block); after the spin, the real blocking read.
@@ -297,25 +321,16 @@ pub unsafe fn get_cq_event(
                 stats::add(&STATS.blocked, 1);
                 blocked = true;
             }
-            let mut ev_cq = std::ptr::null_mut();
-            let mut ev_ctx = std::ptr::null_mut();
-            // SAFETY: the caller's channel; our own out-pointers.
-            let rc = unsafe { real_get(channel, &mut ev_cq, &mut ev_ctx) };
-            if rc != 0 {
-                return rc; // errno as the real call set it (EAGAIN, EINTR, …)
-            }
-            match classify(ev_cq) {
-                Real::Deliver => {
-                    stats::add(&STATS.real, 1);
+            // SAFETY: the caller's channel.
+            match unsafe { real_event(real_get, channel) } {
+                // errno as the real call set it (EAGAIN, EINTR, …)
+                Err(rc) => return rc,
+                Ok(Some(ev)) => {
                     done(blocked);
                     // SAFETY: out-pointers valid.
-                    unsafe {
-                        *cq_out = ev_cq;
-                        *ctx_out = ev_ctx;
-                    }
-                    return 0;
+                    return unsafe { deliver(ev, cq_out, ctx_out) };
                 }
-                Real::Swallowed => continue,
+                Ok(None) => continue,
             }
         }
         spins = spins.wrapping_add(1);
