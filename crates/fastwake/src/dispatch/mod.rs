@@ -33,7 +33,11 @@ mod watch;
 
 use std::time::Duration;
 
-pub use sched::Policy;
+pub use sched::SchedPolicy;
+/// The old name of [`SchedPolicy`], kept so callers that still say
+/// `dispatch::Policy` (fastwake-cli's `bench share`) build unchanged.
+#[doc(hidden)]
+pub use sched::SchedPolicy as Policy;
 pub use tasks::{Runtime, StateCell, TaskConfig, TaskCtx, TaskStats};
 pub use threads::{Config, DEFAULT_RELAY, Dispatcher};
 pub use waiter::Link;

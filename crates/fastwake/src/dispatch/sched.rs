@@ -5,7 +5,7 @@ use crate::{Fail, Result};
 /// How the dispatcher thread is scheduled, which decides how a woken
 /// application thread gets the core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Policy {
+pub enum SchedPolicy {
     /// `SCHED_IDLE`: runs only when nothing else wants the core, and any
     /// woken normal thread preempts it at once. The default.
     #[default]
@@ -20,24 +20,24 @@ pub enum Policy {
     Normal,
 }
 
-impl Policy {
+impl SchedPolicy {
     /// The name the CLI uses.
     pub fn name(&self) -> &'static str {
         match self {
-            Policy::Idle => "idle",
-            Policy::Fifo => "fifo",
-            Policy::Yield => "yield",
-            Policy::Normal => "normal",
+            SchedPolicy::Idle => "idle",
+            SchedPolicy::Fifo => "fifo",
+            SchedPolicy::Yield => "yield",
+            SchedPolicy::Normal => "normal",
         }
     }
 
     /// Parse `idle`, `fifo`, `yield` or `normal`.
-    pub fn parse(s: &str) -> Result<Policy> {
+    pub fn parse(s: &str) -> Result<SchedPolicy> {
         match s {
-            "idle" => Ok(Policy::Idle),
-            "fifo" => Ok(Policy::Fifo),
-            "yield" => Ok(Policy::Yield),
-            "normal" => Ok(Policy::Normal),
+            "idle" => Ok(SchedPolicy::Idle),
+            "fifo" => Ok(SchedPolicy::Fifo),
+            "yield" => Ok(SchedPolicy::Yield),
+            "normal" => Ok(SchedPolicy::Normal),
             _ => Err(Fail::invalid(format!(
                 "unknown dispatcher policy '{s}': expected idle, fifo, yield or normal"
             ))),
@@ -47,9 +47,9 @@ impl Policy {
     /// Apply to the calling thread.
     pub(crate) fn apply(&self) -> Result<()> {
         let (pol, prio) = match self {
-            Policy::Idle => (libc::SCHED_IDLE, 0),
-            Policy::Fifo => (libc::SCHED_FIFO, 1),
-            Policy::Yield | Policy::Normal => return Ok(()),
+            SchedPolicy::Idle => (libc::SCHED_IDLE, 0),
+            SchedPolicy::Fifo => (libc::SCHED_FIFO, 1),
+            SchedPolicy::Yield | SchedPolicy::Normal => return Ok(()),
         };
         let param = libc::sched_param {
             sched_priority: prio,

@@ -6,7 +6,7 @@
 //! on the same core peeks every waiting source; when one is ready it rings
 //! that thread's futex. The wake-up is a same-core one (~1 µs here, against
 //! ~4 µs for the cross-core wake the producer would otherwise cause), and
-//! with the default [`Policy::Idle`] the dispatcher runs only when the core
+//! with the default [`SchedPolicy::Idle`] the dispatcher runs only when the core
 //! has nothing else to do, so the woken thread preempts it at once and
 //! runnable application threads never lose CPU to it.
 //!
@@ -22,7 +22,7 @@
 
 use super::slot::{HANDED, PAUSED, Slot, WAITING, WaitSet};
 use super::watch::Watch;
-use super::{DispatchStats, Policy, State};
+use super::{DispatchStats, SchedPolicy, State};
 use crate::source::Peek;
 use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering};
 use crate::{Fail, Result};
@@ -57,7 +57,7 @@ pub struct Config {
     /// case: a same-core wake-up).
     pub run_on: Option<u32>,
     /// Scheduling policy of the dispatcher thread.
-    pub policy: Policy,
+    pub policy: SchedPolicy,
     /// Sleep after this long without a hand-off; `None` = never. With
     /// [`Config::learn_idle`], the most the learned threshold may be.
     pub idle_after: Option<Duration>,
@@ -98,7 +98,7 @@ impl Config {
         Config {
             cpu,
             run_on: None,
-            policy: Policy::Idle,
+            policy: SchedPolicy::Idle,
             idle_after: Some(super::DEFAULT_IDLE_AFTER),
             capacity: 1024,
             summary: true,
@@ -109,10 +109,15 @@ impl Config {
     }
 }
 
+/// What one CPU's dispatch-mode waiters, its dispatcher thread and its
+/// watchdog share: the slots, the waiting set, the dispatcher's mode and
+/// counters. (Not to be confused with [`crate::adaptive::Core`], the
+/// learning model.)
+///
 /// Line aligned: the dispatcher writes its counters and heartbeat on every
 /// pass, and the `Arc` must not share a line with other heap objects.
 #[repr(align(64))]
-pub(crate) struct Core {
+pub(crate) struct Hub {
     cfg: Config,
     pub(crate) slots: Box<[Slot]>,
     pub(crate) waitset: WaitSet,
@@ -152,7 +157,7 @@ pub(crate) struct Core {
     relayed: AtomicU64,
 }
 
-impl Core {
+impl Hub {
     /// The dispatcher state.
     pub(crate) fn state(&self) -> State {
         match self.mode.load(Ordering::SeqCst) {
@@ -460,9 +465,9 @@ impl Core {
             if handed > 0 {
                 self.handoffs.fetch_add(handed as u64, Ordering::Relaxed);
                 match self.cfg.policy {
-                    Policy::Yield => super::sched::yield_now(),
-                    Policy::Fifo => self.step_aside(),
-                    Policy::Idle | Policy::Normal => {}
+                    SchedPolicy::Yield => super::sched::yield_now(),
+                    SchedPolicy::Fifo => self.step_aside(),
+                    SchedPolicy::Idle | SchedPolicy::Normal => {}
                 }
                 empty = 0;
                 let now = Instant::now();
@@ -509,7 +514,7 @@ impl Core {
         for s in self.slots.iter() {
             s.kill();
         }
-        unregister_core(self);
+        unregister_hub(self);
         self.awake.bump_and_wake_private();
     }
 }
@@ -607,10 +612,10 @@ fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 }
 
 /// Dispatchers by served CPU. Weak: a dispatcher's lifetime is its handle's.
-static REGISTRY: Mutex<Vec<(u32, Weak<Core>)>> = Mutex::new(Vec::new());
+static REGISTRY: Mutex<Vec<(u32, Weak<Hub>)>> = Mutex::new(Vec::new());
 
 /// The live dispatcher serving `cpu`, if any.
-pub(crate) fn lookup(cpu: u32) -> Option<Arc<Core>> {
+pub(crate) fn lookup(cpu: u32) -> Option<Arc<Hub>> {
     let reg = lock(&REGISTRY);
     reg.iter()
         .filter(|(c, _)| *c == cpu)
@@ -618,8 +623,8 @@ pub(crate) fn lookup(cpu: u32) -> Option<Arc<Core>> {
         .find(|c| !c.is_dead())
 }
 
-fn unregister_core(core: &Core) {
-    lock(&REGISTRY).retain(|(_, w)| w.upgrade().is_some_and(|c| !std::ptr::eq(&*c, core)));
+fn unregister_hub(hub: &Hub) {
+    lock(&REGISTRY).retain(|(_, w)| w.upgrade().is_some_and(|c| !std::ptr::eq(&*c, hub)));
 }
 
 /// The dispatcher thread's entry in the pressure sampler's list of
@@ -638,7 +643,7 @@ impl Drop for IdleClass {
     }
 }
 
-struct DeathGuard(Arc<Core>);
+struct DeathGuard(Arc<Hub>);
 
 impl Drop for DeathGuard {
     fn drop(&mut self) {
@@ -650,7 +655,7 @@ impl Drop for DeathGuard {
 /// A running dispatcher; dropping it stops the thread (its waiters fall
 /// back to interrupt mode).
 pub struct Dispatcher {
-    core: Arc<Core>,
+    hub: Arc<Hub>,
     thread: Option<JoinHandle<()>>,
     watchdog: Option<JoinHandle<()>>,
 }
@@ -658,8 +663,8 @@ pub struct Dispatcher {
 impl std::fmt::Debug for Dispatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dispatcher")
-            .field("config", &self.core.cfg)
-            .field("state", &self.core.state())
+            .field("config", &self.hub.cfg)
+            .field("state", &self.hub.state())
             .finish()
     }
 }
@@ -682,7 +687,7 @@ impl Dispatcher {
         if cfg.capacity == 0 || cfg.capacity > 1 << 16 {
             return Err(Fail::invalid("dispatcher capacity must be in 1..=65536"));
         }
-        let core = Arc::new(Core {
+        let hub = Arc::new(Hub {
             cfg,
             slots: (0..cfg.capacity).map(|_| Slot::default()).collect(),
             waitset: WaitSet::new(cfg.capacity),
@@ -718,10 +723,10 @@ impl Dispatcher {
                     format!("CPU {} already has a dispatcher", cfg.cpu),
                 ));
             }
-            reg.push((cfg.cpu, Arc::downgrade(&core)));
+            reg.push((cfg.cpu, Arc::downgrade(&hub)));
         }
         let (tx, rx) = std::sync::mpsc::channel::<Result<()>>();
-        let c2 = core.clone();
+        let c2 = hub.clone();
         let thread = std::thread::Builder::new()
             .name(format!("fw-dispatch{}", cfg.cpu))
             .spawn(move || {
@@ -733,7 +738,8 @@ impl Dispatcher {
                 if ok {
                     // Adaptive waiters must not count a SCHED_IDLE
                     // dispatcher as a thread competing for their CPU.
-                    let _idle = (cfg.policy == Policy::Idle).then(|| IdleClass::declare(run_on));
+                    let _idle =
+                        (cfg.policy == SchedPolicy::Idle).then(|| IdleClass::declare(run_on));
                     guard.0.run();
                 }
             })
@@ -741,17 +747,17 @@ impl Dispatcher {
         let thread = match thread {
             Ok(t) => t,
             Err(e) => {
-                core.die();
+                hub.die();
                 return Err(e);
             }
         };
-        let c3 = core.clone();
+        let c3 = hub.clone();
         let watchdog = std::thread::Builder::new()
             .name(format!("fw-watchdog{}", cfg.cpu))
             .spawn(move || watchdog(&c3))
             .ok();
         let d = Dispatcher {
-            core,
+            hub,
             thread: Some(thread),
             watchdog,
         };
@@ -764,23 +770,23 @@ impl Dispatcher {
 
     /// Running, sleeping (idle policy) or dead.
     pub fn state(&self) -> State {
-        self.core.state()
+        self.hub.state()
     }
 
     /// Counters so far.
     pub fn stats(&self) -> DispatchStats {
-        self.core.stats()
+        self.hub.stats()
     }
 
     /// The configuration it runs with.
     pub fn config(&self) -> Config {
-        self.core.cfg
+        self.hub.cfg
     }
 
     /// CPU time the dispatcher thread and its watchdog have used (`None`
     /// once they exited).
     pub fn cpu_time(&self) -> Option<Duration> {
-        if self.core.is_dead() {
+        if self.hub.is_dead() {
             return None;
         }
         let read = |clock: libc::clockid_t| {
@@ -793,25 +799,23 @@ impl Dispatcher {
             let r = unsafe { libc::clock_gettime(clock, &mut ts) };
             (r == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
         };
-        let d = read((*lock(&self.core.clock))?)?;
-        let w = (*lock(&self.core.wclock))
-            .and_then(read)
-            .unwrap_or_default();
+        let d = read((*lock(&self.hub.clock))?)?;
+        let w = (*lock(&self.hub.wclock)).and_then(read).unwrap_or_default();
         Some(d + w)
     }
 
     /// Make the dispatcher thread panic, to test that its waiters survive.
     #[doc(hidden)]
     pub fn inject_crash(&self) {
-        self.core.crash.store(true, Ordering::SeqCst);
-        self.core.kick();
+        self.hub.crash.store(true, Ordering::SeqCst);
+        self.hub.kick();
     }
 
     /// Keep the dispatcher off the CPU for `ms` each time it is woken from
     /// its idle sleep, to test that its waiters are served meanwhile.
     #[doc(hidden)]
     pub fn inject_wake_stall(&self, ms: u64) {
-        self.core.stall_ms.store(ms, Ordering::SeqCst);
+        self.hub.stall_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Wait until the dispatcher thread has exited (after a crash).
@@ -828,8 +832,8 @@ impl Dispatcher {
 
 impl Drop for Dispatcher {
     fn drop(&mut self) {
-        self.core.stop.store(true, Ordering::SeqCst);
-        self.core.kick();
+        self.hub.stop.store(true, Ordering::SeqCst);
+        self.hub.kick();
         self.join();
     }
 }
@@ -844,7 +848,7 @@ const WATCHDOG_PERIOD: Duration = Duration::from_millis(1);
 /// be left waiting, without a timer on every sleep. It costs one wake-up per
 /// period while the dispatcher polls, and nothing while the dispatcher
 /// sleeps (it sleeps too) or is dead (it exits).
-fn watchdog(core: &Core) {
+fn watchdog(hub: &Hub) {
     // Not pinned with whoever started the dispatcher: it must be able to
     // run where the dispatcher cannot.
     // SAFETY: sysconf has no preconditions.
@@ -854,25 +858,26 @@ fn watchdog(core: &Core) {
         set.set(c);
     }
     let _ = rustix::thread::sched_setaffinity(None, &set);
-    *lock(&core.wclock) = thread_clock();
+    *lock(&hub.wclock) = thread_clock();
     loop {
-        let seq = core.awake.load();
-        match core.mode.load(Ordering::SeqCst) {
+        let seq = hub.awake.load();
+        match hub.mode.load(Ordering::SeqCst) {
             MODE_DEAD => return,
             MODE_SLEEPING => {
                 // The dispatcher bumps `awake` when it leaves its idle
                 // sleep or dies, so an idle core costs no wake-up here. A
                 // FIFO dispatcher's short step-asides are SLEEPING too
                 // without a bump: bounded for that policy only.
-                let limit = (core.cfg.policy == Policy::Fifo).then_some(Duration::from_millis(100));
-                core.awake.wait_private(seq, limit);
+                let limit =
+                    (hub.cfg.policy == SchedPolicy::Fifo).then_some(Duration::from_millis(100));
+                hub.awake.wait_private(seq, limit);
                 continue;
             }
             _ => {}
         }
         std::thread::sleep(WATCHDOG_PERIOD);
-        if core.heartbeat_age() > WATCHDOG_PERIOD {
-            core.rescue();
+        if hub.heartbeat_age() > WATCHDOG_PERIOD {
+            hub.rescue();
         }
     }
 }

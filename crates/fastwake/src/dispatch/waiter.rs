@@ -26,7 +26,7 @@
 //! [`Waiter`]: crate::Waiter
 
 use super::slot::{DEAD, HANDED, PAUSED, RUNNING, WAITING};
-use super::threads::{Core, lookup};
+use super::threads::{Hub, lookup};
 use crate::Result;
 use crate::source::{BlockReport, Source, block_until_ready};
 use crate::sync::{Ordering, fence};
@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Registration {
-    core: Arc<Core>,
+    core: Arc<Hub>,
     index: usize,
 }
 
@@ -97,7 +97,7 @@ enum Relay {
 
 /// Spin up to `budget` peeking our own source and relaying for the core
 /// (see the module docs).
-fn relay<S: Source + ?Sized>(src: &S, core: &Core, me: usize, budget: Duration) -> Relay {
+fn relay<S: Source + ?Sized>(src: &S, core: &Hub, me: usize, budget: Duration) -> Relay {
     let start = Instant::now();
     // A relay chain can keep the SCHED_IDLE dispatcher off the CPU for
     // long; without this beat every wait would think it starved and fall
