@@ -139,6 +139,13 @@ impl Slot {
         true
     }
 
+    /// Dispatcher: back to `RUNNING` for reuse by a new registration.
+    pub(crate) fn reset(&self) {
+        // Only the dispatcher resets, and only slots whose owner is gone.
+        let _ = self.cancel();
+        let _ = self.reclaim();
+    }
+
     /// Dispatcher at exit: mark the slot dead whatever it does, ringing it
     /// if it was waiting.
     pub fn kill(&self) {

@@ -1,0 +1,213 @@
+//! [`Hub`]: the state one CPU's dispatch-mode waiters, its dispatcher
+//! thread and its watchdog share, and the calls waiters make on it
+//! (register, kick, the staleness check).
+
+use super::faults::Faults;
+use super::{Config, lock, registry, write};
+use crate::dispatch::slot::{Slot, WaitSet};
+use crate::dispatch::{DispatchStats, State};
+use crate::source::Peek;
+use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// A registration (`Some`) or unregistration (`None`) of slot `.0`, queued
+/// for the dispatcher thread, which alone owns the watched set.
+pub(super) type Change = (usize, Option<Arc<dyn Peek>>);
+
+pub(super) const MODE_POLLING: u32 = 0;
+pub(super) const MODE_SLEEPING: u32 = 1;
+pub(super) const MODE_DEAD: u32 = 2;
+
+/// A polling dispatcher whose heartbeat is older than this is not getting
+/// the CPU (with `SCHED_IDLE`, any busy thread on the core starves it), so
+/// waits go to interrupt mode rather than rely on it.
+const STALE: Duration = Duration::from_micros(500);
+
+/// What one CPU's dispatch-mode waiters, its dispatcher thread and its
+/// watchdog share: the slots, the waiting set, the dispatcher's mode and
+/// counters. (Not to be confused with [`crate::adaptive::Core`], the
+/// learning model.)
+///
+/// Line aligned: the dispatcher writes its counters and heartbeat on every
+/// pass, and the `Arc` must not share a line with other heap objects.
+#[repr(align(64))]
+pub(crate) struct Hub {
+    pub(super) cfg: Config,
+    pub(crate) slots: Box<[Slot]>,
+    pub(crate) waitset: WaitSet,
+    pub(super) mode: AtomicU32,
+    pub(super) kick: FutexWord,
+    pub(super) pending: Mutex<Vec<Change>>,
+    pub(super) pending_flag: AtomicBool,
+    pub(super) free: Mutex<Vec<usize>>,
+    pub(super) stop: AtomicBool,
+    pub(super) faults: Faults,
+    /// The idle threshold in force, ns (u64::MAX: never), for stats.
+    pub(super) idle_ns: AtomicU64,
+    pub(super) handoffs: AtomicU64,
+    pub(super) passes: AtomicU64,
+    pub(super) idle_sleeps: AtomicU64,
+    pub(super) paused: AtomicU64,
+    pub(super) registered: AtomicU64,
+    /// The dispatcher thread's CPU clock.
+    pub(super) clock: Mutex<Option<libc::clockid_t>>,
+    /// The watchdog thread's CPU clock.
+    pub(super) wclock: Mutex<Option<libc::clockid_t>>,
+    pub(super) epoch: Instant,
+    /// µs since `epoch` at the dispatcher's last clock read.
+    pub(super) heartbeat: AtomicU64,
+    /// Registered handles, for the watchdog and relaying waiters (the
+    /// dispatcher keeps its own copies in its `Watch`). A read-write lock:
+    /// a relaying thread preempted while reading must not block the others.
+    pub(super) handles: RwLock<Vec<Option<Arc<dyn Peek>>>>,
+    /// Bumped when the dispatcher leaves its idle sleep or dies: the
+    /// watchdog sleeps on it meanwhile.
+    pub(super) awake: FutexWord,
+    pub(super) rescued: AtomicU64,
+    pub(super) relayed: AtomicU64,
+}
+
+impl Hub {
+    /// A polling hub for `cfg` with every slot free. The caller checked
+    /// `cfg.capacity`.
+    pub(crate) fn new(cfg: Config) -> Hub {
+        Hub {
+            cfg,
+            slots: (0..cfg.capacity).map(|_| Slot::default()).collect(),
+            waitset: WaitSet::new(cfg.capacity),
+            mode: AtomicU32::new(MODE_POLLING),
+            kick: FutexWord::new(0),
+            pending: Mutex::new(Vec::new()),
+            pending_flag: AtomicBool::new(false),
+            free: Mutex::new((0..cfg.capacity).rev().collect()),
+            stop: AtomicBool::new(false),
+            faults: Faults::default(),
+            idle_ns: AtomicU64::new(cfg.idle_after.map_or(u64::MAX, |d| d.as_nanos() as u64)),
+            handoffs: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+            idle_sleeps: AtomicU64::new(0),
+            paused: AtomicU64::new(0),
+            registered: AtomicU64::new(0),
+            clock: Mutex::new(None),
+            wclock: Mutex::new(None),
+            epoch: Instant::now(),
+            heartbeat: AtomicU64::new(0),
+            handles: RwLock::new(vec![None; cfg.capacity]),
+            awake: FutexWord::new(0),
+            rescued: AtomicU64::new(0),
+            relayed: AtomicU64::new(0),
+        }
+    }
+
+    /// The dispatcher state.
+    pub(crate) fn state(&self) -> State {
+        match self.mode.load(Ordering::SeqCst) {
+            MODE_POLLING => State::Polling,
+            MODE_SLEEPING => State::Sleeping,
+            _ => State::Dead,
+        }
+    }
+
+    /// Polling, but not seen running lately: starved of CPU.
+    pub(crate) fn stale(&self) -> bool {
+        self.mode.load(Ordering::Relaxed) == MODE_POLLING
+            && self.epoch.elapsed().as_micros() as u64
+                > self.heartbeat.load(Ordering::Relaxed) + STALE.as_micros() as u64
+    }
+
+    /// Record that the core's sources were just being polled, by the
+    /// dispatcher or by a relaying waiter: either way sleeping waiters are
+    /// being looked after, so new waits may trust the core.
+    pub(crate) fn beat(&self, now: Instant) {
+        self.heartbeat.store(
+            now.duration_since(self.epoch).as_micros() as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.mode.load(Ordering::SeqCst) == MODE_DEAD
+    }
+
+    /// Register a waiter's source; `None` when dead or full.
+    pub(crate) fn register(&self, peek: Arc<dyn Peek>) -> Option<usize> {
+        if self.is_dead() {
+            return None;
+        }
+        let i = lock(&self.free).pop()?;
+        write(&self.handles)[i] = Some(peek.clone());
+        lock(&self.pending).push((i, Some(peek)));
+        self.pending_flag.store(true, Ordering::SeqCst);
+        self.registered.fetch_add(1, Ordering::Relaxed);
+        Some(i)
+    }
+
+    pub(crate) fn unregister(&self, i: usize) {
+        if self.is_dead() {
+            return;
+        }
+        write(&self.handles)[i] = None;
+        lock(&self.pending).push((i, None));
+        self.pending_flag.store(true, Ordering::SeqCst);
+        self.registered.fetch_sub(1, Ordering::Relaxed);
+        // A sleeping dispatcher drains on its next wake; the slot stays
+        // unusable until then, which is harmless.
+    }
+
+    /// Wake the dispatcher if it sleeps (idle policy).
+    pub(crate) fn kick(&self) {
+        if self.mode.load(Ordering::SeqCst) == MODE_SLEEPING
+            && self
+                .mode
+                .compare_exchange(
+                    MODE_SLEEPING,
+                    MODE_POLLING,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                )
+                .is_ok()
+        {
+            self.kick.bump_and_wake_private();
+            // The watchdog sleeps while the dispatcher does; wake it here,
+            // not when the dispatcher gets going: a SCHED_IDLE dispatcher
+            // next to a busy thread may not run for hundreds of ms, and
+            // the waits that kicked it must be rescued meanwhile (measured:
+            // a 1k/s stream next to a CPU hog waited 434 ms at p50).
+            self.awake.bump_and_wake_private();
+        }
+    }
+
+    /// The idle threshold in force now (`None`: never sleeps).
+    pub(crate) fn idle_threshold(&self) -> Option<Duration> {
+        match self.idle_ns.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> DispatchStats {
+        DispatchStats {
+            handoffs: self.handoffs.load(Ordering::Relaxed),
+            rescued: self.rescued.load(Ordering::Relaxed),
+            relayed: self.relayed.load(Ordering::Relaxed),
+            passes: self.passes.load(Ordering::Relaxed),
+            idle_sleeps: self.idle_sleeps.load(Ordering::Relaxed),
+            paused: self.paused.load(Ordering::Relaxed),
+            registered: self.registered.load(Ordering::Relaxed),
+            idle_after: self.idle_threshold(),
+            state: self.state(),
+        }
+    }
+
+    /// Mark dead and release every waiter.
+    pub(super) fn die(&self) {
+        self.mode.store(MODE_DEAD, Ordering::SeqCst);
+        for s in self.slots.iter() {
+            s.kill();
+        }
+        registry::remove(self);
+        self.awake.bump_and_wake_private();
+    }
+}

@@ -1,0 +1,58 @@
+//! The relay's side of the hub: a waiting thread doing the dispatcher's
+//! job for the other waiters of its core before it sleeps (see the
+//! `dispatch::waiter` module for why).
+
+use super::hub::{Hub, MODE_POLLING};
+use super::read;
+use crate::dispatch::slot::{HANDED, WAITING};
+use crate::sync::Ordering;
+use std::time::Duration;
+
+impl Hub {
+    /// The relay budget, when relaying makes sense now: the dispatcher is
+    /// polling (asleep, its waiters are paused in interrupt mode anyway).
+    pub(crate) fn relay_budget(&self) -> Option<Duration> {
+        self.cfg
+            .relay
+            .filter(|_| self.mode.load(Ordering::Relaxed) == MODE_POLLING)
+    }
+
+    /// One relay pass by the waiting thread that owns slot `me`: hand off
+    /// to the first other waiting thread whose source is ready. True when
+    /// it handed one.
+    ///
+    /// The handles are read under the read lock, and the hand-off (a futex
+    /// wake, after which the woken thread may preempt us at once) happens
+    /// after it is released: a relayer preempted inside the lock would
+    /// otherwise stall the next relayer (measured: that turned most relays
+    /// into two extra switches).
+    pub(crate) fn relay_pass(&self, me: usize) -> bool {
+        let found = {
+            let handles = read(&self.handles);
+            let mut found = None;
+            'scan: for w in 0..self.waitset.words() {
+                let mut bits = self.waitset.word(w);
+                while bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    if i != me
+                        && self.slots[i].state() == WAITING
+                        && handles[i].as_ref().is_some_and(|p| p.ready())
+                    {
+                        found = Some(i);
+                        break 'scan;
+                    }
+                }
+            }
+            found
+        };
+        // Slots live as long as the core, so no lock is needed to hand.
+        match found {
+            Some(i) if self.slots[i].hand(HANDED) => {
+                self.relayed.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
+    }
+}

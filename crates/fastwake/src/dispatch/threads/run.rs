@@ -1,0 +1,189 @@
+//! The dispatcher thread's loop: drain registrations, pass over the
+//! waiting sources, hand off, and under the idle policy hand the waiters
+//! back to interrupt mode and sleep.
+
+use super::Hub;
+use super::hub::{MODE_POLLING, MODE_SLEEPING};
+use super::idle::IdleClock;
+use super::lock;
+use crate::dispatch::SchedPolicy;
+use crate::dispatch::slot::{HANDED, PAUSED, WAITING};
+use crate::dispatch::watch::Watch;
+use crate::sync::Ordering;
+use std::time::{Duration, Instant};
+
+/// Empty passes between clock reads for the idle threshold and heartbeat.
+const PASSES_PER_CLOCK: u32 = 256;
+
+impl Hub {
+    /// The dispatcher thread's body, until stopped (or a panic).
+    pub(super) fn run(&self) {
+        let mut watch = Watch::new(
+            self.cfg.capacity,
+            self.cfg.summary,
+            self.cfg.summary_above,
+            // The woken thread reads the slot on this core only when the
+            // dispatcher runs on the waiters' core.
+            self.cfg.run_on.is_none(),
+        );
+        let mut last_busy = Instant::now();
+        let mut idle = IdleClock::new(&self.cfg, last_busy);
+        let mut empty: u32 = 0;
+        let mut passes: u64 = 0;
+        loop {
+            if self.pending_flag.load(Ordering::Relaxed) {
+                self.drain_pending(&mut watch);
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            self.faults.crash_point();
+            let handed = self.pass(&watch);
+            passes += 1;
+            if handed > 0 {
+                self.handoffs.fetch_add(handed as u64, Ordering::Relaxed);
+                match self.cfg.policy {
+                    SchedPolicy::Yield => crate::dispatch::sched::yield_now(),
+                    SchedPolicy::Fifo => self.step_aside(),
+                    SchedPolicy::Idle | SchedPolicy::Normal => {}
+                }
+                empty = 0;
+                let now = Instant::now();
+                idle.busy(last_busy, now);
+                self.publish_idle(&idle);
+                last_busy = now;
+                self.beat(last_busy);
+                continue;
+            }
+            std::hint::spin_loop();
+            empty = empty.wrapping_add(1);
+            if empty.is_multiple_of(PASSES_PER_CLOCK) {
+                self.passes.store(passes, Ordering::Relaxed);
+                self.beat(Instant::now());
+                // Now and then the complete test, for closed sources.
+                let mut n = 0;
+                watch.slow_pass(
+                    |w| self.waitset.word(w),
+                    |i| {
+                        if self.slots[i].hand(HANDED) {
+                            n += 1;
+                        }
+                    },
+                );
+                self.handoffs.fetch_add(n, Ordering::Relaxed);
+                if let Some(t) = idle.threshold()
+                    && last_busy.elapsed() >= t
+                {
+                    self.sleep_idle();
+                    let now = Instant::now();
+                    idle.woke(last_busy, now);
+                    self.publish_idle(&idle);
+                    last_busy = now;
+                    self.beat(last_busy);
+                }
+            }
+        }
+        self.passes.store(passes, Ordering::Relaxed);
+    }
+
+    fn drain_pending(&self, watch: &mut Watch) {
+        self.pending_flag.store(false, Ordering::SeqCst);
+        let batch = std::mem::take(&mut *lock(&self.pending));
+        let mut freed = Vec::new();
+        for (i, p) in batch {
+            match p {
+                Some(p) => {
+                    watch.insert(i, p);
+                    // The attach may have missed a completion: peek once.
+                    if watch.ready_full(i) && self.slots[i].hand(HANDED) {
+                        self.handoffs.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                None => {
+                    watch.remove(i);
+                    self.slots[i].reset();
+                    freed.push(i);
+                }
+            }
+        }
+        lock(&self.free).extend(freed);
+    }
+
+    /// One pass over the waiting sources; returns hand-offs made.
+    #[inline]
+    fn pass(&self, watch: &Watch) -> u32 {
+        let mut handed = 0;
+        watch.candidates(
+            |w| self.waitset.word(w),
+            |i| {
+                let s = &self.slots[i];
+                if s.state() != WAITING {
+                    self.waitset.unmark(i, s);
+                } else if watch.ready(i) && s.hand(HANDED) {
+                    handed += 1;
+                }
+            },
+        );
+        handed
+    }
+
+    /// Idle: hand every waiting thread back to interrupt mode and sleep
+    /// until one of them (or a new wait) kicks us.
+    fn sleep_idle(&self) {
+        let seq = self.kick.load();
+        self.mode.store(MODE_SLEEPING, Ordering::SeqCst);
+        self.idle_sleeps.fetch_add(1, Ordering::Relaxed);
+        let mut paused = 0;
+        for w in 0..self.waitset.words() {
+            let mut bits = self.waitset.word(w);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if self.slots[i].hand(PAUSED) {
+                    paused += 1;
+                }
+            }
+        }
+        self.paused.fetch_add(paused, Ordering::Relaxed);
+        while self.mode.load(Ordering::SeqCst) == MODE_SLEEPING
+            && !self.stop.load(Ordering::SeqCst)
+            && !self.pending_flag.load(Ordering::SeqCst)
+        {
+            // Stop requests and crash injection kick; the timeout is only a
+            // safety net, long enough to cost nothing.
+            self.kick.wait_private(seq, Some(Duration::from_secs(1)));
+        }
+        self.faults.wake_stall();
+        let _ = self.mode.compare_exchange(
+            MODE_SLEEPING,
+            MODE_POLLING,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+        self.awake.bump_and_wake_private();
+    }
+
+    /// FIFO policy: after a hand-off, let the woken thread run until it
+    /// waits again (its announce kicks us) or 100 µs pass.
+    fn step_aside(&self) {
+        let seq = self.kick.load();
+        self.mode.store(MODE_SLEEPING, Ordering::SeqCst);
+        self.kick
+            .wait_private(seq, Some(Duration::from_micros(100)));
+        let _ = self.mode.compare_exchange(
+            MODE_SLEEPING,
+            MODE_POLLING,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+
+    /// Make the threshold visible in [`crate::dispatch::DispatchStats`] (a store only when
+    /// it changed: the line is read by other threads).
+    fn publish_idle(&self, idle: &IdleClock) {
+        let ns = idle.threshold().map_or(u64::MAX, |d| d.as_nanos() as u64);
+        if self.idle_ns.load(Ordering::Relaxed) != ns {
+            self.idle_ns.store(ns, Ordering::Relaxed);
+        }
+    }
+}
