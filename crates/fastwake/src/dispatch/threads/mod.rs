@@ -24,7 +24,8 @@
 //! dispatcher thread and the watchdog share (`hub`); the dispatcher's loop
 //! (`run`) and its idle threshold (`idle`); the relaying waiters' scan
 //! (`relay`); the watchdog (`watchdog`); which dispatcher serves which CPU
-//! (`registry`); test-only fault injection (`faults`); and here the
+//! (`registry`); fault injection for tests, behind the
+//! `fault-injection` feature (`faults`); and here the
 //! [`Dispatcher`] handle that starts and stops the threads.
 
 mod config;
@@ -203,9 +204,8 @@ impl Dispatcher {
         Some(d + w)
     }
 
-    /// Wait until the dispatcher thread has exited (after a crash).
-    #[doc(hidden)]
-    pub fn join(&mut self) {
+    /// Wait for the dispatcher thread and the watchdog to exit.
+    fn join_threads(&mut self) {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -221,7 +221,7 @@ impl Drop for Dispatcher {
             .stop
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.hub.kick();
-        self.join();
+        self.join_threads();
     }
 }
 
