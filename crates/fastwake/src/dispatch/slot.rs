@@ -24,8 +24,8 @@
 //! if it raced with a new announcement). The loom model in
 //! `tests/dispatch_loom.rs` checks that no hand-off is lost.
 
-use crate::sync::{AtomicU32, AtomicU64, FutexWord, LineWords, Ordering};
-use std::time::Duration;
+use crate::sync::{AtomicU32, AtomicU64, FutexWord, LineWords, Ordering, fence};
+use std::time::{Duration, Instant};
 
 /// The owner is not waiting.
 pub const RUNNING: u32 = 0;
@@ -125,6 +125,71 @@ impl Slot {
         }
     }
 
+    /// Owner: one announced wait, the whole protocol: announce, make the
+    /// announcement visible before the re-check, `kick` the dispatcher,
+    /// re-check with `ready`, then withdraw (ready) or sleep until the
+    /// dispatcher settles the wait, and reclaim the slot. `None` when the
+    /// dispatcher is dead (wait in interrupt mode instead).
+    ///
+    /// Without a `deadline` the sleep has no timeout: arming a timer per
+    /// sleep costs more than a microsecond in a VM (docs/dispatch.md), a
+    /// dispatcher that dies rings every slot, and one starved of CPU is
+    /// only late (the watchdog covers it; new waits avoid it). With `interruptible`, a
+    /// signal withdraws the wait unless a hand-off got there first.
+    pub(crate) fn wait_hand_off(
+        &self,
+        set: &WaitSet,
+        index: usize,
+        kick: impl FnOnce(),
+        ready: impl FnOnce() -> bool,
+        deadline: Option<Instant>,
+        interruptible: bool,
+    ) -> Option<WaitEnd> {
+        if !self.announce(set, index) {
+            return None;
+        }
+        // Dekker with the producer (and its summary flag): our WAITING
+        // must be visible before we look at the source, or the dispatcher
+        // could miss our state while we miss the completion.
+        fence(Ordering::SeqCst);
+        kick();
+        let mut end = WaitEnd {
+            state: RUNNING,
+            sleeps: 0,
+            signalled: false,
+        };
+        let st = if ready() {
+            self.cancel()
+        } else {
+            loop {
+                let mut t = None;
+                if let Some(d) = deadline {
+                    let now = Instant::now();
+                    if now >= d {
+                        break self.cancel();
+                    }
+                    t = Some(d - now);
+                }
+                end.sleeps += 1;
+                let (s, sig) = self.sleep_signalled(t);
+                if s != WAITING {
+                    break s;
+                }
+                if sig && interruptible {
+                    let s = self.cancel();
+                    end.signalled = s == RUNNING;
+                    break s;
+                }
+            }
+        };
+        end.state = if st == RUNNING {
+            RUNNING
+        } else {
+            self.reclaim()
+        };
+        Some(end)
+    }
+
     /// Dispatcher: move a `WAITING` slot to `to` and ring the owner. False
     /// when the owner withdrew first.
     pub fn hand(&self, to: u32) -> bool {
@@ -173,6 +238,20 @@ impl Slot {
             }
         }
     }
+}
+
+/// How a [`Slot::wait_hand_off`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WaitEnd {
+    /// `RUNNING`: withdrawn before any hand-off (the re-check found the
+    /// source ready, the deadline passed, or a signal came). Otherwise how
+    /// the dispatcher settled the wait, the slot already reclaimed:
+    /// `HANDED`, `PAUSED` or `DEAD`.
+    pub(crate) state: u32,
+    /// Times the owner slept on its bell.
+    pub(crate) sleeps: u32,
+    /// A signal withdrew the wait (`state` is `RUNNING`).
+    pub(crate) signalled: bool,
 }
 
 /// One bit per slot: "this slot may be waiting".

@@ -25,11 +25,10 @@
 //!
 //! [`Waiter`]: crate::Waiter
 
-use super::slot::{DEAD, HANDED, PAUSED, RUNNING, WAITING};
+use super::slot::{DEAD, HANDED, PAUSED, RUNNING};
 use super::threads::{Hub, lookup};
 use crate::Result;
 use crate::source::{BlockReport, Source, block_until_ready};
-use crate::sync::{Ordering, fence};
 use crate::wait::WaitStats;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -242,51 +241,24 @@ pub(crate) fn wait<S: Source + ?Sized>(
         }
         let reg = link.reg.as_ref().expect("registered above");
         let (core, slot) = (&reg.core, &reg.core.slots[reg.index]);
-        if !slot.announce(&core.waitset, reg.index) {
+        let Some(end) = slot.wait_hand_off(
+            &core.waitset,
+            reg.index,
+            || core.kick(),
+            || src.ready(),
+            deadline,
+            interruptible,
+        ) else {
             // The dispatcher died (DEAD).
             link.reg = None;
             stats.dispatch_fallbacks += 1;
             let (r, s) = interrupt(src, deadline, stats);
             return (r, slept || s);
-        }
-        // Dekker with the producer (and the summary): our WAITING must be
-        // visible before we look at the source, or both sides could miss.
-        fence(Ordering::SeqCst);
-        core.kick();
-        let mut signalled = false;
-        let st = if src.ready() {
-            slot.cancel()
-        } else {
-            // No timeout unless the caller has a deadline: in a VM arming
-            // a timer per sleep costs more than a microsecond (measured:
-            // docs/dispatch.md). A dispatcher that dies rings every slot;
-            // one starved of CPU is only late, and new waits avoid it
-            // (`stale` above).
-            loop {
-                let mut t = None;
-                if let Some(d) = deadline {
-                    let now = Instant::now();
-                    if now >= d {
-                        break slot.cancel();
-                    }
-                    t = Some(d - now);
-                }
-                stats.sleeps += 1;
-                slept = true;
-                let (s, sig) = slot.sleep_signalled(t);
-                if s != WAITING {
-                    break s;
-                }
-                if sig && interruptible {
-                    // Withdraw; if the dispatcher handed off first, the
-                    // completion it found is returned instead.
-                    signalled = true;
-                    break slot.cancel();
-                }
-            }
         };
-        if st == RUNNING {
-            if signalled {
+        stats.sleeps += end.sleeps as u64;
+        slept |= end.sleeps > 0;
+        if end.state == RUNNING {
+            if end.signalled {
                 return (
                     Err(crate::Fail::new(
                         libc::EINTR,
@@ -305,7 +277,7 @@ pub(crate) fn wait<S: Source + ?Sized>(
             }
             continue;
         }
-        match slot.reclaim() {
+        match end.state {
             HANDED => stats.handoffs += 1,
             PAUSED => {
                 // The dispatcher went idle: this one wait in interrupt mode,
