@@ -42,7 +42,9 @@ pub(crate) struct Hub {
     pub(super) pending: Mutex<Vec<Change>>,
     pub(super) pending_flag: AtomicBool,
     pub(super) free: Mutex<Vec<usize>>,
-    pub(super) stop: AtomicBool,
+    /// Non-zero once the dispatcher thread is asked to exit. A `sync`
+    /// atomic, so the loom models see the exit handshake.
+    pub(super) stop: AtomicU32,
     pub(super) faults: Faults,
     /// The idle threshold in force, ns (u64::MAX: never), for stats.
     pub(super) idle_ns: AtomicU64,
@@ -82,7 +84,7 @@ impl Hub {
             pending: Mutex::new(Vec::new()),
             pending_flag: AtomicBool::new(false),
             free: Mutex::new((0..cfg.capacity).rev().collect()),
-            stop: AtomicBool::new(false),
+            stop: AtomicU32::new(0),
             faults: Faults::default(),
             idle_ns: AtomicU64::new(cfg.idle_after.map_or(u64::MAX, |d| d.as_nanos() as u64)),
             handoffs: AtomicU64::new(0),
@@ -156,6 +158,21 @@ impl Hub {
         // unusable until then, which is harmless.
     }
 
+    /// Ask the dispatcher thread to exit (it then dies: see `die`).
+    pub(in crate::dispatch) fn request_exit(&self) {
+        self.stop.store(1, Ordering::Release);
+        // Rung whatever the mode, not through `kick` (which rings only a
+        // dispatcher it sees SLEEPING): a dispatcher about to sleep reads
+        // the bell before it checks `stop`, so it sees the flag or is woken
+        // by this ring, with no store→load race on the mode to lose.
+        self.kick.bump_and_wake_private();
+    }
+
+    /// Has [`Hub::request_exit`] been called?
+    pub(in crate::dispatch) fn exit_requested(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) != 0
+    }
+
     /// Wake the dispatcher if it sleeps (idle policy).
     pub(crate) fn kick(&self) {
         if self.mode.load(Ordering::SeqCst) == MODE_SLEEPING
@@ -202,7 +219,7 @@ impl Hub {
     }
 
     /// Mark dead and release every waiter.
-    pub(super) fn die(&self) {
+    pub(in crate::dispatch) fn die(&self) {
         self.mode.store(MODE_DEAD, Ordering::SeqCst);
         for s in self.slots.iter() {
             s.kill();

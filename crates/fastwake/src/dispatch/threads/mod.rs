@@ -217,10 +217,7 @@ impl Dispatcher {
 
 impl Drop for Dispatcher {
     fn drop(&mut self) {
-        self.hub
-            .stop
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.hub.kick();
+        self.hub.request_exit();
         self.join_threads();
     }
 }

@@ -9,7 +9,7 @@ use super::lock;
 use crate::dispatch::SchedPolicy;
 use crate::dispatch::slot::{HANDED, PAUSED, WAITING};
 use crate::dispatch::watch::Watch;
-use crate::sync::Ordering;
+use crate::sync::{Ordering, fence};
 use std::time::{Duration, Instant};
 
 /// Empty passes between clock reads for the idle threshold and heartbeat.
@@ -31,17 +31,13 @@ impl Hub {
         let mut empty: u32 = 0;
         let mut passes: u64 = 0;
         loop {
-            if self.pending_flag.load(Ordering::Relaxed) {
-                self.drain_pending(&mut watch);
-            }
-            if self.stop.load(Ordering::Relaxed) {
+            if self.exit_requested() {
                 break;
             }
             self.faults.crash_point();
-            let handed = self.pass(&watch);
+            let handed = self.turn(&mut watch);
             passes += 1;
             if handed > 0 {
-                self.handoffs.fetch_add(handed as u64, Ordering::Relaxed);
                 match self.cfg.policy {
                     SchedPolicy::Yield => crate::dispatch::sched::yield_now(),
                     SchedPolicy::Fifo => self.step_aside(),
@@ -84,6 +80,21 @@ impl Hub {
             }
         }
         self.passes.store(passes, Ordering::Relaxed);
+    }
+
+    /// One turn of the loop: take in queued (un)registrations, then one
+    /// pass over the waiting sources. Returns the hand-offs of the pass.
+    /// Separate from `run` for the loom models, which cannot run the loop
+    /// itself (it reads the clock).
+    pub(in crate::dispatch) fn turn(&self, watch: &mut Watch) -> u32 {
+        if self.pending_flag.load(Ordering::Relaxed) {
+            self.drain_pending(watch);
+        }
+        let handed = self.pass(watch);
+        if handed > 0 {
+            self.handoffs.fetch_add(handed as u64, Ordering::Relaxed);
+        }
+        handed
     }
 
     fn drain_pending(&self, watch: &mut Watch) {
@@ -129,9 +140,18 @@ impl Hub {
 
     /// Idle: hand every waiting thread back to interrupt mode and sleep
     /// until one of them (or a new wait) kicks us.
-    fn sleep_idle(&self) {
+    pub(in crate::dispatch) fn sleep_idle(&self) {
         let seq = self.kick.load();
         self.mode.store(MODE_SLEEPING, Ordering::SeqCst);
+        // Dekker with a waiter's announce (`Slot::wait_hand_off`: WAITING
+        // and its bit, a fence, then `kick` reads the mode): either the
+        // scan below sees its bit and hands the wait back, or it sees
+        // SLEEPING and kicks us awake. The SeqCst store and loads alone
+        // order this in the C++ model, but loom models SeqCst accesses as
+        // acquire/release and finds a lost wake-up without the fence (the
+        // loom model `channel_publish_meets_dispatch_wait` checks it). It
+        // costs nothing here: once per idle period.
+        fence(Ordering::SeqCst);
         self.idle_sleeps.fetch_add(1, Ordering::Relaxed);
         let mut paused = 0;
         for w in 0..self.waitset.words() {
@@ -146,7 +166,7 @@ impl Hub {
         }
         self.paused.fetch_add(paused, Ordering::Relaxed);
         while self.mode.load(Ordering::SeqCst) == MODE_SLEEPING
-            && !self.stop.load(Ordering::SeqCst)
+            && !self.exit_requested()
             && !self.pending_flag.load(Ordering::SeqCst)
         {
             // Stop requests and crash injection kick; the timeout is only a
