@@ -24,6 +24,8 @@
 //! dispatcher thread), `waiter` (the dispatch-mode wait), [`tasks`] (the
 //! task runtime), `sched` (scheduling policies).
 
+#[cfg(all(test, loom))]
+mod loom_tests;
 mod sched;
 pub mod slot;
 pub mod tasks;

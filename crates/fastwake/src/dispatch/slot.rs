@@ -21,8 +21,9 @@
 //! The `WaitSet` bit is a hint that may be stale in one direction only: a
 //! `WAITING` slot always has its bit set (the owner sets it after the state;
 //! the dispatcher, after clearing a bit, re-reads the state and sets it back
-//! if it raced with a new announcement). The loom model in
-//! `tests/dispatch_loom.rs` checks that no hand-off is lost.
+//! if it raced with a new announcement). The loom models in
+//! `dispatch/loom_tests.rs` run this code and check that no hand-off or
+//! wake-up is lost.
 
 use crate::sync::{AtomicU32, AtomicU64, FutexWord, LineWords, Ordering, fence};
 use std::time::{Duration, Instant};

@@ -1,0 +1,335 @@
+//! loom models of the dispatch hand-off, run on the crate's own protocol
+//! code: the owner's side is `Slot::wait_hand_off` (what
+//! `dispatch::waiter::wait` calls), the dispatcher's is `Hub::turn` and
+//! `Hub::sleep_idle` (what the dispatcher thread's loop calls), the relay
+//! is `Hub::relay_pass`, death is `Hub::die`. Only the glue around
+//! them is written here: the loops that the real waiter and dispatcher
+//! wrap them in also read the clock (staleness, relay budget, idle
+//! threshold), which loom cannot replay.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3
+//! CARGO_TARGET_DIR=target/loom cargo test --release -p fastwake --lib loom`
+//! (scripts/test does). A lost hand-off or wake-up shows as a loom
+//! deadlock (the futex is modelled by a condvar) or, when the dispatcher
+//! is left polling alone, as loom's branch limit; a lost or duplicated
+//! completion as a failed assertion.
+
+use super::slot::{DEAD, HANDED, PAUSED, RUNNING};
+use super::threads::{Config, Hub};
+use super::watch::Watch;
+use crate::source::channel::{self, Msg, Receiver};
+use crate::source::{BlockReport, Counters, Peek, Source, block_until_ready};
+use crate::sync::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A hub for `capacity` waiters; `summary`: the watch puts every source
+/// on the readiness summary from the first one on.
+fn hub(capacity: usize, summary: bool) -> Arc<Hub> {
+    let mut cfg = Config::new(0);
+    cfg.capacity = capacity;
+    cfg.summary = summary;
+    cfg.summary_above = 0;
+    Arc::new(Hub::new(cfg))
+}
+
+/// The dispatcher thread's own watch, as `Hub::run` makes it.
+fn watch(hub: &Hub, summary: bool) -> Watch {
+    Watch::new(hub.slots.len(), summary, 0, false)
+}
+
+/// A watch made on one thread for the dispatcher thread.
+struct Handover(Watch);
+
+// SAFETY: a `Watch` is not `Send` only because it caches raw pointers to
+// its sources' counters; they point into the sources' allocations, which
+// the handles it holds keep alive, and it moves whole, so the dispatcher
+// thread that gets it is its only user, as with the one `Hub::run` makes.
+unsafe impl Send for Handover {}
+
+/// The dispatcher's loop without the clock: turns until asked to exit.
+/// `idle_after`: turns before it goes idle once (the idle policy's
+/// threshold, counted instead of timed).
+fn dispatch(hub: &Hub, summary: bool, idle_after: Option<u32>) {
+    dispatch_with(hub, Handover(watch(hub, summary)), idle_after);
+}
+
+fn dispatch_with(hub: &Hub, w: Handover, idle_after: Option<u32>) {
+    let mut w = w.0;
+    let mut turns = 0;
+    while !hub.exit_requested() {
+        hub.turn(&mut w);
+        turns += 1;
+        if Some(turns) == idle_after {
+            hub.sleep_idle();
+        }
+        loom::thread::yield_now();
+    }
+}
+
+/// A source made of two counters, the shape of the channel's (which the
+/// channel model below uses itself): ready while `produced > consumed`.
+#[derive(Default)]
+struct Counts {
+    produced: AtomicU64,
+    consumed: AtomicU64,
+}
+
+impl Counts {
+    fn publish(&self) {
+        self.produced.fetch_add(1, Ordering::Release);
+    }
+
+    /// Owner: take one completion if there is one.
+    fn take(&self) -> bool {
+        let c = self.consumed.load(Ordering::Relaxed);
+        if self.produced.load(Ordering::Acquire) > c {
+            self.consumed.store(c + 1, Ordering::Release);
+            return true;
+        }
+        false
+    }
+}
+
+impl Peek for Counts {
+    fn ready(&self) -> bool {
+        let c = self.consumed.load(Ordering::Acquire);
+        self.produced.load(Ordering::Acquire) > c
+    }
+
+    fn counters(&self) -> Option<Counters<'_>> {
+        Some(Counters {
+            produced: &self.produced,
+            shift: 0,
+            consumed: &self.consumed,
+            next_at: None,
+        })
+    }
+}
+
+/// The loop of `dispatch::waiter::wait` around `Slot::wait_hand_off` for
+/// a dispatcher that never goes idle: take, else one announced wait, and
+/// again after a hand-off or a withdrawal. False when the dispatcher died.
+fn wait_counts(hub: &Hub, index: usize, src: &Counts) -> bool {
+    let slot = &hub.slots[index];
+    loop {
+        if src.take() {
+            return true;
+        }
+        let kick = || hub.kick();
+        let Some(end) = slot.wait_hand_off(&hub.waitset, index, kick, || src.ready(), None, false)
+        else {
+            return false;
+        };
+        match end.state {
+            RUNNING | HANDED => {}
+            DEAD => return false,
+            s => panic!("a polling dispatcher settled a wait with state {s}"),
+        }
+    }
+}
+
+/// Two completions, two waits, a polling dispatcher: covers the hand-off,
+/// the withdrawal after the re-check, the first peek after registering,
+/// and the waiting-set bit being cleared while the owner re-announces.
+#[test]
+fn handoff_is_never_lost() {
+    loom::model(|| {
+        let hub = hub(1, false);
+        let src = Arc::new(Counts::default());
+        let i = hub.register(src.clone()).unwrap();
+        let d = {
+            let hub = hub.clone();
+            loom::thread::spawn(move || dispatch(&hub, false, None))
+        };
+        let p = {
+            let src = src.clone();
+            loom::thread::spawn(move || {
+                src.publish();
+                src.publish();
+            })
+        };
+        for _ in 0..2 {
+            assert!(wait_counts(&hub, i, &src));
+        }
+        hub.request_exit();
+        p.join().unwrap();
+        d.join().unwrap();
+        assert_eq!(src.consumed.load(Ordering::SeqCst), 2);
+    });
+}
+
+/// A dispatcher dying while its waiter announces: the waiter never sleeps
+/// for ever; with no producer, the death notice is its only way out.
+#[test]
+fn dying_dispatcher_releases_waiter() {
+    loom::model(|| {
+        let hub = hub(1, false);
+        let src = Arc::new(Counts::default());
+        let i = hub.register(src.clone()).unwrap();
+        let d = {
+            let hub = hub.clone();
+            loom::thread::spawn(move || hub.die())
+        };
+        assert!(!wait_counts(&hub, i, &src));
+        d.join().unwrap();
+        assert_eq!(hub.slots[i].state(), DEAD);
+    });
+}
+
+/// The relay (another waiting thread of the core doing the dispatcher's
+/// job) racing the dispatcher for one completion: at most one of them
+/// hands off (none when the owner's own re-check finds it), and the owner
+/// gets its completion once.
+#[test]
+fn relay_and_dispatcher_hand_off_once() {
+    let mut b = loom::model::Builder::new();
+    // Four threads: the default bound of 3 takes minutes, and 2 covers
+    // the one race here (two CASes on WAITING).
+    b.preemption_bound = Some(b.preemption_bound.map_or(2, |n| n.min(2)));
+    b.check(|| {
+        let hub = hub(2, false);
+        let src = Arc::new(Counts::default());
+        let i = hub.register(src.clone()).unwrap();
+        let d = {
+            let hub = hub.clone();
+            loom::thread::spawn(move || dispatch(&hub, false, None))
+        };
+        let r = {
+            let hub = hub.clone();
+            // A waiter relays only briefly: two passes, at any point.
+            loom::thread::spawn(move || {
+                for _ in 0..2 {
+                    hub.relay_pass(1 - i);
+                    loom::thread::yield_now();
+                }
+            })
+        };
+        let p = {
+            let src = src.clone();
+            loom::thread::spawn(move || src.publish())
+        };
+        assert!(wait_counts(&hub, i, &src));
+        hub.request_exit();
+        p.join().unwrap();
+        d.join().unwrap();
+        r.join().unwrap();
+        assert_eq!(src.consumed.load(Ordering::SeqCst), 1);
+        let s = hub.stats();
+        assert!(s.handoffs + s.relayed <= 1, "{s:?}");
+    });
+}
+
+/// A wait withdrawn by a signal (`Waiter::set_interruptible`: cancel after
+/// announcing) racing the dispatcher's hand-off of a completion that just
+/// arrived: exactly one of the two CASes wins; if the hand-off won, the
+/// owner reclaims the slot; either way the slot ends `RUNNING` and the
+/// retried wait takes the completion (it lives in the source, not in the
+/// hand-off). loom has no signals, so the withdrawal is the slot's own
+/// `cancel`, as `wait_hand_off` calls it on `EINTR`.
+#[test]
+fn withdrawal_racing_a_hand_off_settles_once() {
+    loom::model(|| {
+        let hub = hub(1, false);
+        let src = Arc::new(Counts::default());
+        let i = hub.register(src.clone()).unwrap();
+        let d = {
+            let (hub, src) = (hub.clone(), src.clone());
+            loom::thread::spawn(move || {
+                let mut w = watch(&hub, false);
+                src.publish();
+                hub.turn(&mut w);
+            })
+        };
+        let slot = &hub.slots[i];
+        assert!(slot.announce(&hub.waitset, i));
+        match slot.cancel() {
+            RUNNING => {}
+            s => {
+                assert_eq!(s, HANDED, "only a hand-off can beat the withdrawal");
+                assert_eq!(slot.reclaim(), HANDED);
+            }
+        }
+        d.join().unwrap();
+        assert_eq!(slot.state(), RUNNING);
+        assert!(wait_counts(&hub, i, &src));
+        assert_eq!(src.consumed.load(Ordering::SeqCst), 1);
+    });
+}
+
+/// `dispatch::waiter::wait` on a channel, for a dispatcher that may go
+/// idle: as `wait_counts`, and when the dispatcher hands the wait back
+/// (`PAUSED`) one interrupt-mode wait on the channel's own doorbell, then
+/// a kick to wake the dispatcher.
+fn wait_channel(hub: &Hub, index: usize, rx: &mut Receiver) -> Msg {
+    let slot = &hub.slots[index];
+    loop {
+        if let Some(m) = rx.try_take().unwrap() {
+            return m;
+        }
+        let kick = || hub.kick();
+        let end = slot
+            .wait_hand_off(&hub.waitset, index, kick, || rx.ready(), None, false)
+            .expect("the dispatcher does not die here");
+        match end.state {
+            RUNNING | HANDED => {}
+            PAUSED => {
+                let m = block_until_ready(rx, None, &mut BlockReport::default())
+                    .unwrap()
+                    .expect("no deadline");
+                hub.kick();
+                return m;
+            }
+            s => panic!("unexpected state {s}"),
+        }
+    }
+}
+
+/// A producer publishing into a channel (its publish, the conditional
+/// doorbell and, with `summary`, the summary flag) while its consumer
+/// waits in dispatch mode and the dispatcher peeks, then goes idle once
+/// and is woken again: the consumer gets its completion whichever side
+/// sees it (its re-check, a hand-off, or the doorbell after the
+/// dispatcher handed the wait back), and nobody sleeps for ever.
+fn channel_meets_dispatch_wait(summary: bool) {
+    loom::model(move || {
+        let hub = hub(1, summary);
+        let (mut tx, mut rx) = channel::channel(channel::Config {
+            capacity: 2,
+            slot_size: 8,
+            doorbell: channel::Doorbell::Futex,
+        })
+        .unwrap();
+        let i = hub.register(rx.peek_handle().unwrap()).unwrap();
+        // The first turn, which takes the registration in, here: the
+        // channel publishes the summary flag it attaches through a std
+        // atomic, which loom does not see, so the flag must be made before
+        // the other threads start. The turn after it is the dispatcher's.
+        let mut w = watch(&hub, summary);
+        hub.turn(&mut w);
+        let d = {
+            let hub = hub.clone();
+            let w = Handover(w);
+            loom::thread::spawn(move || dispatch_with(&hub, w, Some(1)))
+        };
+        let p = loom::thread::spawn(move || {
+            tx.send(7, b"").unwrap();
+            // Kept alive to the end: a close rings unconditionally and
+            // would hide a lost doorbell.
+            tx
+        });
+        assert_eq!(wait_channel(&hub, i, &mut rx).tag, 7);
+        hub.request_exit();
+        drop(p.join().unwrap());
+        d.join().unwrap();
+    });
+}
+
+#[test]
+fn channel_publish_meets_dispatch_wait() {
+    channel_meets_dispatch_wait(false);
+}
+
+#[test]
+fn channel_publish_meets_dispatch_wait_summarised() {
+    channel_meets_dispatch_wait(true);
+}
