@@ -284,13 +284,14 @@ fn wait_channel(hub: &Hub, index: usize, rx: &mut Receiver) -> Msg {
     }
 }
 
-/// A producer publishing into a channel (its publish, the conditional
-/// doorbell and, with `summary`, the summary flag) while its consumer
-/// waits in dispatch mode and the dispatcher peeks, then goes idle once
-/// and is woken again: the consumer gets its completion whichever side
-/// sees it (its re-check, a hand-off, or the doorbell after the
-/// dispatcher handed the wait back), and nobody sleeps for ever.
-fn channel_meets_dispatch_wait(summary: bool) {
+/// A producer publishing `n` completions into a channel (its publish, the
+/// conditional doorbell and, with `summary`, the summary flag) while its
+/// consumer waits in dispatch mode and the dispatcher peeks; with
+/// `idle_after`, the dispatcher goes idle once and is woken again. The
+/// consumer gets each completion once, in order, whichever side sees it
+/// (its re-check, a hand-off, or the doorbell after the dispatcher handed
+/// the wait back), and nobody sleeps for ever.
+fn channel_meets_dispatch_wait(summary: bool, idle_after: Option<u32>, n: u64) {
     loom::model(move || {
         let hub = hub(1, summary);
         let (mut tx, mut rx) = channel::channel(channel::Config {
@@ -300,36 +301,61 @@ fn channel_meets_dispatch_wait(summary: bool) {
         })
         .unwrap();
         let i = hub.register(rx.peek_handle().unwrap()).unwrap();
-        // The first turn, which takes the registration in, here: the
-        // channel publishes the summary flag it attaches through a std
-        // atomic, which loom does not see, so the flag must be made before
-        // the other threads start. The turn after it is the dispatcher's.
+        // The first turn, which takes the registration in (and attaches
+        // the summary flag), here: the channel publishes the flag through
+        // a std atomic, which loom does not see, so it must be attached
+        // before the other threads start. Every later turn is the
+        // dispatcher thread's.
         let mut w = watch(&hub, summary);
         hub.turn(&mut w);
         let d = {
             let hub = hub.clone();
             let w = Handover(w);
-            loom::thread::spawn(move || dispatch_with(&hub, w, Some(1)))
+            loom::thread::spawn(move || dispatch_with(&hub, w, idle_after))
         };
         let p = loom::thread::spawn(move || {
-            tx.send(7, b"").unwrap();
+            for tag in 0..n {
+                tx.send(tag, b"").unwrap();
+            }
             // Kept alive to the end: a close rings unconditionally and
             // would hide a lost doorbell.
             tx
         });
-        assert_eq!(wait_channel(&hub, i, &mut rx).tag, 7);
+        for tag in 0..n {
+            assert_eq!(wait_channel(&hub, i, &mut rx).tag, tag);
+        }
         hub.request_exit();
         drop(p.join().unwrap());
         d.join().unwrap();
     });
 }
 
+/// Plain peeks (the dispatcher reads the channel's counters every pass),
+/// two completions.
 #[test]
 fn channel_publish_meets_dispatch_wait() {
-    channel_meets_dispatch_wait(false);
+    channel_meets_dispatch_wait(false, Some(1), 2);
 }
 
+/// Summarised peeks (the dispatcher visits the channel only when its
+/// summary flag is up). One completion: with two the model does not end
+/// under loom 0.7.2, and the failing execution shows the dispatcher's swap
+/// of the summary group returning 0 turn after turn once the producer's
+/// swap stored 1 (also with the channel's fence made visible to loom, so
+/// not the reason given on the next model). No atomic swap can do that;
+/// it looks like a loom artefact, not understood yet.
 #[test]
 fn channel_publish_meets_dispatch_wait_summarised() {
-    channel_meets_dispatch_wait(true);
+    channel_meets_dispatch_wait(true, Some(1), 1);
+}
+
+/// Summarised peeks and a dispatcher that never goes idle, so the summary
+/// flag is the only way the hand-off can happen: the Dekker between the
+/// producer (publish, SeqCst fence, raise the flag) and the waiter
+/// (announce, SeqCst fence, re-check), with the dispatcher between them
+/// taking the flag and reading the slot.
+#[test]
+#[ignore = "needs source/channel.rs Region::raise_summary to fence with crate::sync::fence: loom cannot see its std fence and reports the lost hand-off that fence prevents"]
+fn channel_publish_meets_dispatch_wait_summarised_busy() {
+    channel_meets_dispatch_wait(true, None, 1);
 }
