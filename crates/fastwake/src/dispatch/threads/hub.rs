@@ -3,7 +3,7 @@
 //! (register, kick, the staleness check).
 
 use super::faults::Faults;
-use super::{Config, lock, registry, write};
+use super::{Config, lock, write};
 use crate::dispatch::slot::{Slot, WaitSet};
 use crate::dispatch::{DispatchStats, State};
 use crate::source::Peek;
@@ -224,7 +224,6 @@ impl Hub {
         for s in self.slots.iter() {
             s.kill();
         }
-        registry::remove(self);
         self.awake.bump_and_wake_private();
     }
 }

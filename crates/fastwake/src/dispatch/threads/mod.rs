@@ -84,8 +84,14 @@ struct DeathGuard(Arc<Hub>);
 impl Drop for DeathGuard {
     fn drop(&mut self) {
         // Runs on return and on panic alike.
-        self.0.die();
+        bury(&self.0);
     }
+}
+
+/// Mark the dispatcher dead (releasing its waiters) and forget it.
+fn bury(hub: &Hub) {
+    hub.die();
+    registry::remove(hub);
 }
 
 /// A running dispatcher; dropping it stops the thread (its waiters fall
@@ -147,7 +153,7 @@ impl Dispatcher {
         let thread = match thread {
             Ok(t) => t,
             Err(e) => {
-                hub.die();
+                bury(&hub);
                 return Err(e);
             }
         };
