@@ -17,15 +17,16 @@
 //!
 //! Modules: [`config`] (environment), [`dispatch`] (dispatch mode: waits
 //! handed off by a per-CPU dispatcher), [`real`] (the next definitions of the
-//! hooked symbols), [`wait`] (the spin-then-block engine every hook uses),
-//! [`budget`] (the adaptive budget), [`peer`] (the peer's CPU), and one
+//! hooked symbols), [`wait`] (the spinning fd-hook wait; every decision is
+//! the library's [`fastwake::wait::Governor`]'s), [`peer`] (which socket
+//! tells the peer's CPU), and one
 //! module per family of hooked calls: [`epoll`], [`poll`], [`select`],
 //! [`verbs`] (libibverbs: completion channels and the context's CQ ops).
 
-pub mod budget;
 pub mod config;
 pub mod dispatch;
 pub mod epoll;
+pub mod fds;
 pub mod peer;
 pub mod poll;
 pub mod real;
@@ -67,14 +68,14 @@ extern "C" fn init() {
         hooks_resolve();
         match cfg {
             Ok(c) => {
-                if c.mode == config::Mode::Dispatch {
+                if c.mode == Some(fastwake::WaitMode::Dispatch) {
                     dispatch::start();
                 }
                 config::publish(&c);
                 if c.verbose {
                     diag(&format!(
                         "mode={} budget={}us cpu_cap={} pid={}",
-                        c.mode.name(),
+                        c.mode.map_or("off".to_string(), |m| m.to_string()),
                         c.budget.as_micros(),
                         c.cpu_cap,
                         std::process::id()

@@ -457,7 +457,7 @@ fn consumer(
         }
     }
     for (e, o) in ends.iter().zip(out.iter_mut()) {
-        o.explain = e.waiter.adaptive().map(|c| c.explain());
+        o.explain = e.waiter.explain();
     }
     Ok(out)
 }

@@ -25,6 +25,7 @@
 //! channel; CQs armed solicited-only; programs using mlx5dv; contexts or CQs
 //! beyond the shim's tables (32 / 256); a bad `FASTWAKE_VERBS_VECTOR`.
 
+mod dispatched;
 pub(crate) mod event;
 mod ops;
 pub mod real;
@@ -75,7 +76,7 @@ pub fn report() {
 }
 
 fn active() -> bool {
-    crate::config::mode() != crate::config::Mode::Off
+    crate::config::mode().is_some()
         && VECTOR.load(Ordering::Relaxed) != VEC_OFF
         && !DIRECT.load(Ordering::Relaxed)
 }

@@ -528,7 +528,7 @@ impl Slot {
 /// wait (see [`Config::learn_idle`]).
 struct IdleClock {
     fixed: Option<Duration>,
-    learn: Option<(crate::adaptive::Core, Instant)>,
+    learn: Option<(crate::adaptive::Learner, Instant)>,
     /// The threshold planned for the stretch in progress.
     now: Option<Duration>,
 }
@@ -539,7 +539,7 @@ impl IdleClock {
             fixed: cfg.idle_after,
             learn: cfg.learn_idle.map(|a| {
                 (
-                    crate::adaptive::Core::new(a, crate::adaptive::Model::default()),
+                    crate::adaptive::Learner::new(a, crate::adaptive::Model::default()),
                     start,
                 )
             }),
@@ -558,7 +558,7 @@ impl IdleClock {
             return;
         };
         let ns = at.saturating_duration_since(*epoch).as_nanos() as u64;
-        let b = match core.plan(ns, crate::adaptive::Env::default()) {
+        let b = match core.plan(ns, crate::adaptive::Env::FREE) {
             crate::adaptive::Plan::Spin(b) => Duration::from_nanos(b),
             crate::adaptive::Plan::Dispatch => Duration::ZERO,
         };

@@ -84,6 +84,8 @@ impl Peek for Counters {
 /// See the [module docs](self).
 pub struct ExternalRing {
     c: Arc<Counters>,
+    /// `c` as the dispatcher's handle (the same allocation).
+    peek: Arc<dyn Peek>,
     fd: RawFd,
     kind: RingFd,
 }
@@ -122,11 +124,13 @@ impl ExternalRing {
                 "a ring's eventfd must be non-blocking (EFD_NONBLOCK)",
             ));
         }
+        let c = Arc::new(Counters {
+            head: head.cast(),
+            tail: tail.cast(),
+        });
         Ok(ExternalRing {
-            c: Arc::new(Counters {
-                head: head.cast(),
-                tail: tail.cast(),
-            }),
+            peek: c.clone(),
+            c,
             fd,
             kind,
         })
@@ -174,11 +178,7 @@ impl Source for ExternalRing {
         Some(unsafe { BorrowedFd::borrow_raw(self.fd) })
     }
 
-    fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
-        Some(self.c.clone())
-    }
-
-    fn peek_id(&self) -> Option<usize> {
-        Some(Arc::as_ptr(&self.c).cast::<u8>() as usize)
+    fn peek(&self) -> Option<&Arc<dyn Peek>> {
+        Some(&self.peek)
     }
 }

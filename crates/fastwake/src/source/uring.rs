@@ -234,8 +234,11 @@ impl Source for UringSource {
         })
     }
 
-    fn peer_cpu(&self) -> Option<u32> {
+    fn hints(&self) -> super::Hints {
         let c = self.peer_cpu.get();
-        (c != NO_CPU).then_some(c)
+        super::Hints {
+            peer_cpu: (c != NO_CPU).then_some(c),
+            rung_at: None,
+        }
     }
 }
