@@ -4,6 +4,7 @@ pub mod harness;
 pub mod ipc;
 pub mod load;
 pub mod pingpong;
+pub mod rounds;
 pub mod share;
 pub mod sources;
 pub mod stats;

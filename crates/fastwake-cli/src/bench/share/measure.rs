@@ -5,6 +5,7 @@ use super::client::{ClientEnd, Slice, drive};
 use super::layout::Layout;
 use super::mode::{Load, Mode};
 use super::servers::{Counts, start};
+use crate::bench::rounds::Rounds;
 use crate::bench::stats::{Row, Sample};
 use fastwake::Result;
 use fastwake::source::channel::{self, Config as ChanConfig, Doorbell};
@@ -41,52 +42,50 @@ pub(super) fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Ve
     // so per-round ratios show how steady a ratio is on a host whose
     // speed drifts between minutes.
     let mut round_p50: Vec<Vec<f64>> = modes.iter().map(|_| Vec::new()).collect();
-    for round in 0..plan.rounds {
-        let n = plan.iters / plan.rounds + u64::from(round < plan.iters % plan.rounds);
-        for (i, &mode) in modes.iter().enumerate() {
-            let conns = if mode == Mode::Reference {
-                1
-            } else {
-                plan.conns
-            };
-            let mut clients = Vec::with_capacity(conns);
-            let mut ends = Vec::with_capacity(conns);
-            for _ in 0..conns {
-                let (req_tx, req_rx) = channel::channel(cfg)?;
-                let (resp_tx, resp_rx) = channel::channel(cfg)?;
-                clients.push(ClientEnd {
-                    tx: req_tx,
-                    rx: resp_rx,
-                    sent: 0,
-                    received: 0,
-                });
-                ends.push((req_rx, resp_tx));
-            }
-            let servers = start(mode, ends, layout, plan.idle_after)?;
-            let active = plan.rotate.unwrap_or(conns).min(conns);
-            let mut this_round = Sample::new();
-            let r = drive(
-                plan.load,
-                &mut clients[..active],
-                &servers,
-                &payload,
-                plan.warmup,
-                n,
-                &mut this_round,
-            );
-            samples[i].merge(&this_round);
-            round_p50[i].push(this_round.p50_us());
-            // Closing the client ends stops the servers.
-            drop(clients);
-            let fin = servers.finish();
-            let s = r?;
-            counts[i].add(fin?);
-            let t = &mut totals[i];
-            t.client_cpu += s.client_cpu;
-            t.server_cpu += s.server_cpu;
-            t.wall += s.wall;
-            t.n += s.n;
+    for turn in Rounds::new(modes.len(), plan.rounds, plan.iters).turns() {
+        let (i, n, mode) = (turn.case, turn.amount, modes[turn.case]);
+        let conns = if mode == Mode::Reference {
+            1
+        } else {
+            plan.conns
+        };
+        let mut clients = Vec::with_capacity(conns);
+        let mut ends = Vec::with_capacity(conns);
+        for _ in 0..conns {
+            let (req_tx, req_rx) = channel::channel(cfg)?;
+            let (resp_tx, resp_rx) = channel::channel(cfg)?;
+            clients.push(ClientEnd {
+                tx: req_tx,
+                rx: resp_rx,
+                sent: 0,
+                received: 0,
+            });
+            ends.push((req_rx, resp_tx));
         }
+        let servers = start(mode, ends, layout, plan.idle_after)?;
+        let active = plan.rotate.unwrap_or(conns).min(conns);
+        let mut this_round = Sample::new();
+        let r = drive(
+            plan.load,
+            &mut clients[..active],
+            &servers,
+            &payload,
+            plan.warmup,
+            n,
+            &mut this_round,
+        );
+        samples[i].merge(&this_round);
+        round_p50[i].push(this_round.p50_us());
+        // Closing the client ends stops the servers.
+        drop(clients);
+        let fin = servers.finish();
+        let s = r?;
+        counts[i].add(fin?);
+        let t = &mut totals[i];
+        t.client_cpu += s.client_cpu;
+        t.server_cpu += s.server_cpu;
+        t.wall += s.wall;
+        t.n += s.n;
     }
     Ok(modes
         .iter()

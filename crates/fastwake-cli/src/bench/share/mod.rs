@@ -12,8 +12,8 @@
 //!   outstanding; round trips per second is the figure of merit.
 //!
 //! Modes are measured interleaved in one run (each round gives every mode a
-//! slice; servers are set up and torn down per slice so an idle mode never
-//! steals CPU from the measured one).
+//! slice, see [`super::rounds`]; servers are set up and torn down per slice
+//! so an idle mode never steals CPU from the measured one).
 //!
 //! One file per concern: [`mode`] (what `--load` and `--mode` mean),
 //! [`layout`] (which CPUs), [`servers`] and [`client`] (the two sides of a
