@@ -8,6 +8,7 @@ pub mod rounds;
 pub mod share;
 pub mod sources;
 pub mod stats;
+pub mod thread_clock;
 
 use clap::{Args, Subcommand};
 use fastwake::{Fail, Result};

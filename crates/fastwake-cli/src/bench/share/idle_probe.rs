@@ -1,7 +1,8 @@
 //! `--idle-probe`: what an idle dispatcher and an idle task runtime cost.
 
 use super::layout::Layout;
-use super::servers::{Counts, clock_time, closed_ok, spawn_server, thread_clock};
+use super::servers::{Counts, closed_ok, spawn_server};
+use crate::bench::thread_clock::ThreadClock;
 use fastwake::dispatch::{self, Dispatcher, Runtime, TaskConfig};
 use fastwake::source::channel::{self, Config as ChanConfig};
 use fastwake::{Fail, Result, WaitMode, Waiter};
@@ -67,7 +68,7 @@ pub(super) fn idle_probe(
         for mut rx in rxs {
             rt.spawn(move |cx| closed_ok(cx.wait(&mut rx).map(|_| ())))?;
         }
-        let _ = clk_tx.send((thread_clock(), rt.state()));
+        let _ = clk_tx.send((ThreadClock::of_current_thread(), rt.state()));
         rt.run()?;
         Ok(())
     });
@@ -76,9 +77,9 @@ pub(super) fn idle_probe(
         .map_err(|_| Fail::new(libc::EIO, "task runtime failed to start"))?;
     std::thread::sleep(settle);
     let state_t = st.get();
-    let c0 = clock_time(clk);
+    let c0 = clk.cpu_time();
     std::thread::sleep(window);
-    let used_t = clock_time(clk).saturating_sub(c0);
+    let used_t = clk.cpu_time().saturating_sub(c0);
     drop(txs);
     let _ = rt_thread.join();
     Ok(format!(

@@ -4,6 +4,7 @@
 
 use super::layout::Layout;
 use super::mode::Mode;
+use crate::bench::thread_clock::ThreadClock;
 use fastwake::dispatch::{self, Dispatcher, Runtime, TaskConfig};
 use fastwake::source::Source;
 use fastwake::source::channel::{self, Receiver, Sender};
@@ -39,13 +40,13 @@ impl Counts {
 /// A running server arrangement for one slice.
 pub(super) struct Servers {
     threads: Vec<JoinHandle<Result<Counts>>>,
-    clocks: Vec<libc::clockid_t>,
+    clocks: Vec<ThreadClock>,
     dispatchers: Vec<Dispatcher>,
 }
 
 impl Servers {
     pub(super) fn cpu_time(&self) -> Duration {
-        let mut t: Duration = self.clocks.iter().map(|&c| clock_time(c)).sum();
+        let mut t: Duration = self.clocks.iter().map(|c| c.cpu_time()).sum();
         for d in &self.dispatchers {
             t += d.cpu_time().unwrap_or_default();
         }
@@ -75,29 +76,6 @@ impl Servers {
     }
 }
 
-pub(super) fn thread_clock() -> libc::clockid_t {
-    let mut id: libc::clockid_t = 0;
-    // SAFETY: pthread_self is the calling thread; id is a valid out-pointer.
-    let r = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
-    if r == 0 {
-        id
-    } else {
-        libc::CLOCK_THREAD_CPUTIME_ID
-    }
-}
-
-pub(super) fn clock_time(id: libc::clockid_t) -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid out-pointer; an invalid id only makes it fail.
-    if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 /// A peer close ends a server loop normally.
 pub(super) fn closed_ok(r: Result<()>) -> Result<()> {
     match r {
@@ -121,7 +99,7 @@ fn echo(rx: &mut Receiver, tx: &mut Sender, m: channel::Msg) -> Result<()> {
 pub(super) fn spawn_server(
     name: String,
     cpu: u32,
-    clocks: &mpsc::Sender<libc::clockid_t>,
+    clocks: &mpsc::Sender<ThreadClock>,
     f: impl FnOnce() -> Result<Counts> + Send + 'static,
 ) -> Result<JoinHandle<Result<Counts>>> {
     let clocks = clocks.clone();
@@ -130,7 +108,7 @@ pub(super) fn spawn_server(
         .stack_size(256 * 1024)
         .spawn(move || {
             fastwake::cpu::pin(cpu)?;
-            let _ = clocks.send(thread_clock());
+            let _ = clocks.send(ThreadClock::of_current_thread());
             drop(clocks);
             f()
         })
