@@ -49,7 +49,8 @@ pub struct Args {
     /// CPU hog on the consumer's CPU: off, on or both.
     #[arg(long, default_value = "both")]
     pub hog: String,
-    /// Wait modes to compare (comma separated; adaptive[:cap=N%] allowed).
+    /// Wait modes to compare, comma separated: poll, interrupt,
+    /// hybrid[:<N>us], dispatch, adaptive[:<opts>] (e.g. adaptive:cap=20%).
     #[arg(
         long,
         value_delimiter = ',',
@@ -60,10 +61,11 @@ pub struct Args {
     /// connection per mode, read through the socket source).
     #[arg(long, default_value = "channel")]
     pub source: String,
-    /// Idle policy of the dispatcher that `dispatch` (and `adaptive`, when
-    /// it hands waits to it) uses: `fixed` (sleep after 2 ms without a
-    /// hand-off) or `adaptive` (the threshold learned by the adaptive
-    /// controller; see dispatch::Config::learn_idle).
+    /// Idle policy of the dispatcher on the consumer's CPU, which runs only
+    /// when --mode includes dispatch (adaptive then hands waits to it too):
+    /// `fixed` (sleep after 2 ms without a hand-off) or `adaptive` (the
+    /// threshold learned by the adaptive controller; see
+    /// dispatch::Config::learn_idle).
     #[arg(long, default_value = "fixed", value_parser = ["fixed", "adaptive"])]
     pub dispatcher: String,
     /// Measured seconds per mode and scenario.

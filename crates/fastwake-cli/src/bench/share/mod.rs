@@ -37,6 +37,8 @@ use measure::{Plan, measure};
 use mode::{Load, Mode};
 use std::time::Duration;
 
+const DEFAULT_MODES: &str = "interrupt,poll,tasks,threads,reference";
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Connections (server ends) sharing the server cores.
@@ -49,17 +51,22 @@ pub struct Args {
     /// per connection).
     #[arg(long, default_value = "latency")]
     pub load: String,
-    /// Server arrangements to compare, comma separated: interrupt, poll,
-    /// tasks, threads, threads:fifo, threads:yield, threads:normal,
-    /// threads:cross, reference, evloop (one thread per core polling all
-    /// its connections: the floor for N connections on a core). Add
-    /// `:norelay` to a threads mode to turn the waiters' relay off;
-    /// `tasks:noprefetch` turns off the prefetch of a ready source's next
-    /// slot before the switch into its task.
+    /// Server arrangements to compare, comma separated. A thread per
+    /// connection waiting in interrupt, poll, hybrid[:<N>us] or
+    /// adaptive[:<opts>] mode; tasks (a task per connection on a runtime
+    /// per core; tasks:noprefetch turns off the prefetch of a ready
+    /// source's next slot before the switch into its task);
+    /// threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive] (a
+    /// thread per connection in dispatch mode, a dispatcher per core
+    /// scheduled SCHED_IDLE or as named; cross: the dispatcher runs on the
+    /// client's CPU; norelay: waiters do not relay; adaptive: the threads
+    /// wait in adaptive mode); reference (one connection, both ends
+    /// busy-polling); evloop (one thread per core polling all its
+    /// connections: the floor for N connections on a core).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "interrupt,poll,tasks,threads,reference"
+        default_value = DEFAULT_MODES
     )]
     pub mode: Vec<String>,
     /// Measured round trips per mode.
@@ -87,18 +94,20 @@ pub struct Args {
     /// (cache lines and pages that move between the cores).
     #[arg(long, value_name = "M")]
     pub rotate: Option<usize>,
-    /// Dispatcher idle threshold in µs (0 = never sleep).
+    /// Idle threshold in µs of the dispatchers (threads) and task runtimes
+    /// (tasks): they sleep after this long without work (0 = never).
     #[arg(long, default_value_t = 2000)]
     pub idle_after_us: u64,
     /// Instead of one table, print latency against the number of
     /// connections (1, 4, 16, 64, 256) for the chosen modes (`poll` is
-    /// left out unless named: 256 spinning threads on one core take
-    /// minutes).
+    /// left out when --mode is the default list: 256 spinning threads on
+    /// one core take minutes).
     #[arg(long)]
     pub sweep: bool,
     /// Also measure the CPU an idle dispatcher (threads) and an idle task
     /// runtime use over one second after the idle threshold, with --conns
-    /// waiters and no traffic.
+    /// waiters and no traffic: one more line, after the table or the JSON
+    /// (not with --sweep).
     #[arg(long)]
     pub idle_probe: bool,
     /// Print JSON (one object per row) instead of a table.
@@ -193,8 +202,8 @@ pub fn run(a: Args) -> Result<()> {
     }
     // The sweep: latency against the number of sources.
     let mut all = Vec::new();
-    let sweep_modes: Vec<Mode> = if a.mode.len() == 5 && a.mode.iter().any(|m| m == "poll") {
-        // The default list: drop poll (see --sweep).
+    let sweep_modes: Vec<Mode> = if a.mode.join(",") == DEFAULT_MODES {
+        // See --sweep.
         modes
             .into_iter()
             .filter(|m| *m != Mode::PerThread(WaitMode::Poll))
