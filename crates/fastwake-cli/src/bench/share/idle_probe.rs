@@ -4,7 +4,7 @@ use super::layout::Layout;
 use super::servers::{Counts, closed_ok, spawn_server};
 use crate::bench::thread_clock::ThreadClock;
 use fastwake::dispatch::{self, Dispatcher, Runtime, TaskConfig};
-use fastwake::source::channel::{self, Config as ChanConfig};
+use fastwake::source::channel::{self, Config as ChanConfig, Receiver, Sender};
 use fastwake::{Fail, Result, WaitMode, Waiter};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -24,15 +24,9 @@ pub(super) fn idle_probe(
     let mut dcfg = dispatch::Config::new(cpu);
     dcfg.idle_after = idle_after;
     let d = Dispatcher::start(dcfg)?;
-    let mut txs = Vec::new();
+    let (txs, rxs) = channels(conns, cfg)?;
     let (ctx, _crx) = mpsc::channel();
     let mut threads = Vec::new();
-    let mut rxs = Vec::new();
-    for _ in 0..conns {
-        let (tx, rx) = channel::channel(cfg)?;
-        txs.push(tx);
-        rxs.push(rx);
-    }
     for (j, mut rx) in rxs.into_iter().enumerate() {
         threads.push(spawn_server(format!("fw-idle{j}"), cpu, &ctx, move || {
             let mut w = Waiter::new(WaitMode::Dispatch);
@@ -52,13 +46,7 @@ pub(super) fn idle_probe(
     drop(d);
     // Tasks.
     let (clk_tx, clk_rx) = mpsc::channel();
-    let mut txs = Vec::new();
-    let mut rxs = Vec::new();
-    for _ in 0..conns {
-        let (tx, rx) = channel::channel(cfg)?;
-        txs.push(tx);
-        rxs.push(rx);
-    }
+    let (txs, rxs) = channels(conns, cfg)?;
     let rt_thread = std::thread::spawn(move || -> Result<()> {
         fastwake::cpu::pin(cpu)?;
         let mut rt = Runtime::new(TaskConfig {
@@ -92,4 +80,14 @@ pub(super) fn idle_probe(
         used_t.as_nanos() as f64 / 1000.0,
         window
     ))
+}
+
+/// `n` channels, their senders and receivers apart: the waiters take the
+/// receivers, the probe keeps the senders silent and drops them to end it.
+fn channels(n: usize, cfg: ChanConfig) -> Result<(Vec<Sender>, Vec<Receiver>)> {
+    Ok((0..n)
+        .map(|_| channel::channel(cfg))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .unzip())
 }
