@@ -52,7 +52,7 @@ fn fd_readable(fd: c_int) -> bool {
     r > 0
 }
 
-fn nonblocking(fd: c_int) -> bool {
+pub(super) fn nonblocking(fd: c_int) -> bool {
     // SAFETY: F_GETFL on the channel's fd; a raw syscall.
     let fl = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
     fl >= 0 && (fl as c_int) & libc::O_NONBLOCK != 0
@@ -209,6 +209,27 @@ unsafe fn deliver(ev: Event, cq_out: *mut *mut ibv_cq, ctx_out: *mut *mut c_void
     0
 }
 
+/// Hand a dispatched wait's outcome to the program: the event, or -1 with
+/// errno.
+///
+/// # Safety
+/// Both pointers valid for writes.
+pub(super) unsafe fn report(
+    r: Result<Event, c_int>,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+) -> c_int {
+    match r {
+        // SAFETY: the caller's contract.
+        Ok(ev) => unsafe { deliver(ev, cq_out, ctx_out) },
+        Err(e) => {
+            // SAFETY: the thread's errno slot.
+            unsafe { *libc::__errno_location() = e };
+            -1
+        }
+    }
+}
+
 enum Real {
     Deliver,
     Swallowed,
@@ -268,21 +289,6 @@ pub unsafe fn get_cq_event(
     // A non-blocking channel (the program waits in epoll) is looked at
     // once and read: no spin, and nothing for the governor to learn.
     let nb = nonblocking(fd);
-    if m == WaitMode::Dispatch
-        && !nb
-        && let Some(r) = super::dispatched::verbs_wait(real_get, channel, fd)
-    {
-        return match r {
-            // SAFETY: out-pointers valid (checked non-null, caller's
-            // contract).
-            Ok(ev) => unsafe { deliver(ev, cq_out, ctx_out) },
-            Err(e) => {
-                // SAFETY: the thread's errno slot.
-                unsafe { *libc::__errno_location() = e };
-                -1
-            }
-        };
-    }
     let t0 = fastwake::cpu::monotonic_ns();
     let cpu = fastwake::cpu::current();
     let budget = if nb {

@@ -259,6 +259,20 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // SAFETY: forwarding unchanged.
         return unsafe { real(channel, cq, cq_context) };
     }
+    // The front door: a blocking wait in dispatch mode goes to the CPU's
+    // dispatcher; everything else (and a wait the dispatcher cannot take)
+    // to the spinning loop, which asks the thread's governor.
+    if crate::config::dispatch() && !channel.is_null() && !cq.is_null() && !cq_context.is_null() {
+        // SAFETY: a live channel (caller's contract).
+        let fd = unsafe { (*channel).fd };
+        if !event::nonblocking(fd)
+            && let Some(r) = dispatched::verbs_wait(real, channel, fd)
+        {
+            stats::add(&stats::STATS.waits, 1);
+            // SAFETY: out-pointers checked non-null (caller's contract).
+            return unsafe { event::report(r, cq, cq_context) };
+        }
+    }
     // SAFETY: the caller's contract, passed on.
     unsafe { event::get_cq_event(real, channel, cq, cq_context) }
 }
