@@ -39,7 +39,7 @@ impl Peek for VerbsPeek {
 /// event, or the real read when the fd is readable.
 struct VerbsWait<'a> {
     real_get: super::real::GetCqEventFn,
-    channel: *mut fastwake::source::verbs::sys::ibv_comp_channel,
+    channel: *mut fastwake_verbs_sys::ibv_comp_channel,
     fd: c_int,
     peek: &'a Arc<dyn Peek>,
     /// The channel fd, to sleep on.
@@ -86,7 +86,7 @@ impl Source for VerbsWait<'_> {
 /// busy). Signals do not end it (see `VerbsWait::sleep`).
 pub(crate) fn verbs_wait(
     real_get: super::real::GetCqEventFn,
-    channel: *mut fastwake::source::verbs::sys::ibv_comp_channel,
+    channel: *mut fastwake_verbs_sys::ibv_comp_channel,
     fd: c_int,
 ) -> Option<Result<super::event::Event, c_int>> {
     let key = channel as usize;

@@ -32,8 +32,8 @@ use super::table::{self, CQS, STASHED};
 use crate::config::mode;
 use crate::wait::with_governor;
 use fastwake::WaitMode;
-use fastwake::source::verbs::sys::{ibv_comp_channel, ibv_cq, ibv_wc};
 use fastwake::wait::{Decision, Ending, Facts};
+use fastwake_verbs_sys::{ibv_comp_channel, ibv_cq, ibv_wc};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 

@@ -32,7 +32,7 @@ pub mod real;
 mod stats;
 pub mod table;
 
-use fastwake::source::verbs::sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device};
+use fastwake_verbs_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device};
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 

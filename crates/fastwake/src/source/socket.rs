@@ -31,7 +31,7 @@
 //! # The peer's CPU
 //!
 //! `SO_INCOMING_CPU` names the CPU that processed the last incoming packet.
-//! Over loopback and veth that is the sender's CPU; [`Source::peer_cpu`]
+//! Over loopback and veth that is the sender's CPU; [`Hints::peer_cpu`](super::Hints::peer_cpu)
 //! reports it (sampled every few messages) so hybrid waits do not spin
 //! against a peer on their own CPU.
 

@@ -433,7 +433,7 @@ impl Governor {
 
     /// The planned wait is about to block: count the calling thread as
     /// blocked on `cpu` until the returned guard drops (the sibling rule),
-    /// and, for one adaptive sleep in [`SLEEP_SAMPLE_EVERY`], measure what
+    /// and, for one adaptive sleep in eight, measure what
     /// the sleep costs in CPU. Why measure: the model's figure is a default
     /// from another day's host, and the real cost (arm, sleep, two context
     /// switches, re-check) moves by 4× with the host's state, which moves
