@@ -26,8 +26,10 @@
 //! Guards around the model:
 //! - **hysteresis**: the budget changes only when the new one is better by
 //!   more than [`SWITCH_MARGIN`], so steady load gives a steady plan;
-//! - **token bucket**: spin time is paid from an allowance that refills at
-//!   `cap` × elapsed time, so the cap holds even when the model is wrong;
+//! - **CPU cap**: the caller passes what the cap's allowance affords now
+//!   ([`Env::allowance_ns`]; the wait governor keeps the allowance, a
+//!   token bucket refilled at `cap` × elapsed time); no plan spins past it,
+//!   so the cap holds even when the model is wrong;
 //! - **environment** (from the caller): never spin against a producer on the
 //!   same CPU, nor on a CPU where other threads want to run.
 
