@@ -19,13 +19,15 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Measure wake-up latency and CPU cost (perftest-style columns).
+    /// Measure wake-up latency and CPU cost (tables, or JSON with --json).
     #[command(subcommand)]
     Bench(bench::Bench),
     /// Run an unmodified program under the preload shim (LD_PRELOAD), with
-    /// a wait mode for its epoll_wait/poll/select calls.
+    /// a wait mode for its epoll_wait, epoll_pwait, poll and select calls
+    /// and, on rxe and mlx5 devices, libibverbs' ibv_get_cq_event.
     Run(run::Args),
-    /// Inspect this host: CPUs, idle states, PSI, RDMA, io_uring, busy poll.
+    /// Inspect this host (CPUs, idle states, PSI, RDMA, io_uring, busy poll)
+    /// and measure how fast a sleeping thread wakes up.
     Doctor,
 }
 

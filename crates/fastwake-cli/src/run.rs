@@ -1,4 +1,4 @@
-//! `fastwake run [--mode M] [--budget N] [--cpu-cap F] -- CMD ARGS...`:
+//! `fastwake run [--mode M] [--budget N] [--cpu-cap F] [--verbose] -- CMD ARGS...`:
 //! run an unmodified program under the preload shim.
 //!
 //! It only prepares the environment (LD_PRELOAD plus the FASTWAKE_*
@@ -15,15 +15,22 @@ const MODES: &[&str] = &["off", "poll", "interrupt", "hybrid", "adaptive", "disp
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Wait mode for the program's epoll_wait/poll/select calls: off, poll,
-    /// interrupt, hybrid, adaptive, dispatch (epoll_wait handed off by a
-    /// per-CPU dispatcher; the other calls as hybrid).
+    /// Wait mode for the program's waits: off (every call passes through),
+    /// interrupt (the kernel's blocking waits, no spinning), poll (spin up
+    /// to the call's timeout), hybrid (spin for --budget, then block),
+    /// adaptive (spin for a learned budget, at most --budget), dispatch
+    /// (epoll_wait, epoll_pwait without a signal mask, poll and select on
+    /// up to 8 fds, and blocking ibv_get_cq_event sleep until a per-CPU
+    /// dispatcher hands off; larger fd sets and masked epoll_pwait as
+    /// hybrid).
     #[arg(long, default_value = "hybrid")]
     pub mode: String,
-    /// Spin budget in µs (hybrid: fixed; adaptive: ceiling), e.g. 50 or 50us.
+    /// Spin budget in µs (hybrid: fixed; adaptive: ceiling), e.g. 50 or
+    /// 50us; the shim's default is 50.
     #[arg(long)]
     pub budget: Option<String>,
-    /// Fraction of one CPU spinning may use per thread, in (0, 1].
+    /// Fraction of one CPU spinning may use per thread, in (0, 1]; the
+    /// shim's default is 0.75.
     #[arg(long)]
     pub cpu_cap: Option<f64>,
     /// Let the shim print its configuration and counters on stderr.

@@ -138,6 +138,31 @@ fn pingpong_json_has_every_key_per_mode() {
     }
 }
 
+/// Every mode `bench pingpong --help` names runs, and the rows come back
+/// in the order asked (the rounds rotate their start, the report does not).
+#[test]
+fn pingpong_runs_every_mode_its_help_names() {
+    let help = String::from_utf8(fastwake(&["bench", "pingpong", "--help"]).stdout).unwrap();
+    let modes = ["poll", "interrupt", "hybrid:5us", "adaptive", "dispatch"];
+    for m in [
+        "poll",
+        "interrupt",
+        "hybrid[:<N>us]",
+        "adaptive[:<opts>]",
+        "dispatch",
+    ] {
+        assert!(help.contains(m), "help does not name {m}: {help}");
+    }
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let rows = json_rows(&format!(
+        "bench pingpong --mode {} --iters 60 --warmup 10 --rounds 3",
+        modes.join(",")
+    ));
+    let got: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(got, modes);
+    assert!(rows.iter().all(|r| r["iters"] == 60), "{rows:?}");
+}
+
 /// `bench share --json` carries pingpong's keys plus the sharing ones,
 /// and a p50 per round that the pooled p50 lies within.
 #[test]

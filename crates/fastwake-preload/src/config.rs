@@ -2,82 +2,28 @@
 //! when the library is loaded (see docs/preload.md for the list).
 //!
 //! Parsing is pure (a function of a lookup closure) so it is testable; the
-//! result is published in atomics so hooks read it without locks, from any
+//! result is published once, in a `OnceLock`, so hooks read it without locks, from any
 //! thread, in a signal handler or in a forked child. Until the loader has
 //! run our constructor, every field reads as "off": a hook called that early
 //! (from another library's constructor) passes straight through.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use fastwake::WaitMode;
+use fastwake::wait::Governor;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-/// What the shim does with the waits it intercepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Mode {
-    /// Pass every call through unchanged.
-    Off = 0,
-    /// Spin until the wait's own timeout (still under the CPU cap).
-    Poll = 1,
-    /// The kernel's blocking wait: the same as off, named for symmetry with
-    /// the library's wait modes.
-    Interrupt = 2,
-    /// Spin for a fixed budget, then block.
-    Hybrid = 3,
-    /// Spin for a budget the library's adaptive controller learns, then block.
-    Adaptive = 4,
-    /// `epoll_wait`, `poll`, `select`, `ibv_get_cq_event`: sleep on a futex the per-CPU dispatcher
-    /// rings when the fds become ready (see `crate::dispatch`); the other
-    /// hooks behave as in `Hybrid`.
-    Dispatch = 5,
-}
-
-impl Mode {
-    fn from_u8(v: u8) -> Mode {
-        match v {
-            1 => Mode::Poll,
-            2 => Mode::Interrupt,
-            3 => Mode::Hybrid,
-            4 => Mode::Adaptive,
-            5 => Mode::Dispatch,
-            _ => Mode::Off,
-        }
-    }
-
-    /// The name as `FASTWAKE_MODE` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Off => "off",
-            Mode::Poll => "poll",
-            Mode::Interrupt => "interrupt",
-            Mode::Hybrid => "hybrid",
-            Mode::Adaptive => "adaptive",
-            Mode::Dispatch => "dispatch",
-        }
-    }
-
-    /// Does this mode ever spin?
-    pub fn spins(self) -> bool {
-        matches!(
-            self,
-            Mode::Poll | Mode::Hybrid | Mode::Adaptive | Mode::Dispatch
-        )
-    }
-}
-
-/// Default spin budget (hybrid) and ceiling (adaptive). A loopback TCP
-/// request/response on the reference machine leaves the server idle for
-/// ~10–20 µs between requests of one client (two ~6 µs wake-ups plus the
-/// client's work); 50 µs covers that with margin while capping the waste on
-/// a slow peer at ~10 wake-ups' worth of CPU.
-pub const DEFAULT_BUDGET_US: u32 = 50;
 /// Default CPU cap: spinning may use at most this fraction of one CPU per
-/// thread, averaged over a few milliseconds.
+/// thread (the governor's allowance: averaged over up to 100 ms).
 pub const DEFAULT_CPU_CAP: f64 = 0.75;
 
 /// The parsed configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Config {
-    pub mode: Mode,
+    /// The library's wait mode the hooks apply; `None`: off, every call
+    /// passes through unchanged.
+    pub mode: Option<WaitMode>,
+    /// `hybrid`'s budget, `adaptive`'s ceiling, and the budget of the waits
+    /// `dispatch` cannot dispatch (`FASTWAKE_BUDGET_US`).
     pub budget: Duration,
     /// Fraction of one CPU (0 < cap ≤ 1) spinning may use, per thread.
     pub cpu_cap: f64,
@@ -87,8 +33,8 @@ pub struct Config {
 impl Config {
     /// Everything off: what a bad configuration falls back to.
     pub const OFF: Config = Config {
-        mode: Mode::Off,
-        budget: Duration::from_micros(DEFAULT_BUDGET_US as u64),
+        mode: None,
+        budget: fastwake::wait::DEFAULT_BUDGET,
         cpu_cap: DEFAULT_CPU_CAP,
         verbose: false,
     };
@@ -111,17 +57,13 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
     }
     if let Some(v) = get("FASTWAKE_MODE") {
         c.mode = match v.trim() {
-            "" | "off" => Mode::Off,
-            "poll" => Mode::Poll,
-            "interrupt" => Mode::Interrupt,
-            "hybrid" => Mode::Hybrid,
-            "adaptive" => Mode::Adaptive,
-            "dispatch" => Mode::Dispatch,
-            _ => {
-                return Err(format!(
-                    "FASTWAKE_MODE='{v}' is not one of off, poll, interrupt, hybrid, adaptive, dispatch; passing through"
-                ));
-            }
+            "" | "off" => None,
+            m => Some(m.parse::<WaitMode>().map_err(|e| {
+                format!(
+                    "FASTWAKE_MODE='{v}' is not one of off, poll, interrupt, hybrid[:Nus], adaptive[:opts], dispatch ({}); passing through",
+                    e.to_string().replace('\n', " ")
+                )
+            })?),
         };
     }
     if let Some(v) = get("FASTWAKE_BUDGET_US") {
@@ -138,6 +80,9 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
                 )
             })?;
         c.budget = Duration::from_micros(us as u64);
+        if let Some(WaitMode::Hybrid { budget }) = &mut c.mode {
+            *budget = c.budget;
+        }
     }
     if let Some(v) = get("FASTWAKE_CPU_CAP") {
         let cap: f64 = v
@@ -153,43 +98,59 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
     Ok(c)
 }
 
-static MODE: AtomicU8 = AtomicU8::new(Mode::Off as u8);
-static BUDGET_NS: AtomicU64 = AtomicU64::new(0);
-/// CPU cap in parts per million.
-static CAP_PPM: AtomicU32 = AtomicU32::new(0);
-static VERBOSE: AtomicBool = AtomicBool::new(false);
+/// The configuration in force, set once by the library's constructor.
+/// Read by every hook: after it is set, one acquire load; until then
+/// (a hook called from another library's constructor) everything reads
+/// as off. Memory, so a forked child and a signal handler see it too.
+static CONFIG: OnceLock<Published> = OnceLock::new();
 
-/// Publish `c` for the hooks.
+struct Published {
+    cfg: Config,
+    /// What each thread's governor starts from.
+    governor: Governor,
+}
+
+/// Publish `c` for the hooks (once; later calls are ignored).
 pub fn publish(c: &Config) {
-    BUDGET_NS.store(c.budget.as_nanos() as u64, Ordering::Relaxed);
-    CAP_PPM.store((c.cpu_cap * 1e6) as u32, Ordering::Relaxed);
-    VERBOSE.store(c.verbose, Ordering::Relaxed);
-    // Mode last: a hook that sees a spinning mode also sees its parameters.
-    MODE.store(c.mode as u8, Ordering::Release);
+    let governor = c.mode.map_or(Governor::new(WaitMode::Interrupt), |m| {
+        let g = Governor::new(m)
+            .with_ceiling(c.budget.as_nanos() as u64)
+            .with_cap((c.cpu_cap * 1e6) as u32);
+        match m {
+            // Adaptive's own cap, when given (adaptive:cap=N%), is the
+            // tighter of the two.
+            WaitMode::Adaptive(a) => {
+                g.with_cap(((c.cpu_cap * 1e6) as u32).min(a.cap_pct as u32 * 10_000))
+            }
+            _ => g,
+        }
+    });
+    let _ = CONFIG.set(Published { cfg: *c, governor });
 }
 
-/// The mode in force.
+/// The mode in force (`None`: off).
 #[inline]
-pub fn mode() -> Mode {
-    Mode::from_u8(MODE.load(Ordering::Acquire))
+pub fn mode() -> Option<WaitMode> {
+    CONFIG.get().and_then(|p| p.cfg.mode)
 }
 
-/// The budget in ns (hybrid: fixed; adaptive: ceiling).
+/// Is the mode `dispatch`?
 #[inline]
-pub fn budget_ns() -> u64 {
-    BUDGET_NS.load(Ordering::Relaxed)
+pub fn dispatch() -> bool {
+    mode() == Some(WaitMode::Dispatch)
 }
 
-/// The CPU cap in parts per million of one CPU.
-#[inline]
-pub fn cap_ppm() -> u32 {
-    CAP_PPM.load(Ordering::Relaxed)
+/// A new thread's governor (the mode with the configured ceiling and cap).
+pub fn governor() -> Governor {
+    CONFIG
+        .get()
+        .map_or(Governor::new(WaitMode::Interrupt), |p| p.governor.clone())
 }
 
 /// Print diagnostics?
 #[inline]
 pub fn verbose() -> bool {
-    VERBOSE.load(Ordering::Relaxed)
+    CONFIG.get().is_some_and(|p| p.cfg.verbose)
 }
 
 #[cfg(test)]
@@ -219,7 +180,7 @@ mod tests {
             ("FASTWAKE_VERBOSE", "1"),
         ]))
         .unwrap();
-        assert_eq!(c.mode, Mode::Adaptive);
+        assert_eq!(c.mode, Some(WaitMode::Adaptive(Default::default())));
         assert_eq!(c.budget, Duration::from_micros(30));
         assert_eq!(c.cpu_cap, 0.5);
         assert!(c.verbose);
@@ -230,6 +191,8 @@ mod tests {
         for (k, v) in [
             ("FASTWAKE_MODE", "fast"),
             ("FASTWAKE_MODE", "tasks"),
+            ("FASTWAKE_MODE", "hybrid:x"),
+            ("FASTWAKE_MODE", "adaptive:cap=200%"),
             ("FASTWAKE_BUDGET_US", "-3"),
             ("FASTWAKE_BUDGET_US", "abc"),
             ("FASTWAKE_CPU_CAP", "0"),

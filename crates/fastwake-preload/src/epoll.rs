@@ -76,8 +76,8 @@ pub unsafe extern "C" fn epoll_wait(
         return unsafe { real(epfd, events, maxevents, timeout) };
     }
     let go = || {
-        if crate::config::mode() == crate::config::Mode::Dispatch
-            && let Some(n) = crate::dispatch::epoll_wait(epfd, events, maxevents, timeout)
+        if crate::config::dispatch()
+            && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, timeout)
         {
             return n;
         }
@@ -119,8 +119,8 @@ pub unsafe extern "C" fn epoll_pwait(
     let go = || {
         // With a mask the wait must run under it; the futex sleep cannot.
         if sigmask.is_null()
-            && crate::config::mode() == crate::config::Mode::Dispatch
-            && let Some(n) = crate::dispatch::epoll_wait(epfd, events, maxevents, timeout)
+            && crate::config::dispatch()
+            && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, timeout)
         {
             return n;
         }

@@ -11,21 +11,41 @@
 //! - the real function is found with `dlsym(RTLD_NEXT)` ([`real`]);
 //! - the shim's own needs use raw syscalls (rustix, `libc::syscall`), never
 //!   a libc function it hooks, so it cannot recurse into itself;
-//! - no locks and no allocation on hook paths: state is per-thread cells or
-//!   global atomics, which stay consistent across `fork` and in signal
-//!   handlers (a hook entered from a signal handler passes through).
+//! - the fd hooks (`epoll_wait`, `epoll_pwait`, `poll`, `select`) in the
+//!   spinning modes take no lock and allocate nothing: their state is a
+//!   per-thread cell (the thread's [`fastwake::wait::Governor`], no heap)
+//!   or global atomics, which stay consistent across `fork` and in signal
+//!   handlers (a hook entered from a signal handler while its thread waits
+//!   finds the cell borrowed and passes through). Where that does not hold,
+//!   and why it is safe:
+//!   - the verbs hooks (`ibv_poll_cq`, `ibv_req_notify_cq`,
+//!     `ibv_get_cq_event`, `ibv_ack_cq_events`) take the shim's mutex of
+//!     that one CQ (`verbs::table`), held for a few loads and stores and the
+//!     provider's own non-blocking `poll_cq`, never across a wait; the
+//!     dispatcher only ever `try_lock`s it. Like the provider's own CQ lock
+//!     it must not be taken from a signal handler that interrupted a verbs
+//!     call on the same CQ, which libibverbs programs already may not do;
+//!   - `dispatch` mode: the first dispatched wait on a CPU starts that CPU's
+//!     dispatcher (two threads); a thread's first dispatched wait, and any
+//!     wait on a different fd set or completion channel than its previous
+//!     one, allocates one peek handle (an `Arc`) and takes the library's
+//!     registration lock for a few stores. A wait on the same set as the
+//!     previous one allocates nothing and takes no lock. The thread's
+//!     dispatch state is borrowed for the whole wait, so a signal handler's
+//!     hook passes through instead of re-entering the registration.
 //!
 //! Modules: [`config`] (environment), [`dispatch`] (dispatch mode: waits
 //! handed off by a per-CPU dispatcher), [`real`] (the next definitions of the
-//! hooked symbols), [`wait`] (the spin-then-block engine every hook uses),
-//! [`budget`] (the adaptive budget), [`peer`] (the peer's CPU), and one
+//! hooked symbols), [`wait`] (the spinning fd-hook wait; every decision is
+//! the library's [`fastwake::wait::Governor`]'s), [`peer`] (which socket
+//! tells the peer's CPU), and one
 //! module per family of hooked calls: [`epoll`], [`poll`], [`select`],
 //! [`verbs`] (libibverbs: completion channels and the context's CQ ops).
 
-pub mod budget;
 pub mod config;
 pub mod dispatch;
 pub mod epoll;
+pub mod fds;
 pub mod peer;
 pub mod poll;
 pub mod real;
@@ -67,14 +87,14 @@ extern "C" fn init() {
         hooks_resolve();
         match cfg {
             Ok(c) => {
-                if c.mode == config::Mode::Dispatch {
+                if c.mode == Some(fastwake::WaitMode::Dispatch) {
                     dispatch::start();
                 }
                 config::publish(&c);
                 if c.verbose {
                     diag(&format!(
                         "mode={} budget={}us cpu_cap={} pid={}",
-                        c.mode.name(),
+                        c.mode.map_or("off".to_string(), |m| m.to_string()),
                         c.budget.as_micros(),
                         c.cpu_cap,
                         std::process::id()

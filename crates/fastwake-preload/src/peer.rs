@@ -1,5 +1,7 @@
 //! Where the peer runs: a spinning waiter on the peer's own CPU only delays
-//! the peer, so the shim must not spin there.
+//! the peer, so the governor does not spin there; this module is how the
+//! shim finds the socket to ask (the asking itself is the library's
+//! [`fastwake::source::socket::incoming_cpu`]).
 //!
 //! For a socket the kernel remembers which CPU processed the last incoming
 //! packet (`SO_INCOMING_CPU`). Over loopback and veth that is the CPU of the
@@ -38,25 +40,4 @@ pub fn fd_of_data(data: u64) -> Option<i32> {
     let fd = data as u32 as i32;
     let i = usize::try_from(fd).ok()?;
     (i < TRACKED && DATA_IS_FD[i].load(Ordering::Relaxed) == 1).then_some(fd)
-}
-
-/// The CPU that processed `fd`'s last incoming packet, if `fd` is a socket
-/// that has received one.
-pub fn incoming_cpu(fd: i32) -> Option<u32> {
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: the fd is only borrowed for one getsockopt; if it is not
-    // open or not a socket the call fails with EBADF/ENOTSOCK.
-    let fd = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-    let cpu = rustix::net::sockopt::socket_incoming_cpu(fd).ok()?;
-    // The kernel reports -1 (as u32::MAX) before any packet arrived.
-    (cpu != u32::MAX).then_some(cpu)
-}
-
-/// The CPU the calling thread is on (rseq area via glibc: no syscall).
-pub fn current_cpu() -> Option<u32> {
-    // SAFETY: sched_getcpu has no preconditions and is not hooked.
-    let c = unsafe { libc::sched_getcpu() };
-    u32::try_from(c).ok()
 }

@@ -54,9 +54,9 @@ fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_
         return unsafe { real(fds, nfds, timeout) };
     }
     let go = || {
-        if crate::config::mode() == crate::config::Mode::Dispatch
+        if crate::config::dispatch()
             && let Some(n) =
-                crate::dispatch::poll(fds, nfds, timeout, || probe(fds, nfds, std::ptr::null()))
+                crate::fds::poll(fds, nfds, timeout, || probe(fds, nfds, std::ptr::null()))
         {
             return n;
         }

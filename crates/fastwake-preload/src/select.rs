@@ -64,13 +64,13 @@ impl Saved {
 
     /// The sets as `poll` entries (read: `POLLIN`, write: `POLLOUT`,
     /// except: `POLLPRI`), for a dispatcher to peek; `None` past
-    /// [`crate::dispatch::MAX_FDS`] fds.
-    fn as_pollfds(&self) -> Option<([libc::pollfd; crate::dispatch::MAX_FDS], usize)> {
+    /// [`crate::fds::MAX_FDS`] fds.
+    fn as_pollfds(&self) -> Option<([libc::pollfd; crate::fds::MAX_FDS], usize)> {
         let mut out = [libc::pollfd {
             fd: -1,
             events: 0,
             revents: 0,
-        }; crate::dispatch::MAX_FDS];
+        }; crate::fds::MAX_FDS];
         let mut n = 0;
         for w in 0..self.words {
             let mut bits = self.copy[0][w] | self.copy[1][w] | self.copy[2][w];
@@ -188,10 +188,10 @@ pub unsafe extern "C" fn select(
     };
     let go = || {
         let saved = Saved::new(sets, n);
-        let t0 = wait::now_ns();
-        let dispatched = if crate::config::mode() == crate::config::Mode::Dispatch {
+        let t0 = fastwake::cpu::monotonic_ns();
+        let dispatched = if crate::config::dispatch() {
             saved.as_pollfds().and_then(|(fds, k)| {
-                crate::dispatch::dispatched(
+                crate::fds::dispatched(
                     &fds[..k],
                     orig_ns.map(std::time::Duration::from_nanos),
                     || probe(nfds, &saved, std::ptr::null()),
@@ -233,7 +233,7 @@ pub unsafe extern "C" fn select(
         // Report the time not slept, as Linux's select does (the real
         // call did too when it ran; this differs only by the return path).
         if let Some(o) = orig_ns {
-            let left_us = o.saturating_sub(wait::now_ns().wrapping_sub(t0)) / 1_000;
+            let left_us = o.saturating_sub(fastwake::cpu::monotonic_ns().wrapping_sub(t0)) / 1_000;
             // SAFETY: non-null when there was a timeout.
             unsafe {
                 timeout.write(libc::timeval {

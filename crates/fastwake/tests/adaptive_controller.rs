@@ -3,7 +3,8 @@
 //! they are exact and fast. The real-thread behaviour is covered in
 //! adaptive_waiter.rs and measured by `fastwake bench load`.
 
-use fastwake::adaptive::{Config, Core, Env, Model, Outcome, Plan};
+use fastwake::adaptive::{Config, Env, Learner, Model, Outcome, Plan};
+use fastwake::wait::Allowance;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -39,7 +40,9 @@ impl Dist {
 }
 
 struct Sim {
-    core: Core,
+    core: Learner,
+    /// The CPU cap, kept outside the learner as the wait governor keeps it.
+    cap: Allowance,
     rng: StdRng,
     now: u64,
     model: Model,
@@ -51,7 +54,8 @@ struct Sim {
 impl Sim {
     fn new(cfg: Config, seed: u64) -> Sim {
         Sim {
-            core: Core::new(cfg, Model::default()),
+            core: Learner::new(cfg, Model::default()),
+            cap: Allowance::new(cfg.cap_pct as u32 * 10_000),
             rng: StdRng::seed_from_u64(seed),
             now: 1_000_000,
             model: Model::default(),
@@ -63,6 +67,10 @@ impl Sim {
     /// One wait of true length `w`; the wake-up has jitter, as on a real
     /// machine, so the controller's estimates after a sleep are noisy.
     fn step(&mut self, w: u64, env: Env) -> Plan {
+        let env = Env {
+            allowance_ns: self.cap.refill(self.now),
+            ..env
+        };
         let plan = self.core.plan(self.now, env);
         let b = match plan {
             Plan::Spin(b) => b,
@@ -85,6 +93,7 @@ impl Sim {
             }
         };
         self.spun += out.spun_ns;
+        self.cap.charge(out.spun_ns);
         self.core.record(out);
         self.now += out.waited_ns + self.service;
         plan
@@ -208,11 +217,11 @@ proptest! {
         let elapsed = (s.now - t0) as f64;
         let c = cap as f64 / 100.0;
         let bound = c * elapsed
-            + c * fastwake::adaptive::core::BURST_NS as f64
-            + fastwake::adaptive::core::MAX_BUDGET_NS as f64;
+            + c * fastwake::wait::BURST_NS as f64
+            + fastwake::adaptive::learner::MAX_BUDGET_NS as f64;
         prop_assert!(s.spun as f64 <= bound, "spun {} > bound {bound:.0} (cap {cap}%, {d:?})", s.spun);
         // And over a long run the fraction itself approaches the cap.
-        if elapsed > 50.0 * fastwake::adaptive::core::BURST_NS as f64 {
+        if elapsed > 50.0 * fastwake::wait::BURST_NS as f64 {
             prop_assert!(s.spun as f64 / elapsed <= c * 1.1 + 0.002);
         }
     }
@@ -391,7 +400,7 @@ fn catch_limits_the_budget_to_a_quantile_of_the_waits() {
 /// a dearer sleep makes spinning pay through longer gaps.
 /// The lean budget a stream of 20 µs mean gaps (no idle rule) settles on
 /// after `observe` has fed the core measured costs.
-fn lean_budget_after(learn_wake: bool, observe: impl Fn(&mut Core)) -> u64 {
+fn lean_budget_after(learn_wake: bool, observe: impl Fn(&mut Learner)) -> u64 {
     let mut s = Sim::new(
         Config {
             idle_rate: 0,
@@ -425,7 +434,7 @@ fn measured_wake_up_moves_the_break_even() {
     // instead of the default 4.3 µs makes lean spinning through 20 µs
     // gaps pay. Without it the measurement is kept but the model's
     // figure stays.
-    let observe = |c: &mut Core| {
+    let observe = |c: &mut Learner| {
         (0..32).for_each(|_| c.observe_wake(30_000));
         assert_eq!(c.wake_samples(), 32);
         assert!((c.measured_wake_ns() - 30_000.0).abs() < 1.0);
@@ -445,7 +454,7 @@ fn measured_wake_up_moves_the_break_even() {
 
 #[test]
 fn one_slow_wake_up_does_not_swing_the_model() {
-    let mut c = Core::new(Config::default(), Model::default());
+    let mut c = Learner::new(Config::default(), Model::default());
     for _ in 0..16 {
         c.observe_wake(5_000);
     }

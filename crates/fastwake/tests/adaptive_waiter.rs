@@ -147,8 +147,8 @@ fn learns_the_wake_up_latency_from_dated_rings() {
         adaptive(),
     );
     let ctl = w.adaptive().unwrap();
-    eprintln!("{}", ctl.explain());
-    let core = ctl.core();
+    eprintln!("{}", w.explain().unwrap());
+    let core = ctl.learner();
     assert!(w.stats().sleeps > 100, "{:?}", w.stats());
     assert!(
         core.wake_samples() > 100,
@@ -161,7 +161,8 @@ fn learns_the_wake_up_latency_from_dated_rings() {
         (200.0..1_000_000.0).contains(&wake),
         "implausible wake-up {wake} ns"
     );
-    assert!(ctl.explain().contains(", measured "), "{}", ctl.explain());
+    let line = w.explain().unwrap();
+    assert!(line.contains(", measured "), "{line}");
 }
 
 #[test]
@@ -169,7 +170,7 @@ fn never_spins_against_a_producer_on_its_cpu() {
     let _g = common::spin_lock();
     let w = deliver((0, 0), 2_000, Duration::from_micros(50), 7);
     let s = w.adaptive_stats().unwrap();
-    eprintln!("{}", w.adaptive().unwrap().explain());
+    eprintln!("{}", w.explain().unwrap());
     assert_eq!(s.spins, 0, "spun against a same-CPU producer: {s:?}");
     assert!(s.same_cpu + s.learning + s.long_waits == s.decisions);
 }
@@ -204,7 +205,7 @@ fn a_hog_on_the_waiters_cpu_is_seen_as_contention() {
     stop.store(true, Ordering::Relaxed);
     hog.join().unwrap();
     let s = w.adaptive_stats().unwrap();
-    eprintln!("{}", w.adaptive().unwrap().explain());
+    eprintln!("{}", w.explain().unwrap());
     // Seen means: waits planned for a contended CPU, either in interrupt
     // mode or with the CPU-only (lean) budget.
     assert!(
@@ -227,8 +228,8 @@ fn cap_limits_spinning_time() {
     );
     let wall = wall.as_nanos() as f64;
     let s = w.adaptive_stats().unwrap();
-    eprintln!("{}", w.adaptive().unwrap().explain());
-    let burst = 0.10 * fastwake::adaptive::core::BURST_NS as f64;
+    eprintln!("{}", w.explain().unwrap());
+    let burst = 0.10 * fastwake::wait::BURST_NS as f64;
     assert!(
         (s.spin_ns as f64) <= 0.10 * wall + burst + 1e6,
         "spun {} ns of {wall} ns wall with a 10% cap: {s:?}",

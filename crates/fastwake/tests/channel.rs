@@ -49,7 +49,7 @@ fn peek_does_not_consume() {
 fn next_at_names_the_slot_of_the_next_completion() {
     for slot in [8, 64, 200] {
         let (mut tx, mut rx) = channel::channel(cfg(4, slot, Doorbell::Futex)).unwrap();
-        let peek = rx.peek_handle().expect("channels are peekable");
+        let peek = rx.peek().expect("channels are peekable").clone();
         let c = peek.counters().expect("channels offer counters");
         let at = c.next_at.expect("channels know their next slot");
         for t in 0..11u64 {

@@ -4,9 +4,9 @@
 //!
 //! `FASTWAKE_TEST_VERBS_DEV` picks the device (default: the first one).
 
-use fastwake::source::verbs::sys::{IBV_WC_RECV, IBV_WC_SUCCESS};
 use fastwake::source::verbs::{CqConfig, Device, Mr, RcQp, Vector, VerbsCq};
 use fastwake::{Source, WaitMode, Waiter};
+use fastwake_verbs_sys::{IBV_WC_RECV, IBV_WC_SUCCESS};
 use rand::{Rng, SeedableRng};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};

@@ -5,11 +5,9 @@
 //! and replies. One-way latency is half the round trip, as perftest reports.
 //!
 //! Several cases (wait modes, mechanisms, placements) are measured in one
-//! run **interleaved**: the run is cut into rounds and every round gives each
-//! case a slice. These machines are noisy; interleaving spreads a noisy
-//! second over all cases instead of ruining one, so ratios between rows are
-//! trustworthy even when absolute figures drift.
+//! run, interleaved in rounds ([`super::rounds`]).
 
+use super::rounds::Rounds;
 use super::stats::{Row, Sample};
 use fastwake::{Fail, Result};
 use std::sync::Arc;
@@ -63,9 +61,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    fn segment(&self, round: u64) -> u64 {
-        // Spread iters over rounds; the first rounds take the remainder.
-        self.iters / self.rounds + u64::from(round < self.iters % self.rounds)
+    fn schedule(&self, cases: usize) -> Rounds {
+        Rounds::new(cases, self.rounds, self.iters)
     }
 }
 
@@ -153,28 +150,26 @@ fn ping_loop(
     let mut samples: Vec<Sample> = (0..ends.len()).map(|_| Sample::new()).collect();
     let mut cpu = vec![Duration::ZERO; ends.len()];
     let mut on = None;
-    for round in 0..plan.rounds {
-        for (i, end) in ends.iter_mut().enumerate() {
-            place(places[i].ping_cpu, &mut on)?;
-            if round == 0 {
-                for _ in 0..plan.warmup {
-                    end.send()?;
-                    end.recv()?;
-                }
-            }
-            let n = plan.segment(round);
-            let c0 = fastwake::cpu::thread_cpu_time();
-            for _ in 0..n {
-                let t0 = Instant::now();
+    for t in plan.schedule(ends.len()).turns() {
+        let (i, end) = (t.case, &mut ends[t.case]);
+        place(places[i].ping_cpu, &mut on)?;
+        if t.round == 0 {
+            for _ in 0..plan.warmup {
                 end.send()?;
                 end.recv()?;
-                samples[i].record_rtt(t0.elapsed());
             }
-            cpu[i] += fastwake::cpu::thread_cpu_time() - c0;
-            progress.done.fetch_add(n, Ordering::Relaxed);
-            if progress.stop.load(Ordering::Relaxed) {
-                return Err(Fail::new(libc::EINTR, "interrupted"));
-            }
+        }
+        let c0 = fastwake::cpu::thread_cpu_time();
+        for _ in 0..t.amount {
+            let t0 = Instant::now();
+            end.send()?;
+            end.recv()?;
+            samples[i].record_rtt(t0.elapsed());
+        }
+        cpu[i] += fastwake::cpu::thread_cpu_time() - c0;
+        progress.done.fetch_add(t.amount, Ordering::Relaxed);
+        if progress.stop.load(Ordering::Relaxed) {
+            return Err(Fail::new(libc::EINTR, "interrupted"));
         }
     }
     Ok((samples, cpu))
@@ -187,23 +182,22 @@ fn pong_loop(
 ) -> Result<Vec<Duration>> {
     let mut cpu = vec![Duration::ZERO; ends.len()];
     let mut on = None;
-    for round in 0..plan.rounds {
-        for (i, end) in ends.iter_mut().enumerate() {
-            place(places[i].pong_cpu, &mut on)?;
-            if round == 0 {
-                for _ in 0..plan.warmup {
-                    end.recv()?;
-                    end.send()?;
-                }
-            }
-            let n = plan.segment(round);
-            let c0 = fastwake::cpu::thread_cpu_time();
-            for _ in 0..n {
+    // The same turns as the ping end's, in the same order.
+    for t in plan.schedule(ends.len()).turns() {
+        let (i, end) = (t.case, &mut ends[t.case]);
+        place(places[i].pong_cpu, &mut on)?;
+        if t.round == 0 {
+            for _ in 0..plan.warmup {
                 end.recv()?;
                 end.send()?;
             }
-            cpu[i] += fastwake::cpu::thread_cpu_time() - c0;
         }
+        let c0 = fastwake::cpu::thread_cpu_time();
+        for _ in 0..t.amount {
+            end.recv()?;
+            end.send()?;
+        }
+        cpu[i] += fastwake::cpu::thread_cpu_time() - c0;
     }
     Ok(cpu)
 }

@@ -18,12 +18,13 @@
 //!   consumer costs the producer show in the `sleeps` column instead.
 //!
 //! Modes are interleaved within each scenario: the measured time of each
-//! mode is cut into `--rounds` windows, and the rounds rotate through the
-//! modes (the starting mode shifts every round), so a noisy second on this
-//! shared machine is spread over all modes.
+//! mode is cut into `--rounds` windows, in rounds whose first mode moves on
+//! every round ([`super::rounds`]), so a noisy second on this shared
+//! machine is spread over all modes.
 
 mod plot;
 
+use super::rounds::Rounds;
 use super::sources::net;
 use super::stats::{self, Row, Sample};
 use fastwake::dispatch::{self, Dispatcher};
@@ -48,7 +49,8 @@ pub struct Args {
     /// CPU hog on the consumer's CPU: off, on or both.
     #[arg(long, default_value = "both")]
     pub hog: String,
-    /// Wait modes to compare (comma separated; adaptive[:cap=N%] allowed).
+    /// Wait modes to compare, comma separated: poll, interrupt,
+    /// hybrid[:<N>us], dispatch, adaptive[:<opts>] (e.g. adaptive:cap=20%).
     #[arg(
         long,
         value_delimiter = ',',
@@ -59,10 +61,11 @@ pub struct Args {
     /// connection per mode, read through the socket source).
     #[arg(long, default_value = "channel")]
     pub source: String,
-    /// Idle policy of the dispatcher that `dispatch` (and `adaptive`, when
-    /// it hands waits to it) uses: `fixed` (sleep after 2 ms without a
-    /// hand-off) or `adaptive` (the threshold learned by the adaptive
-    /// controller; see dispatch::Config::learn_idle).
+    /// Idle policy of the dispatcher on the consumer's CPU, which runs only
+    /// when --mode includes dispatch (adaptive then hands waits to it too):
+    /// `fixed` (sleep after 2 ms without a hand-off) or `adaptive` (the
+    /// threshold learned by the adaptive controller; see
+    /// dispatch::Config::learn_idle).
     #[arg(long, default_value = "fixed", value_parser = ["fixed", "adaptive"])]
     pub dispatcher: String,
     /// Measured seconds per mode and scenario.
@@ -227,16 +230,14 @@ fn segments(modes: usize, a: &Args) -> Vec<Segment> {
             measured: false,
         });
     }
-    let per = (a.secs * 1e9 / a.rounds as f64) as u64;
-    for r in 0..a.rounds as usize {
-        for k in 0..modes {
-            v.push(Segment {
-                mode: (r + k) % modes,
-                round: r as u64 + 1,
-                ns: per,
-                measured: true,
-            });
-        }
+    let measured_ns = (a.secs * 1e9) as u64;
+    for t in Rounds::new(modes, a.rounds.into(), measured_ns).turns() {
+        v.push(Segment {
+            mode: t.case,
+            round: t.round + 1,
+            ns: t.amount,
+            measured: true,
+        });
     }
     v
 }
@@ -457,7 +458,7 @@ fn consumer(
         }
     }
     for (e, o) in ends.iter().zip(out.iter_mut()) {
-        o.explain = e.waiter.adaptive().map(|c| c.explain());
+        o.explain = e.waiter.explain();
     }
     Ok(out)
 }

@@ -4,9 +4,11 @@ pub mod harness;
 pub mod ipc;
 pub mod load;
 pub mod pingpong;
+pub mod rounds;
 pub mod share;
 pub mod sources;
 pub mod stats;
+pub mod thread_clock;
 
 use clap::{Args, Subcommand};
 use fastwake::{Fail, Result};
@@ -21,7 +23,9 @@ pub enum Bench {
     /// interleaved in one run.
     Pingpong(pingpong::Args),
     /// The paper's IPC comparison: spin, futex, eventfd, pipe, socketpair,
-    /// condvar, semaphore, the channel in each mode, a user-level switch.
+    /// condvar, semaphore, the channel in poll, hybrid and interrupt mode, a
+    /// user-level switch; across the two --cpus and, where waiting there
+    /// makes sense, with both ends on the first.
     Ipc(IpcArgs),
     /// N connections sharing K cores: thread-per-connection interrupt and
     /// polling against the per-core dispatcher (tasks, kernel threads).
@@ -40,14 +44,16 @@ pub struct Common {
     /// Unmeasured round trips per row before measuring.
     #[arg(long, default_value_t = 2_000)]
     pub warmup: u64,
-    /// Payload bytes per message.
+    /// Payload bytes per message (bench ipc: pipe, socketpair and channel
+    /// rows only; the others carry no payload, eventfd its 8-byte counter).
     #[arg(long, default_value_t = 8)]
     pub size: usize,
     /// CPUs of the two ends, `A,B` (same CPU allowed).
     #[arg(long, default_value = "0,1", value_parser = parse_cpus)]
     pub cpus: (u32, u32),
     /// Interleaving rounds: each row's iterations are split over this many
-    /// slices, alternating with the other rows.
+    /// slices, alternating with the other rows; each round starts one row
+    /// later.
     #[arg(long, default_value_t = 10)]
     pub rounds: u64,
     /// Print JSON (one object per row) instead of a table.
@@ -59,7 +65,9 @@ pub struct Common {
 pub struct IpcArgs {
     #[command(flatten)]
     pub common: Common,
-    /// Mechanisms to measure (comma separated); default all.
+    /// Mechanisms to measure (comma separated): spin, spin-yield, futex,
+    /// eventfd, pipe, socketpair, condvar, semaphore, channel-poll,
+    /// channel-hybrid, channel-interrupt, stack-switch; default all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }

@@ -9,14 +9,17 @@ use fastwake::{Fail, Result, WaitMode};
 pub struct Args {
     #[command(flatten)]
     pub common: Common,
-    /// Wait modes to compare, comma separated: poll, interrupt, hybrid,
-    /// hybrid:<N>us.
+    /// Wait modes to compare, comma separated: poll, interrupt,
+    /// hybrid[:<N>us], adaptive[:<opts>] (e.g. adaptive:cap=20%), dispatch
+    /// (no dispatcher runs in this benchmark, so its waits fall back to
+    /// interrupt mode; bench share and bench load start one).
     #[arg(long, value_delimiter = ',', default_value = "poll,interrupt,hybrid")]
     pub mode: Vec<String>,
-    /// Completion source.
+    /// Completion source: channel (shared memory), verbs (RDMA RC
+    /// send/recv), tcp (socket source) or uring (io_uring receives).
     #[arg(long, default_value = "channel")]
     pub source: String,
-    /// Channel doorbell: futex or eventfd.
+    /// `--source channel`: doorbell, futex or eventfd.
     #[arg(long, default_value = "futex")]
     pub doorbell: String,
     /// RDMA device for `--source verbs` (default: the first one).

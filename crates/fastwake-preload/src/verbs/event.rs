@@ -29,9 +29,11 @@
 use super::real::{self, GetCqEventFn};
 use super::stats::{self, STATS};
 use super::table::{self, CQS, STASHED};
-use crate::config::{Mode, budget_ns, mode};
-use crate::wait::now_ns;
-use fastwake::source::verbs::sys::{ibv_comp_channel, ibv_cq, ibv_wc};
+use crate::config::mode;
+use crate::wait::with_governor;
+use fastwake::WaitMode;
+use fastwake::wait::{Decision, Ending, Facts};
+use fastwake_verbs_sys::{ibv_comp_channel, ibv_cq, ibv_wc};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 
@@ -50,7 +52,7 @@ fn fd_readable(fd: c_int) -> bool {
     r > 0
 }
 
-fn nonblocking(fd: c_int) -> bool {
+pub(super) fn nonblocking(fd: c_int) -> bool {
     // SAFETY: F_GETFL on the channel's fd; a raw syscall.
     let fl = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
     fl >= 0 && (fl as c_int) & libc::O_NONBLOCK != 0
@@ -207,6 +209,27 @@ unsafe fn deliver(ev: Event, cq_out: *mut *mut ibv_cq, ctx_out: *mut *mut c_void
     0
 }
 
+/// Hand a dispatched wait's outcome to the program: the event, or -1 with
+/// errno.
+///
+/// # Safety
+/// Both pointers valid for writes.
+pub(super) unsafe fn report(
+    r: Result<Event, c_int>,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+) -> c_int {
+    match r {
+        // SAFETY: the caller's contract.
+        Ok(ev) => unsafe { deliver(ev, cq_out, ctx_out) },
+        Err(e) => {
+            // SAFETY: the thread's errno slot.
+            unsafe { *libc::__errno_location() = e };
+            -1
+        }
+    }
+}
+
 enum Real {
     Deliver,
     Swallowed,
@@ -255,60 +278,64 @@ pub unsafe fn get_cq_event(
     ctx_out: *mut *mut c_void,
 ) -> c_int {
     let m = mode();
-    if m == Mode::Off || channel.is_null() || cq_out.is_null() || ctx_out.is_null() {
+    let Some(m) = m.filter(|_| !channel.is_null() && !cq_out.is_null() && !ctx_out.is_null())
+    else {
         // SAFETY: forwarding unchanged.
         return unsafe { real_get(channel, cq_out, ctx_out) };
-    }
+    };
     stats::add(&STATS.waits, 1);
     // SAFETY: a live channel (caller's contract).
     let fd = unsafe { (*channel).fd };
-    let t0 = now_ns();
+    // A non-blocking channel (the program waits in epoll) is looked at
+    // once and read: no spin, and nothing for the governor to learn.
     let nb = nonblocking(fd);
+    let t0 = fastwake::cpu::monotonic_ns();
+    let cpu = fastwake::cpu::current();
     let budget = if nb {
         0
     } else {
-        match m {
-            Mode::Poll => u64::MAX,
-            Mode::Hybrid | Mode::Dispatch => budget_ns(),
-            Mode::Adaptive => crate::wait::adaptive_budget(t0, budget_ns()),
-            Mode::Off | Mode::Interrupt => 0,
-        }
-    };
-    // Adaptive mode learns from each wait that ends with an event: how
-    // long it took, how much of it spun, whether it blocked.
-    // (Not from a non-blocking call: it does not wait.)
-    let learn = m == Mode::Adaptive && !nb;
-    let mut blocked = false;
-    let done = |blocked: bool| {
-        if learn {
-            let waited = now_ns().wrapping_sub(t0);
-            let spun = if blocked { budget.min(waited) } else { waited };
-            crate::wait::adaptive_record(waited, spun, blocked);
-        }
-    };
-    if m == Mode::Dispatch
-        && !nb
-        && let Some(r) = crate::dispatch::verbs_wait(real_get, channel, fd)
-    {
-        return match r {
-            // SAFETY: out-pointers valid (checked non-null, caller's
-            // contract).
-            Ok(ev) => unsafe { deliver(ev, cq_out, ctx_out) },
-            Err(e) => {
-                // SAFETY: the thread's errno slot.
-                unsafe { *libc::__errno_location() = e };
-                -1
-            }
+        let facts = Facts {
+            cpu,
+            dispatchable: false,
+            ..Facts::at(t0, None)
         };
-    }
+        match with_governor(|g, _| g.plan(&facts)) {
+            Some((d, why)) => {
+                crate::wait::count_why(why);
+                match d {
+                    Decision::Spin(b) => b,
+                    Decision::Dispatch | Decision::Block => 0,
+                }
+            }
+            // The thread's state is busy (a signal handler's wait) or gone.
+            None => 0,
+        }
+    };
+    let mut blocked = false;
+    let done = |blocked: bool, failed: bool| {
+        if nb {
+            return;
+        }
+        let now = fastwake::cpu::monotonic_ns();
+        let waited = now.wrapping_sub(t0);
+        let mut e = Ending::at(
+            now,
+            if blocked { budget.min(waited) } else { waited },
+            blocked,
+        );
+        e.failed = failed;
+        with_governor(|g, _| g.end(e));
+    };
     let mut spinning = budget > 0;
     // Interrupt mode is the plain kernel wait (only the vector choice
     // differs): no look at the CQs, no synthetic events.
-    let looks = m.spins();
+    let looks = m != WaitMode::Interrupt;
     let mut spins: u32 = 0;
+    let mut asleep = None;
     loop {
         if looks && let Some(ev) = synthetic_event(channel) {
-            done(blocked);
+            drop(asleep);
+            done(blocked, false);
             // SAFETY: out-pointers valid (checked non-null, caller's
             // contract).
             return unsafe { deliver(ev, cq_out, ctx_out) };
@@ -317,16 +344,24 @@ pub unsafe fn get_cq_event(
         // read cannot block); after the spin, the real blocking read.
         let go_real = !spinning || (spins.is_multiple_of(FD_EVERY) && fd_readable(fd));
         if go_real {
-            if !spinning {
+            if !spinning && !blocked {
                 stats::add(&STATS.blocked, 1);
                 blocked = true;
+                if !nb {
+                    asleep = with_governor(|g, _| g.blocking(cpu));
+                }
             }
             // SAFETY: the caller's channel.
             match unsafe { real_event(real_get, channel) } {
                 // errno as the real call set it (EAGAIN, EINTR, …)
-                Err(rc) => return rc,
+                Err(rc) => {
+                    drop(asleep);
+                    done(blocked, true);
+                    return rc;
+                }
                 Ok(Some(ev)) => {
-                    done(blocked);
+                    drop(asleep);
+                    done(blocked, false);
                     // SAFETY: out-pointers valid.
                     return unsafe { deliver(ev, cq_out, ctx_out) };
                 }
@@ -334,7 +369,10 @@ pub unsafe fn get_cq_event(
             }
         }
         spins = spins.wrapping_add(1);
-        if budget != u64::MAX && spins.is_multiple_of(32) && now_ns().wrapping_sub(t0) >= budget {
+        if budget != u64::MAX
+            && spins.is_multiple_of(32)
+            && fastwake::cpu::monotonic_ns().wrapping_sub(t0) >= budget
+        {
             spinning = false;
         }
         std::hint::spin_loop();

@@ -25,13 +25,14 @@
 //! channel; CQs armed solicited-only; programs using mlx5dv; contexts or CQs
 //! beyond the shim's tables (32 / 256); a bad `FASTWAKE_VERBS_VECTOR`.
 
+mod dispatched;
 pub(crate) mod event;
 mod ops;
 pub mod real;
 mod stats;
 pub mod table;
 
-use fastwake::source::verbs::sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device};
+use fastwake_verbs_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device};
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
@@ -75,7 +76,7 @@ pub fn report() {
 }
 
 fn active() -> bool {
-    crate::config::mode() != crate::config::Mode::Off
+    crate::config::mode().is_some()
         && VECTOR.load(Ordering::Relaxed) != VEC_OFF
         && !DIRECT.load(Ordering::Relaxed)
 }
@@ -257,6 +258,20 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     if !active() {
         // SAFETY: forwarding unchanged.
         return unsafe { real(channel, cq, cq_context) };
+    }
+    // The front door: a blocking wait in dispatch mode goes to the CPU's
+    // dispatcher; everything else (and a wait the dispatcher cannot take)
+    // to the spinning loop, which asks the thread's governor.
+    if crate::config::dispatch() && !channel.is_null() && !cq.is_null() && !cq_context.is_null() {
+        // SAFETY: a live channel (caller's contract).
+        let fd = unsafe { (*channel).fd };
+        if !event::nonblocking(fd)
+            && let Some(r) = dispatched::verbs_wait(real, channel, fd)
+        {
+            stats::add(&stats::STATS.waits, 1);
+            // SAFETY: out-pointers checked non-null (caller's contract).
+            return unsafe { event::report(r, cq, cq_context) };
+        }
     }
     // SAFETY: the caller's contract, passed on.
     unsafe { event::get_cq_event(real, channel, cq, cq_context) }

@@ -5,7 +5,7 @@
 
 use super::stats;
 use super::table::{self, STASHED};
-use fastwake::source::verbs::sys::{ibv_cq, ibv_wc};
+use fastwake_verbs_sys::{ibv_cq, ibv_wc};
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 

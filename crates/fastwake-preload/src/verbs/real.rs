@@ -5,7 +5,7 @@
 //! version with `dlvsym(RTLD_NEXT, name, "IBVERBS_1.1")` (the `@IBVERBS_1.0`
 //! twins take pre-2016 struct layouts and are never what the shim wants).
 
-use fastwake::source::verbs::sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device};
+use fastwake_verbs_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device};
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -5,9 +5,7 @@
 //! exit). A CQ that does not fit, or that belongs to a context the shim did
 //! not wrap, is simply not managed: every hook passes it through.
 
-use fastwake::source::verbs::sys::{
-    PollCqFn, ReqNotifyCqFn, ibv_comp_channel, ibv_context, ibv_cq, ibv_wc,
-};
+use fastwake_verbs_sys::{PollCqFn, ReqNotifyCqFn, ibv_comp_channel, ibv_context, ibv_cq, ibv_wc};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 

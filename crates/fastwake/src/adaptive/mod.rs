@@ -1,44 +1,36 @@
-//! Adaptive waiting: pick spin, interrupt or dispatch per wait, by load and
-//! CPU pressure.
+//! Adaptive waiting, the learning half: what the waits have looked like,
+//! and which plan that makes best. Pure: no clock, no thread of its own
+//! (except the [`pressure`] sampler, which waiters opt into), and nothing
+//! about sources, dispatchers or wait modes, so every layer above can use
+//! it.
 //!
 //! No single wait mode wins: polling is fastest but burns a core, interrupt
 //! mode is cheap but pays a kernel wake-up (~4 µs cross-core here), hybrid
-//! wins only when its fixed budget matches the peer. [`WaitMode::Adaptive`]
-//! learns, per [`Waiter`], the distribution of its wait times and decides
-//! each wait:
+//! wins only when its fixed budget matches the peer. The [`Learner`] keeps
+//! the distribution of a waiter's wait times and picks, per wait, the spin
+//! budget minimising expected latency + CPU/worth (0 = interrupt mode, so
+//! idle periods and slow peers fall back to plain interrupt mode), or the
+//! core's dispatcher where one serves the CPU ([`Plan::Dispatch`]), within
+//! the CPU cap ([`Config::cap_pct`]) and never against a producer on the
+//! same CPU or a CPU other threads want ([`Env`]).
 //!
-//! - **spin budget** ([`core`]): the budget minimising expected latency +
-//!   CPU/worth under the learned distribution, 0 = interrupt mode (so idle
-//!   periods and slow peers fall back to plain interrupt mode);
-//! - **CPU cap** ([`Config::cap_pct`]): at most that share of one core spent
-//!   spinning, enforced by the model *and* a token bucket;
-//! - **environment**: never spins against a producer on the same CPU
-//!   ([`crate::Source::peer_cpu`]), nor while other threads want the CPU
-//!   (the [`pressure`] sampler, a lazily started low-frequency thread,
-//!   reads /proc off the fast path and publishes into an atomic);
-//! - **dispatch**: handing the wait to the core's dispatcher is one of the
-//!   plans the model weighs ([`Plan::Dispatch`]); it is offered only where a
-//!   dispatcher serves the CPU (see [`Env::dispatch_waiters`]).
-//!
-//! The fast path makes no syscall: two vDSO clock reads per wait that
-//! blocks or spins, a histogram increment, and every
-//! [`core::RECOMPUTE_EVERY`] waits a scan of 85 buckets. Decisions are
-//! observable through [`AdaptiveStats`] ([`Waiter::adaptive_stats`]) and
-//! [`Controller::explain`]. Design notes and measurements: docs/adaptive.md.
+//! Who feeds it: the wait governor ([`crate::wait::Governor`]), which owns
+//! the clock, the CPU cap's allowance, the same-CPU and sibling rules and
+//! the back-off after preemption, for the library's
+//! [`WaitMode::Adaptive`] and the preload shim alike. A plan costs a
+//! histogram increment and, every [`learner::RECOMPUTE_EVERY`] waits, a scan
+//! of 85 buckets. Decisions are observable through [`AdaptiveStats`] and
+//! [`explain`]. Design notes and measurements: docs/adaptive.md.
 //!
 //! [`WaitMode::Adaptive`]: crate::WaitMode::Adaptive
-//! [`Waiter`]: crate::Waiter
-//! [`Waiter::adaptive_stats`]: crate::Waiter::adaptive_stats
 
-pub mod core;
 pub mod hist;
+pub mod learner;
 pub mod pressure;
 
 use crate::{Fail, Result};
-use std::sync::Arc;
-use std::time::Instant;
 
-pub use self::core::{Choice, Core, Env, Model, Outcome, Plan};
+pub use learner::{Choice, Env, Learner, Model, Outcome, Plan};
 
 /// Settings of adaptive mode (part of [`crate::WaitMode::Adaptive`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -311,221 +303,11 @@ impl AdaptiveStats {
     }
 }
 
-/// The per-waiter controller: a [`Core`] fed with real time, the pressure
-/// sampler and the source's producer CPU.
-#[derive(Debug)]
-pub struct Controller {
-    core: Core,
-    epoch: Instant,
-    start: Option<Instant>,
-    spun: u64,
-    shared: Arc<pressure::Shared>,
-    thread: Option<std::thread::ThreadId>,
-    /// Waiters of the live dispatcher on this CPU, if one serves it.
-    dispatch: Option<u32>,
-    /// This thread's CPU as of the last refresh: a pinned thread never
-    /// moves, and an unpinned one rarely within 16 waits, so the per-wait
-    /// getcpu is not worth its ~30 ns on the latency path.
-    cpu: Option<u32>,
-    /// How the last wait went, recorded at the start of the next one: the
-    /// histogram update and its periodic decay would otherwise run between
-    /// the completion and the caller getting it.
-    deferred: Option<Outcome>,
-    /// Sleeps seen, for sampling their CPU cost.
-    sleeps: u32,
-    /// Thread CPU time before the sampled sleep in progress.
-    sleep_cpu0: Option<std::time::Duration>,
-}
-
-/// Measure the CPU cost of one sleep in this many (two thread-clock reads,
-/// syscalls, on a path that sleeps anyway).
-const SLEEP_SAMPLE_EVERY: u32 = 8;
-
-impl Clone for Controller {
-    /// A clone keeps what was learned but registers its own thread.
-    fn clone(&self) -> Self {
-        Controller::with_core(self.core.clone(), self.epoch)
-    }
-}
-
-impl Controller {
-    pub fn new(cfg: Config) -> Self {
-        Controller::with_core(Core::new(cfg, Model::default()), Instant::now())
-    }
-
-    /// A controller around `core`, with no wait in progress and no thread
-    /// registered with the pressure sampler yet.
-    fn with_core(core: Core, epoch: Instant) -> Self {
-        Controller {
-            core,
-            epoch,
-            start: None,
-            spun: 0,
-            shared: Arc::new(pressure::Shared::default()),
-            thread: None,
-            dispatch: None,
-            cpu: None,
-            deferred: None,
-            sleeps: 0,
-            sleep_cpu0: None,
-        }
-    }
-
-    fn now_ns(&self, t: Instant) -> u64 {
-        t.duration_since(self.epoch).as_nanos() as u64
-    }
-
-    /// Start a wait (called after a first look found nothing). `peer` is
-    /// the source's producer CPU.
-    #[inline]
-    /// `siblings`: another thread of this process waits on this CPU.
-    pub fn begin(&mut self, peer: Option<u32>, siblings: bool) -> Plan {
-        if let Some(o) = self.deferred.take() {
-            self.core.record(o);
-        }
-        let t = Instant::now();
-        self.start = Some(t);
-        if self
-            .core
-            .decisions()
-            .is_multiple_of(core::RECOMPUTE_EVERY as u64)
-        {
-            self.cpu = crate::cpu::current();
-            self.refresh(self.cpu);
-        }
-        let env = Env {
-            same_cpu: peer.is_some() && peer == self.cpu,
-            siblings,
-            contended: self.shared.contended(),
-            dispatch_waiters: self.dispatch,
-        };
-        self.core.plan(self.now_ns(t), env)
-    }
-
-    /// When the wait begun last started (for the spin phase's budget, so
-    /// it need not read the clock again).
-    #[inline]
-    pub fn started(&self) -> Option<Instant> {
-        self.start
-    }
-
-    /// Every few waits: note the CPU, look for a dispatcher serving it (a
-    /// registry lookup under a lock: kept off the per-wait path), and
-    /// register this thread with the pressure sampler on the first wait and
-    /// whenever the waiter moved to another thread.
-    #[cold]
-    fn refresh(&mut self, cpu: Option<u32>) {
-        if let Some(c) = cpu {
-            self.shared.set_cpu(c);
-        }
-        self.dispatch = cpu.and_then(dispatch_waiters);
-        let id = std::thread::current().id();
-        if self.thread != Some(id) {
-            self.thread = Some(id);
-            pressure::register(&self.shared);
-        }
-    }
-
-    /// The wait begun last spun `ns` without a completion and goes on to
-    /// block; [`Controller::finish`] follows.
-    #[inline]
-    pub fn set_spun(&mut self, ns: u64) {
-        self.spun = ns;
-    }
-
-    /// The wait begun last is about to block (after its spin, if any).
-    /// One sleep in `SLEEP_SAMPLE_EVERY` has its CPU cost measured: the
-    /// model's figure is a default from another day's host, and the real
-    /// cost (arm, futex, two context switches, re-check) moves by 4× with
-    /// the host's state (3 µs in shared/notes, 11-13 µs measured later on
-    /// the same kind of VM), which moves the break-even of every budget.
-    #[inline]
-    pub fn before_block(&mut self) {
-        self.sleeps = self.sleeps.wrapping_add(1);
-        if self.sleeps.is_multiple_of(SLEEP_SAMPLE_EVERY) {
-            self.sleep_cpu0 = Some(crate::cpu::thread_cpu_time());
-        }
-    }
-
-    /// Finish a wait that went on to block after [`Controller::set_spun`];
-    /// `wake_ns`: its measured wake-up latency, if the source dates its
-    /// rings ([`crate::source::BlockReport::wake_ns`]).
-    #[inline]
-    pub fn finish(&mut self, slept: bool, wake_ns: Option<u64>) {
-        if let Some(c0) = self.sleep_cpu0.take()
-            && slept
-        {
-            let used = crate::cpu::thread_cpu_time().saturating_sub(c0);
-            self.core.observe_sleep_cpu(used.as_nanos() as u64);
-        }
-        let wake_ns = wake_ns.filter(|_| slept);
-        if let Some(w) = wake_ns {
-            self.core.observe_wake(w);
-        }
-        let spun = std::mem::take(&mut self.spun);
-        self.end_with(Instant::now(), spun, slept, wake_ns);
-    }
-
-    /// Finish the wait begun last: `spun_ns` of it spinning, `slept` if it
-    /// blocked. Only the clock is read here; the outcome is learned at the
-    /// next [`Controller::begin`], off the completion's path.
-    #[inline]
-    pub fn end(&mut self, spun_ns: u64, slept: bool) {
-        self.end_at(Instant::now(), spun_ns, slept);
-    }
-
-    /// [`Controller::end`] with the completion dated `t` by the caller (a
-    /// clock reading it already had).
-    #[inline]
-    pub fn end_at(&mut self, t: Instant, spun_ns: u64, slept: bool) {
-        self.end_with(t, spun_ns, slept, None);
-    }
-
-    /// [`Controller::end_at`] with the wait's measured wake-up, if any.
-    fn end_with(&mut self, t: Instant, spun_ns: u64, slept: bool, wake_ns: Option<u64>) {
-        let Some(s) = self.start.take() else { return };
-        let waited = t.saturating_duration_since(s).as_nanos() as u64;
-        self.deferred = Some(Outcome {
-            waited_ns: waited,
-            spun_ns: spun_ns.min(waited),
-            slept,
-            wake_ns,
-        });
-    }
-
-    /// The core with the last wait learned (for read-only views).
-    fn settled(&self) -> std::borrow::Cow<'_, Core> {
-        match self.deferred {
-            None => std::borrow::Cow::Borrowed(&self.core),
-            Some(o) => {
-                let mut c = self.core.clone();
-                c.record(o);
-                std::borrow::Cow::Owned(c)
-            }
-        }
-    }
-
-    /// Counters so far.
-    pub fn stats(&self) -> AdaptiveStats {
-        self.settled().stats()
-    }
-
-    /// The learning core (for inspection; the last wait may not be
-    /// learned yet, see [`Controller::end`]).
-    pub fn core(&self) -> &Core {
-        &self.core
-    }
-
-    /// One line: what the controller decided and why.
-    pub fn explain(&self) -> String {
-        explain(&self.settled(), Some(&self.shared))
-    }
-}
-
-/// One-line account of a core's decisions (also used for a bare [`Core`]).
-pub fn explain(core: &Core, shared: Option<&pressure::Shared>) -> String {
-    let s = core.stats();
-    let h = core.hist();
+/// One line: what a learner decided and why, with the pressure sampler's
+/// view of its CPU when there is one.
+pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
+    let s = learner.stats();
+    let h = learner.hist();
     let pct = |n: u64| {
         if s.decisions == 0 {
             0.0
@@ -535,7 +317,7 @@ pub fn explain(core: &Core, shared: Option<&pressure::Shared>) -> String {
     };
     let mut out = format!(
         "{}: {} waits: spin {:.0}% (hit {}, miss {}; lean {:.0}%), interrupt: long-waits {:.0}% idle-rate {:.0}% contended {:.0}% same-cpu {:.0}% siblings {:.0}% cap {:.0}% learning {:.0}%, dispatch {:.0}%; budget {:.1}us (lean {:.1}us); rate {:.0}/s; wait p50 {:.1}us p90 {:.1}us; spun {:.3}s; plan changes {}",
-        core.config(),
+        learner.config(),
         s.decisions,
         pct(s.spins),
         s.spin_hits,
@@ -550,18 +332,18 @@ pub fn explain(core: &Core, shared: Option<&pressure::Shared>) -> String {
         pct(s.learning),
         pct(s.dispatched),
         s.budget_ns as f64 / 1000.0,
-        core.lean_budget() as f64 / 1000.0,
-        core.rate(),
+        learner.lean_budget() as f64 / 1000.0,
+        learner.rate(),
         h.quantile(0.5) as f64 / 1000.0,
         h.quantile(0.9) as f64 / 1000.0,
         s.spin_ns as f64 / 1e9,
         s.plan_changes,
     );
-    if core.catch_budget() != u64::MAX {
+    if learner.catch_budget() != u64::MAX {
         out += &format!(
             "; catch {}% ≤ {:.1}us",
-            core.config().catch_pct,
-            core.catch_budget() as f64 / 1000.0
+            learner.config().catch_pct,
+            learner.catch_budget() as f64 / 1000.0
         );
     }
     let source = |n: u32| match n {
@@ -570,35 +352,28 @@ pub fn explain(core: &Core, shared: Option<&pressure::Shared>) -> String {
     };
     out += &format!(
         "; sleep cpu {:.1}us ({}); wake {:.1}us ({}",
-        core.model().sleep_cpu_ns / 1000.0,
-        source(core.sleep_samples()),
-        core.model().wake_ns / 1000.0,
-        if core.config().learn_wake {
-            source(core.wake_samples())
+        learner.model().sleep_cpu_ns / 1000.0,
+        source(learner.sleep_samples()),
+        learner.model().wake_ns / 1000.0,
+        if learner.config().learn_wake {
+            source(learner.wake_samples())
         } else {
             "model".to_string()
         },
     );
-    if !core.config().learn_wake && core.wake_samples() > 0 {
+    if !learner.config().learn_wake && learner.wake_samples() > 0 {
         out += &format!(
             ", measured {:.1}us over {}",
-            core.measured_wake_ns() / 1000.0,
-            core.wake_samples()
+            learner.measured_wake_ns() / 1000.0,
+            learner.wake_samples()
         );
     }
     out += ")";
-    if let Some(c) = core.choice() {
+    if let Some(c) = learner.choice() {
         out += &format!("; model: p_hit {:.2} spin-frac {:.2}", c.p_hit, c.spin_frac);
     }
     if let Some(sh) = shared {
         out += &format!("; {}", sh.describe());
     }
     out
-}
-
-/// Waiters sharing the live dispatcher on `cpu` (counting this one), when
-/// one serves it; without one, adaptive mode never offers
-/// [`Plan::Dispatch`].
-fn dispatch_waiters(cpu: u32) -> Option<u32> {
-    crate::dispatch::threads::lookup(cpu).map(|c| (c.stats().registered as u32).max(1))
 }

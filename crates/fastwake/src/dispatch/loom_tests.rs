@@ -300,7 +300,7 @@ fn channel_meets_dispatch_wait(summary: bool, idle_after: Option<u32>, n: u64) {
             doorbell: channel::Doorbell::Futex,
         })
         .unwrap();
-        let i = hub.register(rx.peek_handle().unwrap()).unwrap();
+        let i = hub.register(rx.peek().unwrap().clone()).unwrap();
         // The first turn, which takes the registration in (and attaches
         // the summary flag), here: the channel publishes the flag through
         // a std atomic, which loom does not see, so it must be attached

@@ -42,18 +42,13 @@ pub use sched::SchedPolicy;
 pub use sched::SchedPolicy as Policy;
 pub use tasks::{Runtime, StateCell, TaskConfig, TaskCtx, TaskStats};
 pub use threads::{Config, DEFAULT_RELAY, Dispatcher};
-pub use waiter::Link;
 pub(crate) use waiter::wait;
+pub use waiter::{DispatchReport, Link};
 
 /// Default idle threshold: long enough that a connection answering within
 /// a millisecond never sees the slower interrupt-mode path, short enough
 /// that an idle core stops spinning almost at once.
 pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_millis(2);
-
-/// A peek handle's identity: the address of its allocation.
-fn handle_id(p: &std::sync::Arc<dyn crate::source::Peek>) -> usize {
-    crate::source::peek_id(p)
-}
 
 /// What a dispatcher is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -126,18 +126,17 @@ impl TaskCtx<'_> {
             }
             // Same identity rule as dispatch-mode threads: the handle's
             // address, kept unique by the runtime holding the handle.
-            let ask = match src.peek_id() {
-                Some(key) if self.key.get() == key => Ask::Wait(None),
-                Some(_) => match src.peek_handle() {
-                    Some(p) => {
-                        self.key.set(super::handle_id(&p));
-                        Ask::Wait(Some(p))
-                    }
-                    None => {
-                        self.key.set(0);
-                        Ask::Poll
-                    }
-                },
+            let ask = match src.peek() {
+                // The handle's address is its identity: the runtime holds
+                // the handle it registered, so no other source's handle
+                // can share the address meanwhile.
+                Some(p) if self.key.get() == Arc::as_ptr(p).cast::<()>() as usize => {
+                    Ask::Wait(None)
+                }
+                Some(p) => {
+                    self.key.set(Arc::as_ptr(p).cast::<()>() as usize);
+                    Ask::Wait(Some(p.clone()))
+                }
                 None => {
                     self.key.set(0);
                     Ask::Poll

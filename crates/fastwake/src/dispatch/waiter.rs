@@ -28,10 +28,34 @@
 use super::slot::{DEAD, HANDED, PAUSED, RUNNING};
 use super::threads::{Hub, lookup};
 use crate::Result;
-use crate::source::{BlockReport, Source, block_until_ready};
-use crate::wait::WaitStats;
+use crate::source::{BlockReport, Peek, Source, block_until_ready};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What one dispatch-mode wait did, for the caller's counters (the wait
+/// layer folds it into [`crate::wait::WaitStats`]; this layer knows
+/// nothing of wait modes).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchReport {
+    /// Times the thread slept (on its slot, or in an interrupt-mode
+    /// fallback).
+    pub sleeps: u64,
+    /// Interrupt-mode fallbacks: times the arm → re-check found a
+    /// completion.
+    pub rechecks_hit: u64,
+    /// Interrupt-mode fallbacks: wake-ups with nothing to take.
+    pub spurious: u64,
+    /// Wake-ups handed off by the dispatcher.
+    pub handoffs: u64,
+    /// Hand-offs this thread made to another thread of its core while
+    /// relaying before its own sleep.
+    pub relays: u64,
+    /// Waits done in interrupt mode because no live dispatcher served the
+    /// CPU, the source has no peek handle, or the dispatcher was starved.
+    pub fallbacks: u64,
+    /// Waits handed back to interrupt mode by an idle dispatcher.
+    pub paused: u64,
+}
 
 struct Registration {
     core: Arc<Hub>,
@@ -49,7 +73,8 @@ impl Drop for Registration {
 #[derive(Default)]
 pub struct Link {
     reg: Option<Registration>,
-    key: usize,
+    /// The handle of the source registered last.
+    peek: Option<Arc<dyn Peek>>,
     relay: RelayHistory,
     /// A signal ends the wait with `EINTR` (see
     /// [`crate::Waiter::set_interruptible`]).
@@ -147,26 +172,22 @@ impl Link {
     }
 
     fn ensure<S: Source + ?Sized>(&mut self, src: &S) -> bool {
-        // The handle's address identifies the source: the registration
-        // keeps the handle alive, so the address cannot be reused by
-        // another source meanwhile (unlike the source's own address).
-        if let Some(key) = src.peek_id()
-            && self.key == key
-            && self.registered()
-        {
-            return true;
-        }
-        let Some(peek) = src.peek_handle() else {
+        // The handle identifies the source: the registration keeps it
+        // alive, so its allocation cannot be reused by another source
+        // meanwhile (unlike the source's own address).
+        let Some(peek) = src.peek() else {
             self.reg = None;
             return false;
         };
-        let key = super::handle_id(&peek);
+        if self.peek.as_ref().is_some_and(|p| Arc::ptr_eq(p, peek)) && self.registered() {
+            return true;
+        }
         self.reg = None;
-        self.key = key;
+        self.peek = Some(peek.clone());
         let Some(core) = crate::cpu::current().and_then(lookup) else {
             return false;
         };
-        match core.register(peek) {
+        match core.register(peek.clone()) {
             Some(index) => {
                 self.reg = Some(Registration { core, index });
                 true
@@ -180,7 +201,7 @@ impl Link {
 fn interrupt<S: Source + ?Sized>(
     src: &mut S,
     deadline: Option<Instant>,
-    stats: &mut WaitStats,
+    stats: &mut DispatchReport,
 ) -> (Result<Option<S::Completion>>, bool) {
     let mut rep = BlockReport::default();
     let r = block_until_ready(src, deadline, &mut rep);
@@ -192,7 +213,7 @@ fn interrupt<S: Source + ?Sized>(
 
 /// Is the source's producer on our CPU? Then spinning would only delay it.
 fn same_cpu_peer<S: Source + ?Sized>(src: &S) -> bool {
-    matches!((src.peer_cpu(), crate::cpu::current()), (Some(p), Some(me)) if p == me)
+    matches!((src.hints().peer_cpu, crate::cpu::current()), (Some(p), Some(me)) if p == me)
 }
 
 /// Wait in dispatch mode. Returns (result, slept).
@@ -200,10 +221,10 @@ pub(crate) fn wait<S: Source + ?Sized>(
     src: &mut S,
     deadline: Option<Instant>,
     link: &mut Link,
-    stats: &mut WaitStats,
+    stats: &mut DispatchReport,
 ) -> (Result<Option<S::Completion>>, bool) {
     if !link.ensure(src) {
-        stats.dispatch_fallbacks += 1;
+        stats.fallbacks += 1;
         return interrupt(src, deadline, stats);
     }
     let mut slept = false;
@@ -218,7 +239,7 @@ pub(crate) fn wait<S: Source + ?Sized>(
         let core = &reg.core;
         if core.stale() {
             // The dispatcher is not getting the CPU: do not count on it.
-            stats.dispatch_fallbacks += 1;
+            stats.fallbacks += 1;
             let (r, s) = interrupt(src, deadline, stats);
             return (r, slept || s);
         }
@@ -251,7 +272,7 @@ pub(crate) fn wait<S: Source + ?Sized>(
         ) else {
             // The dispatcher died (DEAD).
             link.reg = None;
-            stats.dispatch_fallbacks += 1;
+            stats.fallbacks += 1;
             let (r, s) = interrupt(src, deadline, stats);
             return (r, slept || s);
         };
@@ -282,7 +303,7 @@ pub(crate) fn wait<S: Source + ?Sized>(
             PAUSED => {
                 // The dispatcher went idle: this one wait in interrupt mode,
                 // then wake the dispatcher so polling resumes.
-                stats.dispatch_paused += 1;
+                stats.paused += 1;
                 let core = core.clone();
                 let (r, s) = interrupt(src, deadline, stats);
                 core.kick();
@@ -290,7 +311,7 @@ pub(crate) fn wait<S: Source + ?Sized>(
             }
             DEAD => {
                 link.reg = None;
-                stats.dispatch_fallbacks += 1;
+                stats.fallbacks += 1;
                 let (r, s) = interrupt(src, deadline, stats);
                 return (r, slept || s);
             }

@@ -583,7 +583,7 @@ impl Sender {
             // seen by the next publish.
             p.head_armed.fetch_and(!1, Ordering::AcqRel);
             // Dated before the ring: the consumer that wakes measures from
-            // here (see `Source::rung_at`).
+            // here (see `Hints::rung_at`).
             self.r
                 .header()
                 .arm
@@ -708,7 +708,7 @@ pub struct Receiver {
 
 impl Receiver {
     /// The one peek handle of this receiver (made on first use), so that
-    /// its address identifies the source (see [`Source::peek_id`]).
+    /// it identifies the source (see [`Source::peek`]).
     fn cached_peek(&self) -> &Arc<dyn Peek> {
         self.peek
             .get_or_init(|| Arc::new(ChannelPeek { r: self.r.clone() }))
@@ -843,22 +843,18 @@ impl Source for Receiver {
         self.r.efd.as_ref().map(|f| f.as_fd())
     }
 
-    fn rung_at(&self) -> Option<u64> {
-        // 0 (never rang) is older than any sleep, so a waiter ignores it.
-        Some(self.r.header().arm.0.rung_at.load(Ordering::Acquire))
+    fn hints(&self) -> super::Hints {
+        let h = self.r.header();
+        let c = h.prod.0.producer_cpu.load(Ordering::Relaxed);
+        super::Hints {
+            peer_cpu: (c != NO_CPU).then_some(c),
+            // 0 (never rang) is older than any sleep, so a waiter ignores it.
+            rung_at: Some(h.arm.0.rung_at.load(Ordering::Acquire)),
+        }
     }
 
-    fn peer_cpu(&self) -> Option<u32> {
-        let c = self.r.header().prod.0.producer_cpu.load(Ordering::Relaxed);
-        (c != NO_CPU).then_some(c)
-    }
-
-    fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
-        Some(self.cached_peek().clone())
-    }
-
-    fn peek_id(&self) -> Option<usize> {
-        Some(super::peek_id(self.cached_peek()))
+    fn peek(&self) -> Option<&Arc<dyn Peek>> {
+        Some(self.cached_peek())
     }
 }
 

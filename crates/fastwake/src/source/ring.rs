@@ -8,8 +8,8 @@
 //!
 //! - **peek** ([`Source::ready`]): `tail != head`, two loads of the ring's
 //!   32-bit counters, no syscall: what poll mode, hybrid spins and a
-//!   dispatcher use. The peek handle makes rings dispatchable (io_uring's
-//!   own source, which owns its ring, has no such handle).
+//!   dispatcher use. The peek handle makes rings dispatchable; io_uring's
+//!   own source ([`super::uring`]) shares its code.
 //! - **interrupt**: `poll(fd, POLLIN)`, where `fd` is either
 //!   - [`RingFd::Level`]: readable exactly while the ring holds entries.
 //!     An io_uring fd is: the kernel's `io_uring_poll` reports `POLLIN`
@@ -48,25 +48,55 @@ pub enum RingFd {
     EventFd,
 }
 
-/// The two counters, shared with the peek handle.
-struct Counters {
+/// The peek of a ring whose 32-bit consumer (`head`) and producer (`tail`)
+/// counters sit in shared memory: `tail != head`, two loads, no syscall.
+/// Shared by [`ExternalRing`] and io_uring's own source
+/// ([`super::uring::UringSource`]), which differ only in who keeps the
+/// counters mapped: the caller of [`ExternalRing::new`] promises it
+/// (`K = ()`), the uring source hands the handle a mapping of its own
+/// (`K` owns it).
+///
+/// No [`Peek::counters`] fast path: [`super::Counters`] are two 64-bit
+/// counts, ready when `produced > consumed`; these are 32-bit counters
+/// that wrap, ready when they differ, which no choice of words and shift
+/// turns into that test.
+pub(crate) struct RingPeek<K = ()> {
     head: *const AtomicU32,
     tail: *const AtomicU32,
+    keep: K,
 }
 
-// SAFETY: the counters are atomics in memory the ring's owner keeps mapped
-// while the source lives (the contract of `ExternalRing::new`); reading
-// them from any thread is what they are for.
-unsafe impl Send for Counters {}
-// SAFETY: as above; only loads.
-unsafe impl Sync for Counters {}
+// SAFETY: the counters are atomics in memory kept mapped while the handle
+// lives (the contract of `RingPeek::new`); reading them from any thread is
+// what they are for. `keep` crosses threads only as far as its type
+// allows (the bounds).
+unsafe impl<K: Send> Send for RingPeek<K> {}
+// SAFETY: as above; the handle only loads the counters.
+unsafe impl<K: Sync> Sync for RingPeek<K> {}
 
-impl Counters {
+impl<K> RingPeek<K> {
+    /// # Safety
+    /// `head` and `tail` must point to 4-byte aligned counters that stay
+    /// mapped for as long as the returned value lives (`keep` may be what
+    /// keeps them mapped).
+    pub(crate) unsafe fn new(head: *const u32, tail: *const u32, keep: K) -> RingPeek<K> {
+        RingPeek {
+            head: head.cast(),
+            tail: tail.cast(),
+            keep,
+        }
+    }
+
+    /// What keeps the counters mapped.
+    pub(crate) fn keep(&self) -> &K {
+        &self.keep
+    }
+
     #[inline]
-    fn pending(&self) -> u32 {
-        // SAFETY: valid while the source lives (see `ExternalRing::new`).
-        // Acquire on the tail pairs with the producer's release store, so
-        // the entries below it are visible once the caller reads them.
+    pub(crate) fn pending(&self) -> u32 {
+        // SAFETY: mapped while we live (see `new`). Acquire on the tail
+        // pairs with the producer's release store, so the entries below it
+        // are visible once the caller reads them.
         unsafe {
             let tail = (*self.tail).load(Ordering::Acquire);
             let head = (*self.head).load(Ordering::Relaxed);
@@ -75,7 +105,7 @@ impl Counters {
     }
 }
 
-impl Peek for Counters {
+impl<K: Send + Sync> Peek for RingPeek<K> {
     fn ready(&self) -> bool {
         self.pending() != 0
     }
@@ -83,7 +113,9 @@ impl Peek for Counters {
 
 /// See the [module docs](self).
 pub struct ExternalRing {
-    c: Arc<Counters>,
+    c: Arc<RingPeek>,
+    /// `c` as the dispatcher's handle (the same allocation).
+    peek: Arc<dyn Peek>,
     fd: RawFd,
     kind: RingFd,
 }
@@ -122,11 +154,12 @@ impl ExternalRing {
                 "a ring's eventfd must be non-blocking (EFD_NONBLOCK)",
             ));
         }
+        // SAFETY: null and alignment checked above; the caller keeps them
+        // mapped while the source and its handles live (our own contract).
+        let c = Arc::new(unsafe { RingPeek::new(head, tail, ()) });
         Ok(ExternalRing {
-            c: Arc::new(Counters {
-                head: head.cast(),
-                tail: tail.cast(),
-            }),
+            peek: c.clone(),
+            c,
             fd,
             kind,
         })
@@ -174,11 +207,7 @@ impl Source for ExternalRing {
         Some(unsafe { BorrowedFd::borrow_raw(self.fd) })
     }
 
-    fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
-        Some(self.c.clone())
-    }
-
-    fn peek_id(&self) -> Option<usize> {
-        Some(Arc::as_ptr(&self.c).cast::<u8>() as usize)
+    fn peek(&self) -> Option<&Arc<dyn Peek>> {
+        Some(&self.peek)
     }
 }

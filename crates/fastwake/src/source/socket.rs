@@ -16,6 +16,20 @@
 //! [`super::block_until_ready`] is a belt to those braces.
 //! [`Source::notify_fd`] hands out that epoll fd, so a caller can nest it.
 //!
+//! # Dispatch
+//!
+//! The peek handle ([`Source::peek`]), which a dispatcher calls from its
+//! own thread, cannot see the bytes of a message the owner has already
+//! read, so it asks the socket alone: a zero-timeout `poll(POLLIN)`, one
+//! syscall per peek (its cost is in the [`Peek`] contract). It says true
+//! while any byte, the end of the stream or an error waits: a torn message is a stale true (the
+//! owner reads the piece and waits again), and whole messages already
+//! buffered never depend on it, since a wait takes them before it sleeps.
+//! It polls a dup of the socket, so it never peeks a number the source
+//! closed and something else reopened; dropping the source points that
+//! dup at an empty epoll instance, which closes the connection as before
+//! and leaves the handle reporting false.
+//!
 //! # Kernel busy polling
 //!
 //! With [`SocketOptions::busy_poll_us`] the source sets `SO_BUSY_POLL` (and
@@ -31,14 +45,15 @@
 //! # The peer's CPU
 //!
 //! `SO_INCOMING_CPU` names the CPU that processed the last incoming packet.
-//! Over loopback and veth that is the sender's CPU; [`Source::peer_cpu`]
+//! Over loopback and veth that is the sender's CPU; [`Hints::peer_cpu`](super::Hints::peer_cpu)
 //! reports it (sampled every few messages) so hybrid waits do not spin
 //! against a peer on their own CPU.
 
-use super::{Rechecked, Source};
+use super::{Peek, Rechecked, Source};
 use crate::{Fail, Result};
 use std::cell::Cell;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Refresh the peer's CPU every this many messages.
@@ -109,6 +124,46 @@ pub struct SocketSource {
     taken: u64,
     peer_cpu: Cell<u32>,
     busy: BusyPoll,
+    /// The peek handle, built once: dispatch-mode waits compare it with
+    /// the one they registered on every wait ([`Source::peek`]).
+    peek: Arc<SocketPeek>,
+    /// `peek` as the dispatcher's handle (the same allocation).
+    handle: Arc<dyn Peek>,
+}
+
+/// The socket's peek handle (module docs): a zero-timeout `poll` for
+/// `POLLIN` on a dup of the socket.
+///
+/// Why a dup: the handle outlives the source, and a number the source
+/// closed may be reused by any later `open`, which the handle would then
+/// peek. Its own number cannot be reused while it lives. When the source
+/// is dropped, the number is pointed at an empty epoll instance (see
+/// `Drop for SocketSource`), so the handle stops holding the connection
+/// open and reports false from then on.
+struct SocketPeek {
+    fd: OwnedFd,
+}
+
+impl Peek for SocketPeek {
+    fn ready(&self) -> bool {
+        let mut fds = [rustix::event::PollFd::new(
+            &self.fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let zero = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match rustix::event::poll(&mut fds, Some(&zero)) {
+            // Data (maybe not a whole message: a stale true the owner's
+            // take resolves by reading it), or an end of file, hang-up or
+            // error, which the owner's take reports.
+            Ok(n) => n != 0,
+            // Not expected from a zero-timeout poll of one fd; let the
+            // owner look rather than risk a lost completion.
+            Err(_) => true,
+        }
+    }
 }
 
 fn setsockopt_int(
@@ -214,6 +269,10 @@ impl SocketSource {
             rustix::event::epoll::EventFlags::IN | rustix::event::epoll::EventFlags::RDHUP,
         )
         .map_err(|e| Fail::os("epoll_ctl add socket", e))?;
+        let peek = Arc::new(SocketPeek {
+            fd: rustix::io::fcntl_dupfd_cloexec(&sock, 0)
+                .map_err(|e| Fail::os("dup socket for the peek handle", e))?,
+        });
         Ok(SocketSource {
             sock,
             ep,
@@ -224,6 +283,8 @@ impl SocketSource {
             taken: 0,
             peer_cpu: Cell::new(NO_CPU),
             busy,
+            handle: peek.clone(),
+            peek,
         })
     }
 
@@ -379,8 +440,40 @@ impl Source for SocketSource {
         Some(self.ep.as_fd())
     }
 
-    fn peer_cpu(&self) -> Option<u32> {
+    fn hints(&self) -> super::Hints {
         let c = self.peer_cpu.get();
-        (c != NO_CPU).then_some(c)
+        super::Hints {
+            peer_cpu: (c != NO_CPU).then_some(c),
+            rung_at: None,
+        }
+    }
+
+    fn peek(&self) -> Option<&Arc<dyn Peek>> {
+        Some(&self.handle)
+    }
+}
+
+impl Drop for SocketSource {
+    fn drop(&mut self) {
+        // The handle's dup would keep the connection open after `sock`
+        // closes, for as long as a dispatcher holds the handle. Point the
+        // handle's number at our epoll instance instead, emptied first:
+        // `dup3` swaps the file behind a number atomically, so a
+        // concurrent peek polls either the socket or an instance with
+        // nothing in it (never readable), and the number stays the
+        // handle's. Neither call can fail on these two open fds short of
+        // a kernel bug; if one did, the handle would keep the connection
+        // open until it is dropped, no worse than that.
+        let _ = rustix::event::epoll::delete(&self.ep, &self.sock);
+        // SAFETY: both numbers are open, `ep` owned by us and the target
+        // by the handle, which keeps owning it: dup3 closes nothing
+        // anyone else holds and leaves no number dangling.
+        unsafe {
+            libc::dup3(
+                self.ep.as_raw_fd(),
+                self.peek.fd.as_raw_fd(),
+                libc::O_CLOEXEC,
+            )
+        };
     }
 }

@@ -4,8 +4,20 @@
 //! [`UringSource::ring`] and submits); the source hands out CQEs in every
 //! wait mode.
 //!
-//! - **peek** ([`Source::ready`]): a load of the CQ ring's tail in shared
-//!   memory, no syscall: what poll mode and a dispatcher spin on.
+//! - **peek** ([`Source::ready`]): loads of the CQ ring's head and tail in
+//!   shared memory, no syscall: what poll mode and a dispatcher spin on.
+//! - **dispatch** ([`Source::peek`]): the same two loads from any
+//!   thread, through the peek of [`super::ring`] (`tail != head`). The
+//!   handle must stay valid after the source is dropped, and the
+//!   `IoUring` unmaps its own view then, so the handle reads the counters
+//!   through a second, read-only mapping of the CQ ring that it owns. When
+//!   the source is dropped, that mapping is swapped in place for a zero
+//!   page (`MAP_FIXED`, atomic for concurrent readers): a mapping of the
+//!   ring holds its file, and without the swap a dispatcher's handle would
+//!   keep the ring, and requests still in flight on it, alive after the
+//!   source closed it. The retired handle reads `0 == 0`: not ready. No
+//!   [`super::Peek::counters`] fast path: the kernel's 32-bit wrapping
+//!   counters do not fit its shape (see `ring::RingPeek`).
 //! - **interrupt**, two ways ([`UringWake`]):
 //!   - [`UringWake::Enter`]: block in `io_uring_enter(GETEVENTS, min 1)`
 //!     with a timeout. The kernel checks the CQ and sleeps under its own
@@ -24,10 +36,13 @@
 //! with those flags a thread spinning in user space on the CQ tail would
 //! never see them (nothing would make it enter the kernel to run the work).
 
-use super::{Rechecked, Source};
+use super::ring::RingPeek;
+use super::{Peek, Rechecked, Source};
 use crate::{Fail, Result};
 use io_uring::{IoUring, cqueue, types};
+use std::ffi::c_void;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How a sleeping waiter is woken.
@@ -56,6 +71,11 @@ impl std::str::FromStr for UringWake {
 /// A completion queue as a source.
 pub struct UringSource {
     ring: IoUring,
+    /// The peek handle, built once: dispatch-mode waits compare it with
+    /// the one they registered on every wait ([`Source::peek`]).
+    peek: Arc<RingPeek<CqMap>>,
+    /// `peek` as the dispatcher's handle (the same allocation).
+    handle: Arc<dyn Peek>,
     wake: UringWake,
     efd: Option<OwnedFd>,
     peer: Option<OwnedFd>,
@@ -68,6 +88,113 @@ const PEER_SAMPLE: u64 = 16;
 
 fn io_fail(op: &str, e: std::io::Error) -> Fail {
     Fail::new(e.raw_os_error().unwrap_or(libc::EIO), format!("{op}: {e}"))
+}
+
+/// `mmap` offset of the CQ ring (`IORING_OFF_CQ_RING`, kernel ABI; the
+/// `io_uring` crate keeps its constants private).
+const IORING_OFF_CQ_RING: u64 = 0x800_0000;
+
+/// The kernel's `struct io_uring_params` (`include/uapi/linux/io_uring.h`).
+/// `io_uring::Parameters` is documented as a transparent wrapper over it
+/// but does not expose the CQ ring offsets, which the peek handle needs.
+#[repr(C)]
+struct RawParams {
+    /// `sq_entries`, `cq_entries`, `flags`, `sq_thread_cpu`,
+    /// `sq_thread_idle`, `features`, `wq_fd`, `resv[3]`.
+    _head: [u32; 10],
+    /// `struct io_sqring_offsets`: eight `u32`s and a `u64`.
+    _sq_off: [u32; 10],
+    /// `struct io_cqring_offsets` starts with `head` and `tail`.
+    cq_head: u32,
+    cq_tail: u32,
+    /// The rest of it: six `u32`s and a `u64`.
+    _cq_rest: [u32; 8],
+}
+
+const _: () = assert!(
+    std::mem::size_of::<RawParams>() == std::mem::size_of::<io_uring::Parameters>()
+        && std::mem::size_of::<RawParams>() == 120
+);
+
+/// The CQ ring's head and tail, mapped once more for the peek handle (see
+/// the module docs for why a mapping of its own).
+struct CqMap {
+    base: *mut c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is only read (through atomics, by `RingPeek`), and
+// replaced or unmapped as a whole by its owner; its address may go to any
+// thread.
+unsafe impl Send for CqMap {}
+// SAFETY: as above.
+unsafe impl Sync for CqMap {}
+
+impl CqMap {
+    /// Map `ring`'s CQ head and tail; returns the mapping and their
+    /// addresses in it.
+    fn new(ring: &IoUring) -> Result<(CqMap, *const u32, *const u32)> {
+        // SAFETY: `Parameters` is `#[repr(transparent)]` over the kernel's
+        // `io_uring_params` (its documentation says so), whose layout
+        // `RawParams` mirrors (size checked at compile time; it needs
+        // 4-byte alignment, the original 8).
+        let p = unsafe { &*(ring.params() as *const io_uring::Parameters).cast::<RawParams>() };
+        let (head, tail) = (p.cq_head as usize, p.cq_tail as usize);
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let len = (head.max(tail) + 4).next_multiple_of(page);
+        // SAFETY: the ring owns this fd and outlives the borrow.
+        let fd = unsafe { BorrowedFd::borrow_raw(ring.as_raw_fd()) };
+        // SAFETY: a new read-only shared mapping at an address the kernel
+        // picks, of the region the kernel defines at this offset (the
+        // rings); nothing of ours is overwritten.
+        let base = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ,
+                rustix::mm::MapFlags::SHARED,
+                fd,
+                IORING_OFF_CQ_RING,
+            )
+        }
+        .map_err(|e| Fail::os("mmap io_uring CQ ring for the peek handle", e))?;
+        let at = |off: usize| {
+            base.cast::<u8>()
+                .wrapping_add(off)
+                .cast::<u32>()
+                .cast_const()
+        };
+        Ok((CqMap { base, len }, at(head), at(tail)))
+    }
+
+    /// Swap the mapping, in place, for a zero page, so it no longer holds
+    /// the ring's file (module docs). A reader sees the ring's page or the
+    /// zero page, never a hole: `MAP_FIXED` replaces the old mapping under
+    /// the address-space lock that page faults take.
+    fn retire(&self) {
+        // SAFETY: MAP_FIXED over exactly our own mapping, which only
+        // `RingPeek` reads, through atomics that read 0 afterwards.
+        let r = unsafe {
+            rustix::mm::mmap_anonymous(
+                self.base,
+                self.len,
+                rustix::mm::ProtFlags::READ,
+                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED,
+            )
+        };
+        // On failure (out of memory) the ring's mapping stays: the ring
+        // then lives until the last handle is dropped, which is still safe.
+        let _ = r;
+    }
+}
+
+impl Drop for CqMap {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping; the last user (the handle owning us) is
+        // being dropped.
+        let _ = unsafe { rustix::mm::munmap(self.base, self.len) };
+    }
 }
 
 impl UringSource {
@@ -95,8 +222,14 @@ impl UringSource {
                 Some(efd)
             }
         };
+        let (map, head, tail) = CqMap::new(&ring)?;
+        // SAFETY: `map` keeps the aligned kernel counters mapped and goes
+        // into the handle with them.
+        let peek = Arc::new(unsafe { RingPeek::new(head, tail, map) });
         Ok(UringSource {
             ring,
+            handle: peek.clone(),
+            peek,
             wake,
             efd,
             peer: None,
@@ -169,10 +302,10 @@ impl Source for UringSource {
     }
 
     fn ready(&self) -> bool {
-        // SAFETY: `&self` excludes the `&mut self` methods, the only other
-        // users of the completion queue, so this is the only view of it
-        // while it lives; it just loads the tail.
-        unsafe { !self.ring.completion_shared().is_empty() }
+        // The handle's two loads: the head `try_take` publishes (the
+        // `io_uring` crate stores it when a take's queue view drops) and
+        // the tail the kernel publishes.
+        self.peek.ready()
     }
 
     fn try_take(&mut self) -> Result<Option<cqueue::Entry>> {
@@ -234,8 +367,24 @@ impl Source for UringSource {
         })
     }
 
-    fn peer_cpu(&self) -> Option<u32> {
+    fn hints(&self) -> super::Hints {
         let c = self.peer_cpu.get();
-        (c != NO_CPU).then_some(c)
+        super::Hints {
+            peer_cpu: (c != NO_CPU).then_some(c),
+            rung_at: None,
+        }
+    }
+
+    fn peek(&self) -> Option<&Arc<dyn Peek>> {
+        Some(&self.handle)
+    }
+}
+
+impl Drop for UringSource {
+    fn drop(&mut self) {
+        // Before `ring` unmaps its view and closes its fd: with the
+        // handle's mapping retired, that close releases the ring as it
+        // did before the source had a handle.
+        self.peek.keep().retire();
     }
 }

@@ -11,8 +11,10 @@
 //! The dispatch and adaptive modes build on these (see their modules when
 //! present). All blocking goes through [`crate::source::block_until_ready`].
 
+mod governor;
 mod hybrid;
 mod poll;
+mod sensors;
 mod siblings;
 
 use crate::source::{BlockReport, Source, block_until_ready};
@@ -20,7 +22,11 @@ use crate::{Fail, Result};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-pub use hybrid::DEFAULT_BUDGET;
+pub use governor::{
+    Allowance, BURST_NS, DEFAULT_BUDGET, Decision, Ending, Facts, Governor, MAX_BACKOFF_NS,
+    MIN_BACKOFF_NS, MIN_SPIN_NS, PREEMPTED_NS, Why,
+};
+pub use siblings::Asleep;
 
 /// How to wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,18 +75,6 @@ impl std::fmt::Display for WaitMode {
             m => f.write_str(m.name()),
         }
     }
-}
-
-/// A dispatch-mode wait, counted as asleep on this CPU while it lasts
-/// (see `siblings`). Returns (result, slept).
-fn dispatch_wait<S: Source + ?Sized>(
-    src: &mut S,
-    deadline: Option<Instant>,
-    link: &mut crate::dispatch::Link,
-    stats: &mut WaitStats,
-) -> (Result<Option<S::Completion>>, bool) {
-    let _asleep = siblings::Asleep::enter(crate::cpu::current());
-    crate::dispatch::wait(src, deadline, link, stats)
 }
 
 impl FromStr for WaitMode {
@@ -141,6 +135,11 @@ pub struct WaitStats {
     /// Hybrid waits that skipped the spin because another thread of this
     /// process was waiting on our CPU (see `wait::siblings`).
     pub spin_skipped_siblings: u64,
+    /// Waits that skipped the spin while backing off after a spin was
+    /// preempted (another task wanted the CPU).
+    pub spin_skipped_contended: u64,
+    /// Waits whose spin the CPU cap shortened or ruled out.
+    pub spins_capped: u64,
     /// Dispatch mode: wake-ups handed off by the dispatcher.
     pub handoffs: u64,
     /// Dispatch mode: hand-offs this thread made to another thread of its
@@ -155,37 +154,47 @@ pub struct WaitStats {
     pub dispatch_paused: u64,
 }
 
-/// Waits for completions in one [`WaitMode`], keeping [`WaitStats`].
+/// Waits for completions in one [`WaitMode`], keeping [`WaitStats`]: the
+/// mechanics of peeking, spinning and sleeping on a [`Source`]; every
+/// decision is its [`Governor`]'s.
 #[derive(Debug, Clone)]
 pub struct Waiter {
-    mode: WaitMode,
     stats: WaitStats,
     link: crate::dispatch::Link,
-    adaptive: Option<Box<crate::adaptive::Controller>>,
+    governor: Box<Governor>,
+    sensors: sensors::Sensors,
+    /// The governor's time origin.
+    epoch: Instant,
 }
 
 impl Waiter {
     /// A waiter in `mode`.
     pub fn new(mode: WaitMode) -> Self {
         Waiter {
-            mode,
             stats: WaitStats::default(),
             link: crate::dispatch::Link::default(),
-            adaptive: match mode {
-                WaitMode::Adaptive(c) => Some(Box::new(crate::adaptive::Controller::new(c))),
-                _ => None,
-            },
+            governor: Box::new(Governor::new(mode)),
+            sensors: sensors::Sensors::default(),
+            epoch: Instant::now(),
         }
     }
 
-    /// Adaptive mode: what the controller decided so far.
+    /// Adaptive mode: what the learner decided so far.
     pub fn adaptive_stats(&self) -> Option<crate::adaptive::AdaptiveStats> {
-        self.adaptive.as_ref().map(|c| c.stats())
+        self.adaptive().map(|g| g.adaptive_stats())
     }
 
-    /// Adaptive mode: the controller (for [`crate::adaptive::Controller::explain`]).
-    pub fn adaptive(&self) -> Option<&crate::adaptive::Controller> {
-        self.adaptive.as_deref()
+    /// Adaptive mode: the governor (its learner, and
+    /// [`Waiter::explain`]).
+    pub fn adaptive(&self) -> Option<&Governor> {
+        matches!(self.mode(), WaitMode::Adaptive(_)).then_some(&*self.governor)
+    }
+
+    /// Adaptive mode: one line on what the learner decided and why, with
+    /// the pressure sampler's view of the CPU.
+    pub fn explain(&self) -> Option<String> {
+        self.adaptive()
+            .map(|g| g.explain(self.sensors.pressure.as_deref()))
     }
 
     /// Dispatch mode: a signal that interrupts the sleep ends the wait
@@ -200,7 +209,7 @@ impl Waiter {
 
     /// The mode.
     pub fn mode(&self) -> WaitMode {
-        self.mode
+        self.governor.mode()
     }
 
     /// Counters so far.
@@ -225,6 +234,10 @@ impl Waiter {
         self.wait_deadline(src, Some(Instant::now() + timeout))
     }
 
+    fn ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
     fn wait_deadline<S: Source + ?Sized>(
         &mut self,
         src: &mut S,
@@ -235,83 +248,115 @@ impl Waiter {
             self.stats.without_sleep += 1;
             return Ok(Some(c));
         }
-        let spun = match self.mode {
-            WaitMode::Poll => return self.count(poll::spin(src, deadline), true),
-            WaitMode::Interrupt => None,
-            WaitMode::Dispatch => {
-                let (r, slept) = dispatch_wait(src, deadline, &mut self.link, &mut self.stats);
-                return self.count(r, !slept);
-            }
-            WaitMode::Hybrid { budget } => {
-                if siblings::others_asleep(crate::cpu::current()) {
-                    self.stats.spin_skipped_siblings += 1;
-                    None
-                } else {
-                    hybrid::spin_phase(src, budget, deadline, &mut self.stats)?
-                }
-            }
-            WaitMode::Adaptive(_) => {
-                let ctl = self
-                    .adaptive
-                    .as_deref_mut()
-                    .expect("adaptive waiter has a controller");
-                let asleep = siblings::others_asleep(crate::cpu::current());
-                let budget = match ctl.begin(src.peer_cpu(), asleep) {
-                    crate::adaptive::Plan::Spin(ns) => ns,
-                    crate::adaptive::Plan::Dispatch => {
-                        let (r, slept) =
-                            dispatch_wait(src, deadline, &mut self.link, &mut self.stats);
-                        ctl.end(0, slept);
-                        return self.count(r, !slept);
-                    }
-                };
-                // The controller already ruled out a same-CPU producer
-                // and read the clock at the start of the wait.
-                let mut seen = None;
-                let r = match (budget, ctl.started()) {
-                    (0, _) => Ok(None),
-                    (b, Some(t)) => {
-                        let mut last = t;
-                        let r =
-                            hybrid::spin_from(src, t, Duration::from_nanos(b), deadline, &mut last);
-                        seen = Some(last);
-                        r
-                    }
-                    (b, None) => {
-                        hybrid::spin_phase(src, Duration::from_nanos(b), deadline, &mut self.stats)
-                    }
-                };
-                match &r {
-                    // Caught while spinning: the whole wait was spin, and
-                    // the spin loop's last clock reading dates it.
-                    Ok(Some(_)) => match seen {
-                        Some(t) => ctl.end_at(t, u64::MAX, false),
-                        None => ctl.end(u64::MAX, false),
-                    },
-                    Ok(None) => ctl.set_spun(budget),
-                    Err(_) => ctl.end(budget, false),
-                }
-                r?
-            }
-        };
-        if let Some(c) = spun {
-            return self.count(Ok(Some(c)), true);
+        let start = Instant::now();
+        let poll = matches!(self.mode(), WaitMode::Poll);
+        // Poll mode spins by request: none of the CPU rules apply to it.
+        let cpu = if poll { None } else { crate::cpu::current() };
+        if self.governor.refresh_due() {
+            self.sensors.refresh(cpu);
         }
-        if let Some(ctl) = self.adaptive.as_deref_mut() {
-            ctl.before_block();
+        let facts = Facts {
+            now_ns: self.ns(start),
+            timeout_ns: deadline.map(|d| d.saturating_duration_since(start).as_nanos() as u64),
+            cpu,
+            peer_cpu: if poll { None } else { src.hints().peer_cpu },
+            contended: self.sensors.contended(),
+            dispatch_waiters: self.sensors.dispatch_waiters,
+            dispatchable: true,
+        };
+        let (decision, why) = self.governor.plan(&facts);
+        match why {
+            Why::SameCpu | Why::Learned(crate::adaptive::Reason::SameCpu) => {
+                self.stats.spin_skipped_same_cpu += 1
+            }
+            Why::Siblings | Why::Learned(crate::adaptive::Reason::Siblings) => {
+                self.stats.spin_skipped_siblings += 1
+            }
+            Why::Contended => self.stats.spin_skipped_contended += 1,
+            Why::Capped => self.stats.spins_capped += 1,
+            _ => {}
+        }
+        let mut spun_ns = 0;
+        let mut preempted = false;
+        match decision {
+            Decision::Dispatch => return self.dispatch(src, deadline, cpu),
+            Decision::Spin(_) if poll => {
+                let r = poll::spin(src, deadline);
+                let now = self.ns(Instant::now());
+                self.governor
+                    .end(Ending::at(now, now - facts.now_ns, false));
+                return self.count(r, true);
+            }
+            Decision::Spin(b) => {
+                let end = hybrid::spin(src, start, Duration::from_nanos(b), deadline);
+                let end = match end {
+                    Ok(e) => e,
+                    Err(e) => {
+                        self.fail(start);
+                        return Err(e);
+                    }
+                };
+                spun_ns = self.ns(end.last) - facts.now_ns;
+                if let Some(c) = end.caught {
+                    self.governor
+                        .end(Ending::at(self.ns(end.last), spun_ns, false));
+                    return self.count(Ok(Some(c)), true);
+                }
+                preempted = end.preempted;
+            }
+            Decision::Block => {}
         }
         let mut rep = BlockReport::default();
-        let asleep = siblings::Asleep::enter(crate::cpu::current());
+        let asleep = self.governor.blocking(cpu);
         let r = block_until_ready(src, deadline, &mut rep);
         drop(asleep);
         self.stats.sleeps += rep.sleeps as u64;
         self.stats.rechecks_hit += rep.rechecks_hit as u64;
         self.stats.spurious += rep.spurious as u64;
-        let no_sleep = rep.sleeps == 0;
-        if let Some(ctl) = self.adaptive.as_deref_mut() {
-            ctl.finish(!no_sleep, rep.wake_ns);
-        }
-        self.count(r, no_sleep)
+        let slept = rep.sleeps > 0;
+        self.governor.end(Ending {
+            now_ns: self.ns(Instant::now()),
+            spun_ns,
+            slept,
+            preempted,
+            failed: r.is_err(),
+            wake_ns: rep.wake_ns,
+        });
+        self.count(r, !slept)
+    }
+
+    /// A dispatch-mode wait, counted as blocked on this CPU while it lasts
+    /// (the sibling rule).
+    fn dispatch<S: Source + ?Sized>(
+        &mut self,
+        src: &mut S,
+        deadline: Option<Instant>,
+        cpu: Option<u32>,
+    ) -> Result<Option<S::Completion>> {
+        let mut rep = crate::dispatch::DispatchReport::default();
+        let asleep = self.governor.blocking(cpu);
+        let (r, slept) = crate::dispatch::wait(src, deadline, &mut self.link, &mut rep);
+        drop(asleep);
+        let s = &mut self.stats;
+        s.sleeps += rep.sleeps;
+        s.rechecks_hit += rep.rechecks_hit;
+        s.spurious += rep.spurious;
+        s.handoffs += rep.handoffs;
+        s.relays += rep.relays;
+        s.dispatch_fallbacks += rep.fallbacks;
+        s.dispatch_paused += rep.paused;
+        let mut e = Ending::at(self.ns(Instant::now()), 0, slept);
+        e.failed = r.is_err();
+        self.governor.end(e);
+        self.count(r, !slept)
+    }
+
+    #[cold]
+    fn fail(&mut self, start: Instant) {
+        let mut e = Ending::at(self.ns(Instant::now()), 0, false);
+        e.spun_ns = e.now_ns.saturating_sub(self.ns(start));
+        e.failed = true;
+        self.governor.end(e);
     }
 
     fn count<C>(&mut self, r: Result<Option<C>>, no_sleep: bool) -> Result<Option<C>> {

@@ -34,8 +34,9 @@ pub(crate) fn others_asleep(cpu: Option<u32>) -> bool {
     cpu.is_some_and(|c| WAITING[c as usize % SLOTS].0.load(Ordering::Relaxed) > 0)
 }
 
-/// The calling thread counted as blocked on `cpu` until dropped.
-pub(crate) struct Asleep(Option<usize>);
+/// The calling thread counted as blocked on a CPU until dropped (made by
+/// [`Governor::blocking`](super::Governor::blocking)).
+pub struct Asleep(Option<usize>);
 
 impl Asleep {
     pub(crate) fn enter(cpu: Option<u32>) -> Asleep {

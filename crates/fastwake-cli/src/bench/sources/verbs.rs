@@ -10,9 +10,9 @@
 
 use crate::bench::harness::End;
 use fastwake::affinity::Policy;
-use fastwake::source::verbs::sys::{IBV_WC_RECV, IBV_WC_SUCCESS, IBV_WC_WITH_IMM};
 use fastwake::source::verbs::{CqConfig, Device, Mr, RcQp, Vector, VerbsCq};
 use fastwake::{Fail, Result, Source, WaitMode, Waiter};
+use fastwake_verbs_sys::{IBV_WC_RECV, IBV_WC_SUCCESS, IBV_WC_WITH_IMM};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 

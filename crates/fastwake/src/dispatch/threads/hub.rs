@@ -27,8 +27,7 @@ const STALE: Duration = Duration::from_micros(500);
 
 /// What one CPU's dispatch-mode waiters, its dispatcher thread and its
 /// watchdog share: the slots, the waiting set, the dispatcher's mode and
-/// counters. (Not to be confused with [`crate::adaptive::Core`], the
-/// learning model.)
+/// counters.
 ///
 /// Line aligned: the dispatcher writes its counters and heartbeat on every
 /// pass, and the `Arc` must not share a line with other heap objects.

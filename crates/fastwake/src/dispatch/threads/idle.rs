@@ -7,11 +7,11 @@ use super::Config;
 use std::time::{Duration, Instant};
 
 /// The dispatcher's idle threshold: fixed, or learned per dispatcher by an
-/// adaptive core that sees each stretch from one hand-off to the next as a
+/// adaptive learner that sees each stretch from one hand-off to the next as a
 /// wait (see [`Config::learn_idle`]).
 pub(super) struct IdleClock {
     fixed: Option<Duration>,
-    learn: Option<(crate::adaptive::Core, Instant)>,
+    learn: Option<(crate::adaptive::Learner, Instant)>,
     /// The threshold planned for the stretch in progress.
     now: Option<Duration>,
 }
@@ -22,7 +22,7 @@ impl IdleClock {
             fixed: cfg.idle_after,
             learn: cfg.learn_idle.map(|a| {
                 (
-                    crate::adaptive::Core::new(a, crate::adaptive::Model::default()),
+                    crate::adaptive::Learner::new(a, crate::adaptive::Model::default()),
                     start,
                 )
             }),
@@ -37,11 +37,11 @@ impl IdleClock {
     }
 
     fn plan(&mut self, at: Instant) {
-        let Some((core, epoch)) = self.learn.as_mut() else {
+        let Some((learner, epoch)) = self.learn.as_mut() else {
             return;
         };
         let ns = at.saturating_duration_since(*epoch).as_nanos() as u64;
-        let b = match core.plan(ns, crate::adaptive::Env::default()) {
+        let b = match learner.plan(ns, crate::adaptive::Env::FREE) {
             crate::adaptive::Plan::Spin(b) => Duration::from_nanos(b),
             crate::adaptive::Plan::Dispatch => Duration::ZERO,
         };
@@ -60,11 +60,11 @@ impl IdleClock {
     }
 
     fn learned(&mut self, since: Instant, now: Instant, slept_after: Option<Duration>) {
-        let Some((core, _)) = self.learn.as_mut() else {
+        let Some((learner, _)) = self.learn.as_mut() else {
             return;
         };
         let waited = now.saturating_duration_since(since).as_nanos() as u64;
-        core.record(crate::adaptive::Outcome {
+        learner.record(crate::adaptive::Outcome {
             waited_ns: waited,
             spun_ns: slept_after.map_or(waited, |d| (d.as_nanos() as u64).min(waited)),
             slept: slept_after.is_some(),

@@ -165,6 +165,9 @@ pub struct VerbsCq {
     channel: *mut ibv_comp_channel,
     notify_fn: ReqNotifyCqFn,
     shared: Arc<Shared>,
+    /// The dispatcher's handle on `shared`, made once (see
+    /// [`Source::peek`]).
+    peek: Arc<dyn Peek>,
     unacked: u32,
     ack_batch: u32,
     replacer: Replacer,
@@ -242,18 +245,20 @@ impl VerbsCq {
             }
             return Err(e);
         }
+        let shared = Arc::new(Shared {
+            cq: AtomicPtr::new(cq),
+            poll_fn,
+            stash: Mutex::new(VecDeque::with_capacity(POLL_BATCH)),
+            stashed: AtomicUsize::new(0),
+            poll_error: AtomicI32::new(0),
+        });
         Ok(VerbsCq {
             dev: Arc::clone(dev),
             cq,
             channel,
             notify_fn,
-            shared: Arc::new(Shared {
-                cq: AtomicPtr::new(cq),
-                poll_fn,
-                stash: Mutex::new(VecDeque::with_capacity(POLL_BATCH)),
-                stashed: AtomicUsize::new(0),
-                poll_error: AtomicI32::new(0),
-            }),
+            peek: Arc::new(VerbsPeek(Arc::clone(&shared))),
+            shared,
             unacked: 0,
             ack_batch: cfg.ack_batch.max(1),
             replacer: Replacer::new(placement, cfg.policy),
@@ -368,8 +373,8 @@ impl Source for VerbsCq {
         Some(unsafe { BorrowedFd::borrow_raw((*self.channel).fd) })
     }
 
-    fn peek_handle(&self) -> Option<Arc<dyn Peek>> {
-        Some(Arc::new(VerbsPeek(Arc::clone(&self.shared))))
+    fn peek(&self) -> Option<&Arc<dyn Peek>> {
+        Some(&self.peek)
     }
 }
 

@@ -6,9 +6,9 @@
 //! "no RDMA device found …").
 //!
 //! Layout (control path vs data path, as in rdma-core):
-//! - [`sys`]: the hand-written `#[repr(C)]` verbs structs (ABI of
-//!   libibverbs.so.1; checked against the installed header by
-//!   `tests/verbs_abi.rs`).
+//! - the `fastwake-verbs-sys` crate: the hand-written `#[repr(C)]` verbs
+//!   structs (ABI of libibverbs.so.1; checked against the installed header
+//!   by its `tests/verbs_abi.rs`), shared with the preload shim.
 //! - [`loader`]: dlopen + versioned dlsym of the control-path entry points.
 //! - [`device`]: open a device, PD, port 1, GID choice.
 //! - [`cq`]: [`VerbsCq`], the [`crate::Source`]: peek = `poll_cq` into a
@@ -21,7 +21,9 @@ pub mod cq;
 pub mod device;
 pub mod loader;
 pub mod qp;
-pub mod sys;
+
+/// The libibverbs ABI, from its own crate (see [`fastwake_verbs_sys`]).
+use fastwake_verbs_sys as sys;
 
 pub use cq::{CqConfig, CqStats, Vector, VerbsCq, Wc};
 pub use device::{Device, device_names};

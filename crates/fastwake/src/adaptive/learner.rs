@@ -1,6 +1,6 @@
 //! The decision, with time passed in: no clock, no syscall, no thread.
 //!
-//! [`Core`] learns the distribution of wait times `W` (from the start of a
+//! [`Learner`] learns the distribution of wait times `W` (from the start of a
 //! wait that found nothing to the completion) and picks, for the next wait,
 //! the plan that minimises
 //!
@@ -26,8 +26,10 @@
 //! Guards around the model:
 //! - **hysteresis**: the budget changes only when the new one is better by
 //!   more than [`SWITCH_MARGIN`], so steady load gives a steady plan;
-//! - **token bucket**: spin time is paid from an allowance that refills at
-//!   `cap` × elapsed time, so the cap holds even when the model is wrong;
+//! - **CPU cap**: the caller passes what the cap's allowance affords now
+//!   ([`Env::allowance_ns`]; the wait governor keeps the allowance, a
+//!   token bucket refilled at `cap` × elapsed time); no plan spins past it,
+//!   so the cap holds even when the model is wrong;
 //! - **environment** (from the caller): never spin against a producer on the
 //!   same CPU, nor on a CPU where other threads want to run.
 
@@ -67,8 +69,6 @@ pub const SHARE_WINDOW_NS: u64 = 200_000_000;
 pub const MAX_SHARE_GAP_NS: u64 = 20_000_000;
 /// Longest spin budget: beyond it a wait is long enough to sleep through.
 pub const MAX_BUDGET_NS: u64 = 10_000_000;
-/// The spin allowance holds at most this much time's worth of refill.
-pub const BURST_NS: u64 = 100_000_000;
 
 /// What waiting costs on this machine (defaults: the measurements in
 /// shared/notes/wakeup-baseline.md).
@@ -87,7 +87,7 @@ pub struct Model {
 }
 
 impl Model {
-    /// The defaults, as a constant (see [`Core::new`]).
+    /// The defaults, as a constant (see [`Learner::new`]).
     pub const DEFAULT: Model = Model {
         wake_ns: 4_300.0,
         sleep_cpu_ns: 3_000.0,
@@ -113,7 +113,7 @@ fn regime(p: Plan) -> u8 {
 }
 
 /// What the caller knows about the world at a wait.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Env {
     /// The producer last ran on this CPU.
     pub same_cpu: bool,
@@ -125,6 +125,28 @@ pub struct Env {
     /// A live dispatcher serves this CPU, shared by this many waiters;
     /// `None` when there is none (or dispatch is not built in).
     pub dispatch_waiters: Option<u32>,
+    /// The longest spin the CPU cap affords now, ns (`u64::MAX`: no cap).
+    /// The cap's allowance is kept by the caller (the wait governor owns
+    /// the one CPU cap of every spinning mode); the learner only reads it,
+    /// so a model that is wrong about the waits still cannot spin past it.
+    pub allowance_ns: u64,
+}
+
+impl Default for Env {
+    fn default() -> Self {
+        Env::FREE
+    }
+}
+
+impl Env {
+    /// Nothing known: no constraint from the environment.
+    pub const FREE: Env = Env {
+        same_cpu: false,
+        siblings: false,
+        contended: false,
+        dispatch_waiters: None,
+        allowance_ns: u64::MAX,
+    };
 }
 
 /// How to do one wait.
@@ -167,7 +189,7 @@ pub struct Choice {
 
 /// The learning controller, with time passed in (see the module docs).
 #[derive(Debug, Clone)]
-pub struct Core {
+pub struct Learner {
     cfg: Config,
     model: Model,
     hist: Hist,
@@ -178,8 +200,6 @@ pub struct Core {
     /// EWMA of ns between waits (for the predicted spin fraction).
     cycle_ns: f64,
     last_wait: Option<u64>,
-    tokens: f64,
-    tok_last: Option<u64>,
     pending: Option<(Plan, Reason)>,
     /// The last recompute rejected the current plan.
     rejected: bool,
@@ -220,12 +240,12 @@ pub const RATE_MEMORY: u32 = 512;
 /// Gaps count at most this much towards the long-run rate.
 pub const MAX_RATE_GAP_NS: u64 = 50_000_000;
 
-impl Core {
-    /// A `const fn`, so a `Core` can live in a const-initialised
+impl Learner {
+    /// A `const fn`, so a `Learner` can live in a const-initialised
     /// thread-local (the preload shim's: no lazy initialisation and no
     /// destructor on a hook path).
     pub const fn new(cfg: Config, model: Model) -> Self {
-        Core {
+        Learner {
             cfg,
             model,
             hist: Hist::new(),
@@ -235,8 +255,6 @@ impl Core {
             last_recompute: 0,
             cycle_ns: 0.0,
             last_wait: None,
-            tokens: 0.0,
-            tok_last: None,
             pending: None,
             rejected: false,
             lean: Plan::Spin(0),
@@ -391,18 +409,6 @@ impl Core {
             self.long_gap_ns += (g - self.long_gap_ns) / n;
         }
         self.last_wait = Some(now);
-        if self.capped() {
-            let cap = self.cap();
-            let burst = cap * BURST_NS as f64;
-            match self.tok_last {
-                // Start with a full allowance: the learning phase spins not.
-                None => self.tokens = burst,
-                Some(t) => {
-                    self.tokens = (self.tokens + cap * now.saturating_sub(t) as f64).min(burst)
-                }
-            }
-            self.tok_last = Some(now);
-        }
         if self.since >= RECOMPUTE_EVERY
             || now.saturating_sub(self.last_recompute) >= RECOMPUTE_NS
             || self.choice.is_none()
@@ -453,7 +459,7 @@ impl Core {
                     // than a sleep and wake-up, which take the others' CPU
                     // too), if that share is small; else interrupt mode.
                     let full = b.min(self.catch_ns);
-                    let afford = |x: u64| !(self.capped() && self.tokens < x as f64);
+                    let afford = |x: u64| x <= env.allowance_ns;
                     if self.full_frac <= SHARED_MAX_FRAC && afford(full) {
                         (Plan::Spin(full), Reason::LeanSpin)
                     } else {
@@ -468,7 +474,7 @@ impl Core {
                     }
                 } else {
                     let b = b.min(self.catch_ns);
-                    if self.capped() && self.tokens < b as f64 {
+                    if b > env.allowance_ns {
                         (Plan::Spin(0), Reason::Cap)
                     } else {
                         (Plan::Spin(b), Reason::Spin)
@@ -478,12 +484,19 @@ impl Core {
         }
     }
 
+    /// Why the wait planned last was planned that way.
+    pub fn last_reason(&self) -> Reason {
+        self.pending.map_or(Reason::Learning, |(_, r)| r)
+    }
+
+    /// Forget the wait planned last (it failed: its length says nothing).
+    pub fn forget_pending(&mut self) {
+        self.pending = None;
+    }
+
     /// Record how the wait planned last went, finishing at `now`.
     pub fn record(&mut self, outcome: Outcome) {
         let (plan, _) = self.pending.take().unwrap_or((Plan::Spin(0), Reason::Spin));
-        if self.capped() {
-            self.tokens -= outcome.spun_ns as f64;
-        }
         self.stats.spin_ns += outcome.spun_ns;
         if let Plan::Spin(b) = plan
             && b > 0

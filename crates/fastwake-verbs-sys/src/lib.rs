@@ -1,4 +1,6 @@
-//! The few libibverbs types fastwake touches, written by hand.
+//! The few libibverbs types fastwake touches, written by hand: the one FFI
+//! layer for verbs, shared by the library (`fastwake::source::verbs`) and the
+//! preload shim, which wraps the same structs from the other side.
 //!
 //! Why not a bindings crate: every bindgen-based one needs libclang (and most
 //! need rdma-core's headers) at build time, and the preload shim must not link

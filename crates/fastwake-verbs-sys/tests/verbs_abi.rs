@@ -5,7 +5,7 @@
 //! and libibverbs-dev; without them it prints SKIPPED (the structs are still
 //! used against the real library in the Soft-RoCE guest, scripts/rxe-test).
 
-use fastwake::source::verbs::sys::*;
+use fastwake_verbs_sys::*;
 use std::mem::{offset_of, size_of};
 use std::process::Command;
 

@@ -1,0 +1,129 @@
+//! The measurement loop: every mode's slices, interleaved, folded into one
+//! row per mode.
+
+use super::client::{ClientEnd, Slice, drive};
+use super::layout::Layout;
+use super::mode::{Load, Mode};
+use super::servers::{Counts, start};
+use crate::bench::rounds::Rounds;
+use crate::bench::stats::{Row, Sample};
+use fastwake::Result;
+use fastwake::source::channel::{self, Config as ChanConfig, Doorbell};
+use std::time::Duration;
+
+/// One run's parameters, as `run` validated them.
+#[derive(Clone, Copy)]
+pub(super) struct Plan {
+    pub(super) load: Load,
+    pub(super) conns: usize,
+    pub(super) iters: u64,
+    pub(super) warmup: u64,
+    pub(super) rounds: u64,
+    pub(super) size: usize,
+    pub(super) capacity: u32,
+    pub(super) idle_after: Option<Duration>,
+    /// Latency load: connections the request rotates over (None: all).
+    pub(super) rotate: Option<usize>,
+}
+
+/// Measure `modes` interleaved; one row each.
+pub(super) fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
+    fastwake::cpu::pin(layout.client_cpu)?;
+    let payload = vec![0x5au8; plan.size];
+    let cfg = ChanConfig {
+        capacity: plan.capacity,
+        slot_size: plan.size.max(1) as u32,
+        doorbell: Doorbell::Futex,
+    };
+    let mut samples: Vec<Sample> = modes.iter().map(|_| Sample::new()).collect();
+    let mut totals: Vec<Slice> = modes.iter().map(|_| Slice::default()).collect();
+    let mut counts: Vec<Counts> = modes.iter().map(|_| Counts::default()).collect();
+    // Each round's p50 per mode: modes run side by side within a round,
+    // so per-round ratios show how steady a ratio is on a host whose
+    // speed drifts between minutes.
+    let mut round_p50: Vec<Vec<f64>> = modes.iter().map(|_| Vec::new()).collect();
+    for turn in Rounds::new(modes.len(), plan.rounds, plan.iters).turns() {
+        let (i, n, mode) = (turn.case, turn.amount, modes[turn.case]);
+        let conns = if mode == Mode::Reference {
+            1
+        } else {
+            plan.conns
+        };
+        let mut clients = Vec::with_capacity(conns);
+        let mut ends = Vec::with_capacity(conns);
+        for _ in 0..conns {
+            let (req_tx, req_rx) = channel::channel(cfg)?;
+            let (resp_tx, resp_rx) = channel::channel(cfg)?;
+            clients.push(ClientEnd {
+                tx: req_tx,
+                rx: resp_rx,
+                sent: 0,
+                received: 0,
+            });
+            ends.push((req_rx, resp_tx));
+        }
+        let servers = start(mode, ends, layout, plan.idle_after)?;
+        let active = plan.rotate.unwrap_or(conns).min(conns);
+        let mut this_round = Sample::new();
+        let r = drive(
+            plan.load,
+            &mut clients[..active],
+            &servers,
+            &payload,
+            plan.warmup,
+            n,
+            &mut this_round,
+        );
+        samples[i].merge(&this_round);
+        round_p50[i].push(this_round.p50_us());
+        // Closing the client ends stops the servers.
+        drop(clients);
+        let fin = servers.finish();
+        let s = r?;
+        counts[i].add(fin?);
+        let t = &mut totals[i];
+        t.client_cpu += s.client_cpu;
+        t.server_cpu += s.server_cpu;
+        t.wall += s.wall;
+        t.n += s.n;
+    }
+    Ok(modes
+        .iter()
+        .zip(samples.iter().zip(totals))
+        .zip(counts)
+        .zip(round_p50)
+        .map(|(((m, (s, t)), c), rp)| {
+            let conns = if *m == Mode::Reference { 1 } else { plan.conns };
+            let mut row = Row::from_sample(
+                "channel",
+                &m.label(),
+                "cross",
+                plan.size,
+                s,
+                t.client_cpu,
+                t.server_cpu,
+            );
+            let rate = if t.wall.is_zero() {
+                0.0
+            } else {
+                t.n as f64 / t.wall.as_secs_f64()
+            };
+            row.extra.insert("conns".into(), conns.into());
+            row.extra
+                .insert("cores".into(), layout.server_cpus.len().into());
+            row.extra.insert("load".into(), plan.load.name().into());
+            row.extra.insert("handoffs".into(), c.handoffs.into());
+            row.extra.insert("relays".into(), c.relays.into());
+            row.extra.insert("round_p50".into(), rp.into());
+            row.extra
+                .insert("dispatch_fallbacks".into(), c.fallbacks.into());
+            row.extra.insert(
+                "rtt_per_s".into(),
+                serde_json::Number::from_f64(rate.round())
+                    .map(serde_json::Value::Number)
+                    .unwrap_or(serde_json::Value::Null),
+            );
+            row
+        })
+        .collect())
+}

@@ -1,0 +1,242 @@
+//! `fastwake bench share`: N connections whose server ends share K cores.
+//!
+//! Every connection is a pair of channels (request, response). The server
+//! ends run on the last K CPUs, in one of several arrangements (the
+//! *modes*); one busy-polling client thread on the first remaining CPU
+//! drives them:
+//!
+//! - `latency` load: one request outstanding in the whole system, rotating
+//!   over the N connections, so a round trip includes the server side's
+//!   whole wake-up path (for a dispatcher: the scan of N sources too).
+//! - `throughput` load: every connection closed-loop with one request
+//!   outstanding; round trips per second is the figure of merit.
+//!
+//! Modes are measured interleaved in one run (each round gives every mode a
+//! slice, see [`super::rounds`]; servers are set up and torn down per slice
+//! so an idle mode never steals CPU from the measured one).
+//!
+//! One file per concern: [`mode`] (what `--load` and `--mode` mean),
+//! [`layout`] (which CPUs), [`servers`] and [`client`] (the two sides of a
+//! slice), [`measure`] (the interleaved loop), [`report`] (what is printed
+//! besides the table), and the two probes, [`futex_ring`] and
+//! [`idle_probe`].
+
+mod client;
+mod futex_ring;
+mod idle_probe;
+mod layout;
+mod measure;
+mod mode;
+mod report;
+mod servers;
+
+use super::stats::{self, Row};
+use fastwake::{Fail, Result, WaitMode};
+use layout::Layout;
+use measure::{Plan, measure};
+use mode::{Load, Mode};
+use std::time::Duration;
+
+const DEFAULT_MODES: &str = "interrupt,poll,tasks,threads,reference";
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Connections (server ends) sharing the server cores.
+    #[arg(long, default_value_t = 16)]
+    pub conns: usize,
+    /// Server cores (the last K CPUs); the client runs on the first CPU.
+    #[arg(long, default_value_t = 1)]
+    pub cores: usize,
+    /// `latency` (one request outstanding in total) or `throughput` (one
+    /// per connection).
+    #[arg(long, default_value = "latency")]
+    pub load: String,
+    /// Server arrangements to compare, comma separated. A thread per
+    /// connection waiting in interrupt, poll, hybrid[:<N>us] or
+    /// adaptive[:<opts>] mode; tasks (a task per connection on a runtime
+    /// per core; tasks:noprefetch turns off the prefetch of a ready
+    /// source's next slot before the switch into its task);
+    /// threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive] (a
+    /// thread per connection in dispatch mode, a dispatcher per core
+    /// scheduled SCHED_IDLE or as named; cross: the dispatcher runs on the
+    /// client's CPU; norelay: waiters do not relay; adaptive: the threads
+    /// wait in adaptive mode); reference (one connection, both ends
+    /// busy-polling); evloop (one thread per core polling all its
+    /// connections: the floor for N connections on a core).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = DEFAULT_MODES
+    )]
+    pub mode: Vec<String>,
+    /// Measured round trips per mode.
+    #[arg(long, default_value_t = 20_000)]
+    pub iters: u64,
+    /// Unmeasured round trips at the start of every slice.
+    #[arg(long, default_value_t = 300)]
+    pub warmup: u64,
+    /// Interleaving rounds (slices per mode).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: u64,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 8)]
+    pub size: usize,
+    /// Slots per channel ring (a power of two, 2 or more). Both loads keep
+    /// at most one request in flight per connection, so a deeper ring
+    /// only spreads the same traffic over more cache lines and pages
+    /// (8 and 64 measured the same at 16 connections, in alternating runs).
+    #[arg(long, default_value_t = 8)]
+    pub capacity: u32,
+    /// `latency` load only: rotate the one request over the first M
+    /// connections instead of all of them; the others stay open, idle and
+    /// watched. Separates what a server pays for *watching* N sources
+    /// (scan) from what it pays for requests *landing* on N sources
+    /// (cache lines and pages that move between the cores).
+    #[arg(long, value_name = "M")]
+    pub rotate: Option<usize>,
+    /// Idle threshold in µs of the dispatchers (threads) and task runtimes
+    /// (tasks): they sleep after this long without work (0 = never).
+    #[arg(long, default_value_t = 2000)]
+    pub idle_after_us: u64,
+    /// Instead of one table, print latency against the number of
+    /// connections (1, 4, 16, 64, 256) for the chosen modes (`poll` is
+    /// left out when --mode is the default list: 256 spinning threads on
+    /// one core take minutes).
+    #[arg(long)]
+    pub sweep: bool,
+    /// Also measure the CPU an idle dispatcher (threads) and an idle task
+    /// runtime use over one second after the idle threshold, with --conns
+    /// waiters and no traffic: one more line, after the table or the JSON
+    /// (not with --sweep).
+    #[arg(long)]
+    pub idle_probe: bool,
+    /// Print JSON (one object per row) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let load = match a.load.as_str() {
+        "latency" => Load::Latency,
+        "throughput" => Load::Throughput,
+        other => {
+            return Err(Fail::invalid(format!(
+                "unknown load '{other}': expected latency or throughput"
+            )));
+        }
+    };
+    if a.conns == 0 || a.conns > 4096 {
+        return Err(Fail::invalid("--conns must be between 1 and 4096"));
+    }
+    if a.iters == 0 || a.rounds == 0 || a.rounds > a.iters {
+        return Err(Fail::invalid(
+            "--iters must be at least 1 and --rounds between 1 and --iters",
+        ));
+    }
+    if let Some(m) = a.rotate {
+        if load != Load::Latency {
+            return Err(Fail::invalid("--rotate applies to --load latency only"));
+        }
+        if m == 0 || (m > a.conns && !a.sweep) {
+            return Err(Fail::invalid("--rotate must be between 1 and --conns"));
+        }
+    }
+    if a.size > 1 << 16 {
+        return Err(Fail::invalid("--size must be at most 65536"));
+    }
+    let layout = Layout::new(a.cores)?;
+    let modes = a
+        .mode
+        .iter()
+        .map(|m| Mode::parse(m.trim()))
+        .collect::<Result<Vec<_>>>()?;
+    let idle_after = (a.idle_after_us > 0).then(|| Duration::from_micros(a.idle_after_us));
+    let note = format!(
+        "client thread pinned to CPU {} (busy-polling); server ends on CPU(s) {:?}; rings of {} slots; one-way latency = RTT/2; cpu/op = CPU µs per round trip, client+servers (incl. dispatchers){}",
+        layout.client_cpu,
+        layout.server_cpus,
+        a.capacity,
+        super::idle_note()
+    );
+    let note = match a.rotate {
+        Some(m) => format!("{note}; the request rotates over the first {m} connection(s) only"),
+        None => note,
+    };
+    let plan = Plan {
+        load,
+        conns: a.conns,
+        iters: a.iters,
+        warmup: a.warmup,
+        rounds: a.rounds,
+        size: a.size,
+        capacity: a.capacity,
+        idle_after,
+        rotate: a.rotate,
+    };
+    if !a.sweep {
+        let rows = measure_apart(modes, plan, &layout)?;
+        if a.json {
+            stats::print_json(&rows);
+        } else {
+            stats::print_table(
+                &format!(
+                    "fastwake bench share — source channel — load {} — {} conns on {} core(s) — {note}",
+                    load.name(),
+                    a.conns,
+                    a.cores
+                ),
+                &rows,
+            );
+            report::print_rates(&rows);
+            if load == Load::Latency {
+                report::print_ratios(&rows, &layout, a.conns)?;
+            }
+        }
+        if a.idle_probe {
+            println!(
+                "{}",
+                idle_probe::idle_probe(&layout, a.conns, idle_after, Duration::from_secs(1))?
+            );
+        }
+        return Ok(());
+    }
+    // The sweep: latency against the number of sources.
+    let mut all = Vec::new();
+    let sweep_modes: Vec<Mode> = if a.mode.join(",") == DEFAULT_MODES {
+        // See --sweep.
+        modes
+            .into_iter()
+            .filter(|m| *m != Mode::PerThread(WaitMode::Poll))
+            .collect()
+    } else {
+        modes
+    };
+    for conns in [1usize, 4, 16, 64, 256] {
+        let rows = measure_apart(sweep_modes.clone(), Plan { conns, ..plan }, &layout)?;
+        all.push((conns, rows));
+    }
+    if a.json {
+        let flat: Vec<Row> = all.into_iter().flat_map(|(_, r)| r).collect();
+        stats::print_json(&flat);
+        return Ok(());
+    }
+    report::print_sweep(
+        &format!(
+            "fastwake bench share --sweep — source channel — load {} — one-way p50 / p99 µs against connections sharing {} core(s) — {note}",
+            load.name(),
+            a.cores
+        ),
+        &sweep_modes,
+        &all,
+    );
+    Ok(())
+}
+
+/// Measure on a thread of its own: measuring pins the thread to the
+/// client's CPU, which must leave the caller's placement alone.
+fn measure_apart(modes: Vec<Mode>, plan: Plan, layout: &Layout) -> Result<Vec<Row>> {
+    let layout = layout.clone();
+    std::thread::spawn(move || measure(&modes, &plan, &layout))
+        .join()
+        .map_err(|_| Fail::new(libc::EIO, "benchmark thread panicked"))?
+}

@@ -1,0 +1,126 @@
+//! The grammar of `--load` and `--mode`: what one row of `bench share`
+//! measures.
+
+use fastwake::dispatch::Policy;
+use fastwake::{Fail, Result, WaitMode};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Load {
+    Latency,
+    Throughput,
+}
+
+impl Load {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Load::Latency => "latency",
+            Load::Throughput => "throughput",
+        }
+    }
+}
+
+/// How the server ends are arranged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// A thread per connection, `WaitMode` given.
+    PerThread(WaitMode),
+    /// A thread per connection in dispatch mode, a dispatcher per core.
+    Threads {
+        policy: Policy,
+        cross: bool,
+        relay: bool,
+        /// The threads wait in `adaptive` mode instead of `dispatch`: the
+        /// controller decides per wait whether to use the dispatcher.
+        adaptive: bool,
+    },
+    /// A task per connection on a runtime per core; `prefetch` as
+    /// [`TaskConfig::prefetch`] (`tasks:noprefetch` measures what it saves).
+    Tasks { prefetch: bool },
+    /// One connection, both ends busy-polling: the floor.
+    Reference,
+    /// One thread per core busy-polling all its connections in a loop (a
+    /// hand-written event loop): the floor for N connections on a core.
+    EventLoop,
+}
+
+impl Mode {
+    pub(super) fn parse(s: &str) -> Result<Mode> {
+        let bad = || {
+            Fail::invalid(format!(
+                "unknown mode '{s}': expected interrupt, poll, hybrid[:BUDGET], adaptive[:OPTS], tasks[:noprefetch], threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive], reference or evloop"
+            ))
+        };
+        Ok(match s {
+            "interrupt" => Mode::PerThread(WaitMode::Interrupt),
+            "poll" => Mode::PerThread(WaitMode::Poll),
+            "tasks" => Mode::Tasks { prefetch: true },
+            "tasks:noprefetch" => Mode::Tasks { prefetch: false },
+            "reference" => Mode::Reference,
+            "evloop" => Mode::EventLoop,
+            // Thread per connection in the library's spinning modes: what
+            // spinning does when many waiters share a core.
+            s if s.starts_with("hybrid") || s.starts_with("adaptive") => {
+                Mode::PerThread(s.parse::<WaitMode>()?)
+            }
+            _ => {
+                let mut parts = s.split(':');
+                if parts.next() != Some("threads") {
+                    return Err(bad());
+                }
+                let (mut policy, mut cross, mut relay, mut adaptive) =
+                    (Policy::Idle, false, true, false);
+                for p in parts {
+                    match p {
+                        "norelay" => relay = false,
+                        "adaptive" => adaptive = true,
+                        // SCHED_OTHER: on the client's core a SCHED_IDLE
+                        // dispatcher would never run next to the
+                        // busy-polling client.
+                        "cross" => {
+                            cross = true;
+                            policy = Policy::Normal;
+                        }
+                        p => policy = Policy::parse(p).map_err(|_| bad())?,
+                    }
+                }
+                Mode::Threads {
+                    policy,
+                    cross,
+                    relay,
+                    adaptive,
+                }
+            }
+        })
+    }
+
+    pub(super) fn label(&self) -> String {
+        match self {
+            Mode::PerThread(m) => m.name().to_string(),
+            Mode::Threads {
+                policy,
+                cross,
+                relay,
+                adaptive,
+            } => {
+                let mut l = String::from("threads");
+                if *adaptive {
+                    l.push_str(":adaptive");
+                }
+                if *cross {
+                    l.push_str(":cross");
+                } else if *policy != Policy::Idle {
+                    l.push(':');
+                    l.push_str(policy.name());
+                }
+                if !relay {
+                    l.push_str(":norelay");
+                }
+                l
+            }
+            Mode::Tasks { prefetch: true } => "tasks".into(),
+            Mode::Tasks { prefetch: false } => "tasks:noprefetch".into(),
+            Mode::Reference => "reference".into(),
+            Mode::EventLoop => "evloop".into(),
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! What `bench share` prints besides the perftest table: rates and
+//! counters, the ratios, and the `--sweep` table.
+
+use super::futex_ring::futex_ring;
+use super::layout::Layout;
+use super::mode::Mode;
+use crate::bench::stats::Row;
+use fastwake::Result;
+
+pub(super) fn print_rates(rows: &[Row]) {
+    println!(
+        " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10}",
+        "mode", "conns", "cores", "rtt/s", "handoffs", "relays", "fallbacks"
+    );
+    let get = |r: &Row, k: &str| r.extra.get(k).map(|v| v.to_string()).unwrap_or_default();
+    for r in rows {
+        println!(
+            " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10}",
+            r.mode,
+            get(r, "conns"),
+            get(r, "cores"),
+            get(r, "rtt_per_s"),
+            get(r, "handoffs"),
+            get(r, "relays"),
+            get(r, "dispatch_fallbacks")
+        );
+    }
+}
+
+/// The ratios, from this run's p50s, and the kernel's floor for
+/// waking threads on one core.
+pub(super) fn print_ratios(rows: &[Row], layout: &Layout, conns: usize) -> Result<()> {
+    let p50 = |m: &str| rows.iter().find(|r| r.mode == m).map(|r| r.t_typical);
+    let rounds = |m: &str| -> Vec<f64> {
+        rows.iter()
+            .find(|r| r.mode == m)
+            .and_then(|r| r.extra.get("round_p50"))
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default()
+    };
+    let line = |a: &str, b: &str| {
+        if let (Some(x), Some(y)) = (p50(a), p50(b))
+            && y > 0.0
+        {
+            print!(" p50 {a} / {b} = {:.3} / {:.3} = {:.2}", x, y, x / y);
+            let mut per: Vec<f64> = rounds(a)
+                .iter()
+                .zip(rounds(b))
+                .filter(|(_, d)| *d > 0.0)
+                .map(|(n, d)| n / d)
+                .collect();
+            if per.len() >= 2 {
+                per.sort_by(f64::total_cmp);
+                print!(
+                    "  (per round, {} rounds: median {:.2}, range {:.2}-{:.2})",
+                    per.len(),
+                    per[per.len() / 2],
+                    per[0],
+                    per[per.len() - 1]
+                );
+            }
+            println!();
+        }
+    };
+    line("tasks", "reference");
+    line("tasks", "evloop");
+    line("tasks", "interrupt");
+    line("tasks", "tasks:noprefetch");
+    line("threads", "interrupt");
+    line("threads", "threads:norelay");
+    if p50("threads").is_some() && conns >= 2 {
+        // What any design that wakes one kernel thread per request pays on
+        // this host: the same-core futex hand-off between `conns` threads.
+        let cpu = layout.server_cpus[0];
+        let hop = futex_ring(conns.min(64), cpu, 20_000)?;
+        println!(
+            " kernel reference: a futex hand-off in a ring of {} threads on CPU {cpu} takes {:.3} µs (median of 3 rings); threads pays one per round trip, i.e. ~{:.3} µs of one-way latency",
+            conns.min(64),
+            hop.as_secs_f64() * 1e6,
+            hop.as_secs_f64() * 1e6 / 2.0
+        );
+    }
+    Ok(())
+}
+
+/// The `--sweep` table: one line per number of connections, one column per
+/// mode.
+pub(super) fn print_sweep(title: &str, modes: &[Mode], all: &[(usize, Vec<Row>)]) {
+    println!("{title}");
+    let mut head = format!(" {:>7}", "sources");
+    for m in modes {
+        head += &format!(" {:>22}", format!("{} p50/p99", m.label()));
+    }
+    println!("{head}");
+    for (conns, rows) in all {
+        let mut line = format!(" {:>7}", conns);
+        for r in rows {
+            line += &format!(" {:>22}", format!("{:.3} / {:.3}", r.t_typical, r.p99));
+        }
+        println!("{line}");
+    }
+}

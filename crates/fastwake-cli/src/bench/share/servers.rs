@@ -1,0 +1,243 @@
+//! The server side: one arrangement of the server ends (a thread per
+//! connection, tasks on a runtime per core, an event loop per core),
+//! started for one slice and torn down after it.
+
+use super::layout::Layout;
+use super::mode::Mode;
+use crate::bench::thread_clock::ThreadClock;
+use fastwake::dispatch::{self, Dispatcher, Runtime, TaskConfig};
+use fastwake::source::Source;
+use fastwake::source::channel::{self, Receiver, Sender};
+use fastwake::{Fail, Result, WaitMode, Waiter};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How the server side's waits went (dispatch modes), for the report.
+#[derive(Default, Clone, Copy)]
+pub(super) struct Counts {
+    pub(super) handoffs: u64,
+    pub(super) relays: u64,
+    pub(super) fallbacks: u64,
+}
+
+impl Counts {
+    pub(super) fn of(s: &fastwake::wait::WaitStats) -> Counts {
+        Counts {
+            handoffs: s.handoffs,
+            relays: s.relays,
+            fallbacks: s.dispatch_fallbacks,
+        }
+    }
+
+    pub(super) fn add(&mut self, o: Counts) {
+        self.handoffs += o.handoffs;
+        self.relays += o.relays;
+        self.fallbacks += o.fallbacks;
+    }
+}
+
+/// A running server arrangement for one slice.
+pub(super) struct Servers {
+    threads: Vec<JoinHandle<Result<Counts>>>,
+    clocks: Vec<ThreadClock>,
+    dispatchers: Vec<Dispatcher>,
+}
+
+impl Servers {
+    pub(super) fn cpu_time(&self) -> Duration {
+        let mut t: Duration = self.clocks.iter().map(|c| c.cpu_time()).sum();
+        for d in &self.dispatchers {
+            t += d.cpu_time().unwrap_or_default();
+        }
+        t
+    }
+
+    /// Wait for the server threads to finish (the client closed its ends).
+    pub(super) fn finish(self) -> Result<Counts> {
+        let mut first = Ok(());
+        let mut c = Counts::default();
+        for t in self.threads {
+            match t
+                .join()
+                .map_err(|_| Fail::new(libc::EIO, "server thread panicked"))
+                .and_then(|r| r)
+            {
+                Ok(n) => c.add(n),
+                Err(e) => {
+                    if first.is_ok() {
+                        first = Err(e);
+                    }
+                }
+            }
+        }
+        drop(self.dispatchers);
+        first.map(|_| c)
+    }
+}
+
+/// A peer close ends a server loop normally.
+pub(super) fn closed_ok(r: Result<()>) -> Result<()> {
+    match r {
+        Err(e) if e.is_closed() => Ok(()),
+        r => r,
+    }
+}
+
+fn echo(rx: &mut Receiver, tx: &mut Sender, m: channel::Msg) -> Result<()> {
+    let payload_len = m.len as usize;
+    let mut buf = [0u8; 64];
+    let n = payload_len.min(buf.len());
+    buf[..n].copy_from_slice(&rx.payload()[..n]);
+    if payload_len > buf.len() {
+        let p = rx.payload().to_vec();
+        return tx.send(m.tag, &p);
+    }
+    tx.send(m.tag, &buf[..n])
+}
+
+pub(super) fn spawn_server(
+    name: String,
+    cpu: u32,
+    clocks: &mpsc::Sender<ThreadClock>,
+    f: impl FnOnce() -> Result<Counts> + Send + 'static,
+) -> Result<JoinHandle<Result<Counts>>> {
+    let clocks = clocks.clone();
+    std::thread::Builder::new()
+        .name(name)
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            fastwake::cpu::pin(cpu)?;
+            let _ = clocks.send(ThreadClock::of_current_thread());
+            drop(clocks);
+            f()
+        })
+        .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn server thread: {e}")))
+}
+
+/// Start the servers of `mode` for `ends` (server side of each connection).
+pub(super) fn start(
+    mode: Mode,
+    ends: Vec<(Receiver, Sender)>,
+    layout: &Layout,
+    idle_after: Option<Duration>,
+) -> Result<Servers> {
+    let (ctx, crx) = mpsc::channel();
+    let k = layout.server_cpus.len();
+    let mut threads = Vec::new();
+    let mut dispatchers = Vec::new();
+    match mode {
+        Mode::PerThread(_) | Mode::Threads { .. } | Mode::Reference => {
+            let wm = match mode {
+                Mode::PerThread(m) => m,
+                Mode::Reference => WaitMode::Poll,
+                Mode::Threads { adaptive: true, .. } => {
+                    WaitMode::Adaptive(fastwake::adaptive::Config::DEFAULT)
+                }
+                _ => WaitMode::Dispatch,
+            };
+            if let Mode::Threads {
+                policy,
+                cross,
+                relay,
+                ..
+            } = mode
+            {
+                for &cpu in &layout.server_cpus {
+                    let mut cfg = dispatch::Config::new(cpu);
+                    cfg.policy = policy;
+                    if !relay {
+                        cfg.relay = None;
+                    }
+                    cfg.idle_after = idle_after;
+                    if cross {
+                        cfg.run_on = Some(layout.client_cpu);
+                    }
+                    dispatchers.push(Dispatcher::start(cfg)?);
+                }
+            }
+            for (j, (mut rx, mut tx)) in ends.into_iter().enumerate() {
+                let cpu = layout.server_cpus[j % k];
+                threads.push(spawn_server(format!("fw-srv{j}"), cpu, &ctx, move || {
+                    let mut w = Waiter::new(wm);
+                    closed_ok((|| loop {
+                        let m = w.wait(&mut rx)?;
+                        echo(&mut rx, &mut tx, m)?;
+                    })())?;
+                    Ok(Counts::of(&w.stats()))
+                })?);
+            }
+        }
+        Mode::EventLoop => {
+            let mut per_core: Vec<Vec<(Receiver, Sender)>> = (0..k).map(|_| Vec::new()).collect();
+            for (j, e) in ends.into_iter().enumerate() {
+                per_core[j % k].push(e);
+            }
+            for (c, mut ends) in per_core.into_iter().enumerate() {
+                let cpu = layout.server_cpus[c];
+                threads.push(spawn_server(format!("fw-ev{c}"), cpu, &ctx, move || {
+                    let mut n: u32 = 0;
+                    while !ends.is_empty() {
+                        n = n.wrapping_add(1);
+                        let mut closed = None;
+                        for (j, (rx, tx)) in ends.iter_mut().enumerate() {
+                            // A close shows only through try_take.
+                            if !rx.ready() && !n.is_multiple_of(1024) {
+                                continue;
+                            }
+                            match rx.try_take() {
+                                Ok(Some(m)) => echo(rx, tx, m)?,
+                                Ok(None) => {}
+                                Err(e) if e.is_closed() => closed = Some(j),
+                                Err(e) => return Err(e),
+                            }
+                        }
+                        if let Some(j) = closed {
+                            ends.swap_remove(j);
+                        }
+                    }
+                    Ok(Counts::default())
+                })?);
+            }
+        }
+        Mode::Tasks { prefetch } => {
+            let mut per_core: Vec<Vec<(Receiver, Sender)>> = (0..k).map(|_| Vec::new()).collect();
+            for (j, e) in ends.into_iter().enumerate() {
+                per_core[j % k].push(e);
+            }
+            for (c, ends) in per_core.into_iter().enumerate() {
+                let cpu = layout.server_cpus[c];
+                threads.push(spawn_server(format!("fw-rt{c}"), cpu, &ctx, move || {
+                    let mut rt = Runtime::new(TaskConfig {
+                        idle_after,
+                        prefetch,
+                        ..TaskConfig::default()
+                    })?;
+                    for (mut rx, mut tx) in ends {
+                        rt.spawn(move |cx| {
+                            closed_ok((|| loop {
+                                let m = cx.wait(&mut rx)?;
+                                echo(&mut rx, &mut tx, m)?;
+                            })())
+                        })?;
+                    }
+                    let st = rt.run()?;
+                    match rt.take_errors().into_iter().next() {
+                        Some((i, e)) => Err(Fail::new(e.errno(), format!("task {i}: {e}"))),
+                        None => Ok(Counts {
+                            handoffs: st.handoffs,
+                            ..Counts::default()
+                        }),
+                    }
+                })?);
+            }
+        }
+    }
+    drop(ctx);
+    let clocks: Vec<_> = crx.iter().take(threads.len()).collect();
+    Ok(Servers {
+        threads,
+        clocks,
+        dispatchers,
+    })
+}

@@ -1,0 +1,510 @@
+//! The one spin-then-block decision, for every waiter of the process.
+//!
+//! Whether a wait should spin, for how long, hand itself to the core's
+//! dispatcher or go straight to sleep is decided here and nowhere else:
+//! the library's [`crate::Waiter`] and every hook of the preload shim
+//! (`epoll_wait`, `poll`, `select`, `ibv_get_cq_event`) ask a
+//! [`Governor`] and report back how the wait went. The caller keeps only
+//! its mechanics (how to look, how to sleep, signal masks, timeout units).
+//!
+//! What the governor owns, and why each rule exists:
+//! - **the mode's budget**: [`DEFAULT_BUDGET`] for `hybrid`, the learned one
+//!   for `adaptive` (the [`crate::adaptive::Learner`]), the timeout for
+//!   `poll`;
+//! - **the same-CPU rule**: no spin while the producer last ran on this CPU;
+//!   the spin would only hold the CPU the producer needs, so the wait would
+//!   last the whole budget plus a wake-up;
+//! - **the sibling rule**: no spin while another thread of the process is
+//!   blocked in a wait on this CPU ([`siblings`](super::siblings));
+//! - **back-off after preemption**: a spin that lost the CPU for more than
+//!   [`PREEMPTED_NS`] between two looks means other tasks want this CPU;
+//!   spinning is then off for [`MIN_BACKOFF_NS`], doubling while it keeps
+//!   happening (adaptive waits see this as a contended CPU);
+//! - **the CPU cap**: one [`Allowance`] per governor that every spin is paid
+//!   from, so no mode can spin more than its share of a core.
+//!
+//! A governor is `const`-constructible and has no destructor, so the shim
+//! keeps one in a const-initialised thread-local (no lazy initialisation,
+//! no destructor registration on a hook path). It reads no clock and makes
+//! no syscall: the caller passes the time and what it knows ([`Facts`]).
+
+use super::WaitMode;
+use super::siblings;
+use crate::adaptive::{self, Env, Learner, Model, Outcome};
+use std::time::Duration;
+
+/// Default spin budget of `hybrid`, and the default ceiling of `adaptive`
+/// under the shim: the one default of the project. Why 50 µs: it is about
+/// two cross-core wake-ups on these VMs with halt polling off (22 µs
+/// measured in `bench pingpong`), the ski-rental point at which a spin that
+/// missed has cost what the sleep it avoided would have; and it covers a
+/// loopback TCP request/response, which leaves a server idle ~10-20 µs
+/// between one client's requests (two ~6 µs wake-ups plus the client's
+/// work).
+pub const DEFAULT_BUDGET: Duration = Duration::from_micros(50);
+
+/// Spins shorter than this are not worth starting (a hook blocks signals
+/// for a spin; a look costs up to ~1 µs).
+pub const MIN_SPIN_NS: u64 = 1_000;
+
+/// A gap this long between two looks of one spin means the thread lost the
+/// CPU (a look is at most a ~1 µs syscall): another task wants this CPU.
+pub const PREEMPTED_NS: u64 = 100_000;
+/// After a preempted spin, no spinning for this long...
+pub const MIN_BACKOFF_NS: u64 = 10_000_000;
+/// ...doubling while it keeps happening, up to this.
+pub const MAX_BACKOFF_NS: u64 = 1_000_000_000;
+
+/// The CPU cap's allowance holds at most this much time's worth of refill.
+/// Why 100 ms: long enough that the short bursts a latency-bound waiter
+/// spins through are never cut, short enough that a waiter whose model is
+/// wrong is held to its cap within a fraction of a second.
+pub const BURST_NS: u64 = 100_000_000;
+
+/// Measure the CPU cost of one sleep in this many (two thread-clock reads,
+/// syscalls, on a path that sleeps anyway).
+const SLEEP_SAMPLE_EVERY: u32 = 8;
+
+/// The CPU cap: spin time is paid from an allowance that refills at `cap`
+/// × elapsed time, up to `cap` × [`BURST_NS`], and starts full.
+#[derive(Debug, Clone)]
+pub struct Allowance {
+    ppm: u32,
+    tokens: f64,
+    last: Option<u64>,
+}
+
+impl Allowance {
+    /// An allowance for `ppm` parts per million of one core (≥ 1,000,000:
+    /// no cap).
+    pub const fn new(ppm: u32) -> Allowance {
+        Allowance {
+            ppm,
+            tokens: 0.0,
+            last: None,
+        }
+    }
+
+    /// Is there a cap at all?
+    #[inline]
+    pub fn capped(&self) -> bool {
+        self.ppm < 1_000_000
+    }
+
+    /// The share of one core, parts per million.
+    pub fn ppm(&self) -> u32 {
+        self.ppm
+    }
+
+    /// Refill for the time up to `now_ns` and return what may be spun now
+    /// (`u64::MAX` without a cap).
+    #[inline]
+    pub fn refill(&mut self, now_ns: u64) -> u64 {
+        if !self.capped() {
+            return u64::MAX;
+        }
+        let cap = self.ppm as f64 / 1e6;
+        let burst = cap * BURST_NS as f64;
+        self.tokens = match self.last {
+            None => burst,
+            Some(t) => (self.tokens + cap * now_ns.saturating_sub(t) as f64).min(burst),
+        };
+        self.last = Some(now_ns);
+        self.tokens.max(0.0) as u64
+    }
+
+    /// Pay for `ns` of spinning.
+    #[inline]
+    pub fn charge(&mut self, ns: u64) {
+        if self.capped() {
+            self.tokens -= ns as f64;
+        }
+    }
+}
+
+/// What the caller knows at the start of a wait that found nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    /// Now, [`crate::cpu::monotonic_ns`] time (any monotonic epoch works).
+    pub now_ns: u64,
+    /// What is left of the caller's timeout, ns (`None`: none).
+    pub timeout_ns: Option<u64>,
+    /// The CPU the calling thread is on (`None`: unknown; the CPU rules
+    /// then do not apply).
+    pub cpu: Option<u32>,
+    /// The CPU the producer last ran on, when known.
+    pub peer_cpu: Option<u32>,
+    /// Other threads want this CPU (the pressure sampler, when the caller
+    /// runs one).
+    pub contended: bool,
+    /// Waiters of the live dispatcher serving this CPU, if one does.
+    pub dispatch_waiters: Option<u32>,
+    /// Can this wait be handed to a dispatcher at all? A `dispatch`-mode
+    /// wait that cannot is planned as `hybrid`.
+    pub dispatchable: bool,
+}
+
+impl Facts {
+    /// Facts with only the time and the timeout known.
+    pub const fn at(now_ns: u64, timeout_ns: Option<u64>) -> Facts {
+        Facts {
+            now_ns,
+            timeout_ns,
+            cpu: None,
+            peer_cpu: None,
+            contended: false,
+            dispatch_waiters: None,
+            dispatchable: true,
+        }
+    }
+}
+
+/// What to do for one wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Look for at most this many ns (`u64::MAX`: until the timeout, or
+    /// for ever), then block.
+    Spin(u64),
+    /// Register with the core's dispatcher and sleep until it hands off.
+    Dispatch,
+    /// Block now (after the arm → re-check rule).
+    Block,
+}
+
+/// Why a wait was planned the way it was (for the caller's counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// What the mode asks for.
+    Mode,
+    /// What the adaptive learner chose, and why.
+    Learned(adaptive::Reason),
+    /// No spin: the producer last ran on this CPU.
+    SameCpu,
+    /// No spin: another thread of the process is blocked on this CPU.
+    Siblings,
+    /// No spin: backing off after a spin was preempted.
+    Contended,
+    /// The CPU cap shortened the spin or ruled it out.
+    Capped,
+}
+
+/// How a planned wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ending {
+    /// When it ended (a clock reading the caller already had will do: the
+    /// last one of its spin loop).
+    pub now_ns: u64,
+    /// Of the wait, ns spent spinning.
+    pub spun_ns: u64,
+    /// The thread blocked (after its spin, if any).
+    pub slept: bool,
+    /// The spin lost the CPU for more than [`PREEMPTED_NS`].
+    pub preempted: bool,
+    /// The wait failed (an error, not a completion or a timeout): nothing to
+    /// learn from its length.
+    pub failed: bool,
+    /// The measured wake-up latency of its sleep, when the source dates
+    /// its rings ([`crate::source::BlockReport::wake_ns`]).
+    pub wake_ns: Option<u64>,
+}
+
+impl Ending {
+    /// A wait that ended at `now_ns` after spinning `spun_ns`.
+    pub const fn at(now_ns: u64, spun_ns: u64, slept: bool) -> Ending {
+        Ending {
+            now_ns,
+            spun_ns,
+            slept,
+            preempted: false,
+            failed: false,
+            wake_ns: None,
+        }
+    }
+}
+
+/// The wait in progress.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    start_ns: u64,
+    learned: Option<adaptive::Plan>,
+}
+
+/// Decides each wait of one waiter (a thread's [`crate::Waiter`], or one
+/// thread of a program under the shim); see the module docs.
+#[derive(Debug, Clone)]
+pub struct Governor {
+    mode: WaitMode,
+    /// Longest spin of `adaptive` (the shim's `FASTWAKE_BUDGET_US`).
+    ceiling_ns: u64,
+    cap: Allowance,
+    quiet_until: u64,
+    backoff_ns: u64,
+    learner: Learner,
+    in_flight: Option<InFlight>,
+    /// How the last adaptive wait went, learned at the start of the next
+    /// one: the histogram update and its periodic decay would otherwise
+    /// run between the completion and the caller getting it.
+    deferred: Option<Outcome>,
+    sleeps: u32,
+    /// Thread CPU time before the sampled sleep in progress, ns.
+    sleep_cpu0: Option<u64>,
+}
+
+impl Governor {
+    /// A governor for `mode`, with the CPU cap of an adaptive mode's
+    /// [`adaptive::Config::cap_pct`] (none for the other modes; see
+    /// [`Governor::with_cap`]).
+    pub const fn new(mode: WaitMode) -> Governor {
+        let (cfg, ppm) = match mode {
+            WaitMode::Adaptive(c) => (c, c.cap_pct as u32 * 10_000),
+            _ => (adaptive::Config::DEFAULT, 1_000_000),
+        };
+        Governor {
+            mode,
+            ceiling_ns: u64::MAX,
+            cap: Allowance::new(ppm),
+            quiet_until: 0,
+            backoff_ns: MIN_BACKOFF_NS,
+            learner: Learner::new(cfg, Model::DEFAULT),
+            in_flight: None,
+            deferred: None,
+            sleeps: 0,
+            sleep_cpu0: None,
+        }
+    }
+
+    /// The same with a CPU cap of `ppm` parts per million of a core for
+    /// every spinning mode.
+    pub const fn with_cap(mut self, ppm: u32) -> Governor {
+        self.cap = Allowance::new(ppm);
+        self
+    }
+
+    /// The same with adaptive spins no longer than `ns`.
+    pub const fn with_ceiling(mut self, ns: u64) -> Governor {
+        self.ceiling_ns = ns;
+        self
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> WaitMode {
+        self.mode
+    }
+
+    /// The adaptive learner (what it learned so far; the last wait may not
+    /// be learned yet, see [`Governor::settled`]).
+    pub fn learner(&self) -> &Learner {
+        &self.learner
+    }
+
+    /// The learner with the last wait learned (for read-only views).
+    pub fn settled(&self) -> std::borrow::Cow<'_, Learner> {
+        match self.deferred {
+            None => std::borrow::Cow::Borrowed(&self.learner),
+            Some(o) => {
+                let mut l = self.learner.clone();
+                l.record(o);
+                std::borrow::Cow::Owned(l)
+            }
+        }
+    }
+
+    /// Adaptive mode: what the learner decided so far.
+    pub fn adaptive_stats(&self) -> adaptive::AdaptiveStats {
+        self.settled().stats()
+    }
+
+    /// Is it time to refresh what the caller senses about its CPU (which
+    /// CPU, its dispatcher, the pressure sampler)? Every
+    /// [`adaptive::learner::RECOMPUTE_EVERY`] adaptive waits: a pinned
+    /// thread never moves, an unpinned one rarely within 16 waits, and the
+    /// lookups cost tens of ns each.
+    #[inline]
+    pub fn refresh_due(&self) -> bool {
+        matches!(self.mode, WaitMode::Adaptive(_))
+            && self
+                .learner
+                .decisions()
+                .is_multiple_of(adaptive::learner::RECOMPUTE_EVERY as u64)
+    }
+
+    /// Plan one wait that found nothing at its first look.
+    #[inline]
+    pub fn plan(&mut self, f: &Facts) -> (Decision, Why) {
+        let (mut d, mut why) = match self.mode {
+            WaitMode::Interrupt => return (Decision::Block, Why::Mode),
+            WaitMode::Dispatch if f.dispatchable => {
+                return (self.start(f, Decision::Dispatch), Why::Mode);
+            }
+            WaitMode::Poll => (Decision::Spin(u64::MAX), Why::Mode),
+            WaitMode::Hybrid { budget } => (
+                Decision::Spin(budget.as_nanos().min(u64::MAX as u128) as u64),
+                Why::Mode,
+            ),
+            // What cannot be dispatched is waited for as in `hybrid`, with
+            // the ceiling as its budget when one was set (the shim's
+            // FASTWAKE_BUDGET_US).
+            WaitMode::Dispatch => (
+                Decision::Spin(match self.ceiling_ns {
+                    u64::MAX => DEFAULT_BUDGET.as_nanos() as u64,
+                    c => c,
+                }),
+                Why::Mode,
+            ),
+            WaitMode::Adaptive(_) => return self.plan_adaptive(f),
+        };
+        if !matches!(self.mode, WaitMode::Poll) {
+            if same_cpu(f) {
+                (d, why) = (Decision::Block, Why::SameCpu);
+            } else if siblings::others_asleep(f.cpu) {
+                (d, why) = (Decision::Block, Why::Siblings);
+            } else if f.now_ns < self.quiet_until {
+                (d, why) = (Decision::Block, Why::Contended);
+            }
+        }
+        if let Decision::Spin(b) = d {
+            d = self.afford(f, b, &mut why);
+        }
+        (self.start(f, d), why)
+    }
+
+    #[inline]
+    fn plan_adaptive(&mut self, f: &Facts) -> (Decision, Why) {
+        if let Some(o) = self.deferred.take() {
+            self.learner.record(o);
+        }
+        let allowance = self.cap.refill(f.now_ns);
+        let env = Env {
+            same_cpu: same_cpu(f),
+            siblings: siblings::others_asleep(f.cpu),
+            contended: f.contended || f.now_ns < self.quiet_until,
+            dispatch_waiters: f.dispatch_waiters.filter(|_| f.dispatchable),
+            allowance_ns: allowance,
+        };
+        let learned = self.learner.plan(f.now_ns, env);
+        let why = Why::Learned(self.learner.last_reason());
+        let d = match learned {
+            adaptive::Plan::Dispatch => Decision::Dispatch,
+            adaptive::Plan::Spin(b) => {
+                let b = b.min(self.ceiling_ns);
+                match f.timeout_ns {
+                    Some(t) if t < b => Decision::Spin(t),
+                    _ if b < MIN_SPIN_NS => Decision::Block,
+                    _ => Decision::Spin(b),
+                }
+            }
+        };
+        self.in_flight = Some(InFlight {
+            start_ns: f.now_ns,
+            learned: Some(learned),
+        });
+        (d, why)
+    }
+
+    /// A spin of at most `b` that the timeout and the cap allow.
+    #[inline]
+    fn afford(&mut self, f: &Facts, b: u64, why: &mut Why) -> Decision {
+        let mut b = b;
+        if let Some(t) = f.timeout_ns {
+            b = b.min(t);
+        }
+        if self.cap.capped() {
+            let a = self.cap.refill(f.now_ns);
+            if a < b {
+                *why = Why::Capped;
+                b = a;
+            }
+        }
+        if b < MIN_SPIN_NS {
+            Decision::Block
+        } else {
+            Decision::Spin(b)
+        }
+    }
+
+    #[inline]
+    fn start(&mut self, f: &Facts, d: Decision) -> Decision {
+        self.in_flight = Some(InFlight {
+            start_ns: f.now_ns,
+            learned: None,
+        });
+        d
+    }
+
+    /// The planned wait is about to block: count the calling thread as
+    /// blocked on `cpu` until the returned guard drops (the sibling rule),
+    /// and, for one adaptive sleep in eight, measure what
+    /// the sleep costs in CPU. Why measure: the model's figure is a default
+    /// from another day's host, and the real cost (arm, sleep, two context
+    /// switches, re-check) moves by 4× with the host's state, which moves
+    /// the break-even of every budget.
+    #[inline]
+    pub fn blocking(&mut self, cpu: Option<u32>) -> siblings::Asleep {
+        if matches!(self.mode, WaitMode::Adaptive(_)) {
+            self.sleeps = self.sleeps.wrapping_add(1);
+            if self.sleeps.is_multiple_of(SLEEP_SAMPLE_EVERY) {
+                self.sleep_cpu0 = Some(crate::cpu::thread_cpu_time().as_nanos() as u64);
+            }
+        }
+        siblings::Asleep::enter(cpu)
+    }
+
+    /// How the planned wait ended.
+    #[inline]
+    pub fn end(&mut self, e: Ending) {
+        let Some(w) = self.in_flight.take() else {
+            return;
+        };
+        if e.spun_ns > 0 {
+            self.cap.charge(e.spun_ns);
+            if e.preempted {
+                self.quiet_until = e.now_ns.saturating_add(self.backoff_ns);
+                self.backoff_ns = (self.backoff_ns * 2).min(MAX_BACKOFF_NS);
+            } else if !e.slept {
+                self.backoff_ns = MIN_BACKOFF_NS;
+            }
+        }
+        let Some(learned) = w.learned else {
+            return;
+        };
+        if let Some(c0) = self.sleep_cpu0.take()
+            && e.slept
+        {
+            let used = (crate::cpu::thread_cpu_time().as_nanos() as u64).saturating_sub(c0);
+            self.learner.observe_sleep_cpu(used);
+        }
+        let wake_ns = e.wake_ns.filter(|_| e.slept);
+        if let Some(x) = wake_ns {
+            self.learner.observe_wake(x);
+        }
+        if e.failed {
+            // The learner expects an outcome for every plan; a failed wait
+            // teaches it nothing about wait lengths.
+            self.learner.forget_pending();
+            return;
+        }
+        let waited = e.now_ns.saturating_sub(w.start_ns);
+        let spun = match learned {
+            adaptive::Plan::Dispatch => 0,
+            adaptive::Plan::Spin(_) => e.spun_ns.min(waited),
+        };
+        self.deferred = Some(Outcome {
+            waited_ns: waited,
+            spun_ns: spun,
+            slept: e.slept,
+            wake_ns,
+        });
+    }
+
+    /// One line: what the adaptive learner decided and why (with the
+    /// pressure sampler's view, when the caller runs one).
+    pub fn explain(&self, pressure: Option<&adaptive::pressure::Shared>) -> String {
+        adaptive::explain(&self.settled(), pressure)
+    }
+}
+
+/// Did the producer last run on this CPU?
+#[inline]
+fn same_cpu(f: &Facts) -> bool {
+    f.peer_cpu.is_some() && f.peer_cpu == f.cpu
+}

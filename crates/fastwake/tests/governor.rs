@@ -1,0 +1,237 @@
+//! The wait governor: the one spin-then-block decision of the library's
+//! `Waiter` and of every hook of the preload shim. Pure (time passed in),
+//! so these run without threads or clocks; the shim's tests and the
+//! library's wait-mode tests exercise the same code from each side.
+
+use fastwake::WaitMode;
+use fastwake::adaptive::Reason;
+use fastwake::wait::{
+    DEFAULT_BUDGET, Decision, Ending, Facts, Governor, MIN_BACKOFF_NS, PREEMPTED_NS, Why,
+};
+use std::time::Duration;
+
+fn hybrid(us: u64) -> Governor {
+    Governor::new(WaitMode::Hybrid {
+        budget: Duration::from_micros(us),
+    })
+}
+
+fn facts(now: u64) -> Facts {
+    Facts {
+        cpu: Some(3),
+        ..Facts::at(now, None)
+    }
+}
+
+/// Waits of `gap` ns one after another through `g` (each wait starts
+/// after the previous one ended, plus 1 µs of work); spinning ones are
+/// caught, blocking ones pay a 5 µs wake-up. Returns the last spin budget.
+fn feed(g: &mut Governor, gaps: impl Iterator<Item = u64>) -> u64 {
+    let mut now = 1_000_000;
+    let mut b = 0;
+    for gap in gaps {
+        b = match g.plan(&facts(now)).0 {
+            Decision::Spin(b) => b,
+            _ => 0,
+        };
+        if b >= gap {
+            g.end(Ending::at(now + gap, gap, false));
+            now += gap;
+        } else {
+            g.end(Ending::at(now + gap + 5_000, b, true));
+            now += gap + 5_000;
+        }
+        now += 1_000;
+    }
+    b
+}
+
+fn adaptive(ceiling_ns: u64) -> Governor {
+    Governor::new(WaitMode::Adaptive(Default::default())).with_ceiling(ceiling_ns)
+}
+
+#[test]
+fn hybrid_spins_its_budget_and_the_default_is_stated_once() {
+    let mut g = hybrid(30);
+    assert_eq!(g.plan(&facts(1_000)), (Decision::Spin(30_000), Why::Mode));
+    let mut g = Governor::new("hybrid".parse().unwrap());
+    assert_eq!(
+        g.plan(&facts(1_000)).0,
+        Decision::Spin(DEFAULT_BUDGET.as_nanos() as u64)
+    );
+}
+
+#[test]
+fn interrupt_blocks_and_poll_spins_until_the_timeout() {
+    let mut g = Governor::new(WaitMode::Interrupt);
+    assert_eq!(g.plan(&facts(1_000)).0, Decision::Block);
+    let mut g = Governor::new(WaitMode::Poll);
+    assert_eq!(g.plan(&facts(1_000)).0, Decision::Spin(u64::MAX));
+    let f = Facts {
+        timeout_ns: Some(7_000),
+        ..facts(1_000)
+    };
+    assert_eq!(g.plan(&f).0, Decision::Spin(7_000));
+}
+
+#[test]
+fn a_zero_or_short_timeout_is_never_spun_past() {
+    let mut g = hybrid(50);
+    let f = |t| Facts {
+        timeout_ns: Some(t),
+        ..facts(1_000)
+    };
+    assert_eq!(g.plan(&f(0)).0, Decision::Block);
+    assert_eq!(g.plan(&f(20_000)).0, Decision::Spin(20_000));
+}
+
+#[test]
+fn no_spin_against_a_producer_on_the_same_cpu() {
+    let mut g = hybrid(50);
+    let f = Facts {
+        peer_cpu: Some(3),
+        ..facts(1_000)
+    };
+    assert_eq!(g.plan(&f), (Decision::Block, Why::SameCpu));
+    let f = Facts {
+        peer_cpu: Some(2),
+        ..facts(1_000)
+    };
+    assert_eq!(g.plan(&f).0, Decision::Spin(50_000));
+}
+
+#[test]
+fn no_spin_while_a_sibling_is_blocked_on_the_cpu() {
+    // CPU numbers no other test of this binary uses: the count is
+    // process-wide.
+    let f = Facts {
+        cpu: Some(201),
+        ..Facts::at(1_000, None)
+    };
+    let mut sleeper = Governor::new(WaitMode::Interrupt);
+    let mut g = hybrid(50);
+    assert_eq!(g.plan(&f).0, Decision::Spin(50_000));
+    let asleep = sleeper.blocking(Some(201));
+    assert_eq!(g.plan(&f), (Decision::Block, Why::Siblings));
+    drop(asleep);
+    assert_eq!(g.plan(&f).0, Decision::Spin(50_000));
+}
+
+#[test]
+fn backs_off_after_a_preempted_spin_and_recovers() {
+    let mut g = hybrid(50);
+    assert!(matches!(g.plan(&facts(1_000)).0, Decision::Spin(_)));
+    g.end(Ending {
+        preempted: true,
+        ..Ending::at(1_000 + PREEMPTED_NS * 2, PREEMPTED_NS * 2, true)
+    });
+    let t = 1_000 + PREEMPTED_NS * 3;
+    assert_eq!(g.plan(&facts(t)), (Decision::Block, Why::Contended));
+    g.end(Ending::at(t + 10, 0, true));
+    let later = t + MIN_BACKOFF_NS + PREEMPTED_NS * 2;
+    assert!(matches!(g.plan(&facts(later)).0, Decision::Spin(_)));
+}
+
+#[test]
+fn the_cpu_cap_holds_for_hybrid() {
+    // 10 % of a core; a waiter that spins its whole 50 µs budget every
+    // 60 µs would take ~83 %.
+    let mut g = hybrid(50).with_cap(100_000);
+    let (mut now, mut spun, mut capped) = (1_000u64, 0u64, 0u32);
+    for _ in 0..20_000 {
+        let (d, why) = g.plan(&facts(now));
+        if why == Why::Capped {
+            capped += 1;
+        }
+        let b = match d {
+            Decision::Spin(b) => b,
+            _ => 0,
+        };
+        spun += b;
+        g.end(Ending::at(now + b, b, true));
+        now += 60_000;
+    }
+    let wall = now - 1_000;
+    let burst = 0.10 * fastwake::wait::BURST_NS as f64;
+    assert!(capped > 0);
+    assert!(
+        spun as f64 <= 0.10 * wall as f64 + burst + 50_000.0,
+        "spun {spun} ns in {wall} ns with a 10% cap"
+    );
+}
+
+#[test]
+fn dispatch_mode_dispatches_what_it_can_and_spins_the_rest() {
+    let mut g = Governor::new(WaitMode::Dispatch);
+    assert_eq!(g.plan(&facts(1_000)).0, Decision::Dispatch);
+    let f = Facts {
+        dispatchable: false,
+        ..facts(1_000)
+    };
+    assert_eq!(
+        g.plan(&f).0,
+        Decision::Spin(DEFAULT_BUDGET.as_nanos() as u64)
+    );
+    let mut g = Governor::new(WaitMode::Dispatch).with_ceiling(30_000);
+    assert_eq!(g.plan(&f).0, Decision::Spin(30_000));
+}
+
+#[test]
+fn adaptive_learns_before_spinning() {
+    let mut g = adaptive(50_000);
+    assert_eq!(
+        g.plan(&facts(1_000)),
+        (Decision::Block, Why::Learned(Reason::Learning))
+    );
+}
+
+#[test]
+fn adaptive_gives_a_quick_peer_a_budget_that_catches_it() {
+    let mut g = adaptive(50_000);
+    let b = feed(&mut g, (0..400).map(|i| 10_000 + (i % 4) * 1_000));
+    assert!((13_000..=50_000).contains(&b), "{b}");
+}
+
+#[test]
+fn adaptive_gives_a_slow_peer_no_spin() {
+    let mut g = adaptive(50_000);
+    assert_eq!(feed(&mut g, (0..400).map(|_| 1_000_000)), 0);
+}
+
+#[test]
+fn adaptive_gives_a_mostly_slow_peer_no_spin_and_recovers() {
+    let mut g = adaptive(50_000);
+    let slow = (0..600).map(|i| if i % 3 == 0 { 5_000 } else { 2_000_000 });
+    assert_eq!(feed(&mut g, slow), 0);
+    let b = feed(&mut g, (0..2_000).map(|_| 8_000));
+    assert!(b > 8_000, "{b}");
+}
+
+#[test]
+fn adaptive_never_exceeds_the_ceiling() {
+    let mut g = adaptive(20_000);
+    assert_eq!(feed(&mut g, (0..400).map(|_| 19_000)), 20_000);
+}
+
+#[test]
+fn adaptive_dispatches_next_to_a_sibling_when_a_dispatcher_serves_the_cpu() {
+    let mut g = adaptive(50_000);
+    feed(&mut g, (0..400).map(|_| 10_000));
+    let mut sleeper = Governor::new(WaitMode::Interrupt);
+    let asleep = sleeper.blocking(Some(202));
+    let f = |d| Facts {
+        cpu: Some(202),
+        dispatch_waiters: d,
+        ..Facts::at(900_000_000, None)
+    };
+    assert_eq!(
+        g.plan(&f(None)),
+        (Decision::Block, Why::Learned(Reason::Siblings))
+    );
+    g.end(Ending::at(900_010_000, 0, true));
+    assert_eq!(
+        g.plan(&f(Some(4))),
+        (Decision::Dispatch, Why::Learned(Reason::Dispatch))
+    );
+    drop(asleep);
+}
