@@ -128,26 +128,36 @@ fn wait_counts(hub: &Hub, index: usize, src: &Counts) -> bool {
     }
 }
 
+/// A hub for `capacity` waiters with one counter source registered: the
+/// hub, the source, its slot.
+fn counts_hub(capacity: usize) -> (Arc<Hub>, Arc<Counts>, usize) {
+    let hub = hub(capacity, false);
+    let src = Arc::new(Counts::default());
+    let i = hub.register(src.clone()).unwrap();
+    (hub, src, i)
+}
+
+/// The dispatcher thread, polling (never idle) until asked to exit.
+fn spawn_polling(hub: &Arc<Hub>) -> loom::thread::JoinHandle<()> {
+    let hub = hub.clone();
+    loom::thread::spawn(move || dispatch(&hub, false, None))
+}
+
+/// A producer thread publishing `n` completions.
+fn spawn_producer(src: &Arc<Counts>, n: u32) -> loom::thread::JoinHandle<()> {
+    let src = src.clone();
+    loom::thread::spawn(move || (0..n).for_each(|_| src.publish()))
+}
+
 /// Two completions, two waits, a polling dispatcher: covers the hand-off,
 /// the withdrawal after the re-check, the first peek after registering,
 /// and the waiting-set bit being cleared while the owner re-announces.
 #[test]
 fn handoff_is_never_lost() {
     loom::model(|| {
-        let hub = hub(1, false);
-        let src = Arc::new(Counts::default());
-        let i = hub.register(src.clone()).unwrap();
-        let d = {
-            let hub = hub.clone();
-            loom::thread::spawn(move || dispatch(&hub, false, None))
-        };
-        let p = {
-            let src = src.clone();
-            loom::thread::spawn(move || {
-                src.publish();
-                src.publish();
-            })
-        };
+        let (hub, src, i) = counts_hub(1);
+        let d = spawn_polling(&hub);
+        let p = spawn_producer(&src, 2);
         for _ in 0..2 {
             assert!(wait_counts(&hub, i, &src));
         }
@@ -163,9 +173,7 @@ fn handoff_is_never_lost() {
 #[test]
 fn dying_dispatcher_releases_waiter() {
     loom::model(|| {
-        let hub = hub(1, false);
-        let src = Arc::new(Counts::default());
-        let i = hub.register(src.clone()).unwrap();
+        let (hub, src, i) = counts_hub(1);
         let d = {
             let hub = hub.clone();
             loom::thread::spawn(move || hub.die())
@@ -187,13 +195,8 @@ fn relay_and_dispatcher_hand_off_once() {
     // the one race here (two CASes on WAITING).
     b.preemption_bound = Some(b.preemption_bound.map_or(2, |n| n.min(2)));
     b.check(|| {
-        let hub = hub(2, false);
-        let src = Arc::new(Counts::default());
-        let i = hub.register(src.clone()).unwrap();
-        let d = {
-            let hub = hub.clone();
-            loom::thread::spawn(move || dispatch(&hub, false, None))
-        };
+        let (hub, src, i) = counts_hub(2);
+        let d = spawn_polling(&hub);
         let r = {
             let hub = hub.clone();
             // A waiter relays only briefly: two passes, at any point.
@@ -204,10 +207,7 @@ fn relay_and_dispatcher_hand_off_once() {
                 }
             })
         };
-        let p = {
-            let src = src.clone();
-            loom::thread::spawn(move || src.publish())
-        };
+        let p = spawn_producer(&src, 1);
         assert!(wait_counts(&hub, i, &src));
         hub.request_exit();
         p.join().unwrap();
@@ -229,9 +229,7 @@ fn relay_and_dispatcher_hand_off_once() {
 #[test]
 fn withdrawal_racing_a_hand_off_settles_once() {
     loom::model(|| {
-        let hub = hub(1, false);
-        let src = Arc::new(Counts::default());
-        let i = hub.register(src.clone()).unwrap();
+        let (hub, src, i) = counts_hub(1);
         let d = {
             let (hub, src) = (hub.clone(), src.clone());
             loom::thread::spawn(move || {

@@ -288,6 +288,23 @@ impl WaitSet {
         }
     }
 
+    /// The slots whose bit is set, word by word (each word read once).
+    /// For the cold scans (going idle, the watchdog); a pass goes through
+    /// the watch instead.
+    pub(crate) fn marked(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.words()).flat_map(move |w| {
+            let mut bits = self.word(w);
+            std::iter::from_fn(move || {
+                if bits == 0 {
+                    return None;
+                }
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                Some(i)
+            })
+        })
+    }
+
     /// Dispatcher: drop the bit of a slot found not waiting, then re-read
     /// the state and restore the bit if the owner announced meanwhile.
     pub fn unmark(&self, index: usize, slot: &Slot) {

@@ -153,18 +153,12 @@ impl Hub {
         // costs nothing here: once per idle period.
         fence(Ordering::SeqCst);
         self.idle_sleeps.fetch_add(1, Ordering::Relaxed);
-        let mut paused = 0;
-        for w in 0..self.waitset.words() {
-            let mut bits = self.waitset.word(w);
-            while bits != 0 {
-                let i = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                if self.slots[i].hand(PAUSED) {
-                    paused += 1;
-                }
-            }
-        }
-        self.paused.fetch_add(paused, Ordering::Relaxed);
+        let paused = self
+            .waitset
+            .marked()
+            .filter(|&i| self.slots[i].hand(PAUSED))
+            .count();
+        self.paused.fetch_add(paused as u64, Ordering::Relaxed);
         while self.mode.load(Ordering::SeqCst) == MODE_SLEEPING
             && !self.exit_requested()
             && !self.pending_flag.load(Ordering::SeqCst)

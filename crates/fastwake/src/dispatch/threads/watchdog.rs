@@ -64,20 +64,15 @@ impl Hub {
     /// hand off every waiting thread whose source is ready.
     fn rescue(&self) {
         let handles = read(&self.handles);
-        let mut n = 0;
-        for w in 0..self.waitset.words() {
-            let mut bits = self.waitset.word(w);
-            while bits != 0 {
-                let i = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                if self.slots[i].state() == WAITING
+        let n = self
+            .waitset
+            .marked()
+            .filter(|&i| {
+                self.slots[i].state() == WAITING
                     && handles[i].as_ref().is_some_and(|p| p.ready())
                     && self.slots[i].hand(HANDED)
-                {
-                    n += 1;
-                }
-            }
-        }
-        self.rescued.fetch_add(n, Ordering::Relaxed);
+            })
+            .count();
+        self.rescued.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
