@@ -13,7 +13,7 @@
 //!    rule degenerates to vector = CPU.
 //! 2. **Re-place lazily** ([`Replacer`]): at wait time (on the arm path, a
 //!    cheap `sched_getcpu`), notice that the thread now runs elsewhere than
-//!    its CQ's IRQ and, by [`Policy`], move the thread back, or — only when
+//!    its CQ's IRQ and, by [`ReplacePolicy`], move the thread back, or — only when
 //!    explicitly enabled and the kernel permits — move the IRQ to the thread.
 //!    No verb changes a CQ's vector after creation, so those are the only two
 //!    levers.
@@ -25,7 +25,7 @@ pub mod irq;
 mod replace;
 
 pub use irq::{VectorInfo, VectorMap};
-pub use replace::{Policy, Replacement, Replacer};
+pub use replace::{ReplacePolicy, Replacement, Replacer};
 
 /// Why a vector was chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 /// What to do when a waiter runs on another CPU than its CQ's signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Policy {
+pub enum ReplacePolicy {
     /// Only record the mismatch.
     #[default]
     Report,
@@ -18,13 +18,13 @@ pub enum Policy {
     Irq,
 }
 
-impl FromStr for Policy {
+impl FromStr for ReplacePolicy {
     type Err = Fail;
     fn from_str(s: &str) -> Result<Self> {
         match s.trim() {
-            "report" | "off" | "none" => Ok(Policy::Report),
-            "thread" => Ok(Policy::Thread),
-            "irq" => Ok(Policy::Irq),
+            "report" | "off" | "none" => Ok(ReplacePolicy::Report),
+            "thread" => Ok(ReplacePolicy::Thread),
+            "irq" => Ok(ReplacePolicy::Irq),
             o => Err(Fail::invalid(format!(
                 "unknown re-placement policy '{o}': expected report, thread or irq"
             ))),
@@ -58,7 +58,7 @@ impl std::fmt::Display for Replacement {
 /// (rseq, no syscall) when nothing changed.
 #[derive(Debug, Clone)]
 pub struct Replacer {
-    policy: Policy,
+    policy: ReplacePolicy,
     placement: Placement,
     last_seen: Option<u32>,
     log: Vec<Replacement>,
@@ -69,7 +69,7 @@ pub struct Replacer {
 
 impl Replacer {
     /// Start from a CQ's creation-time placement.
-    pub fn new(placement: Placement, policy: Policy) -> Self {
+    pub fn new(placement: Placement, policy: ReplacePolicy) -> Self {
         Replacer {
             policy,
             placement,
@@ -102,15 +102,15 @@ impl Replacer {
             return None;
         }
         let action = match self.policy {
-            Policy::Report => "recorded".to_string(),
-            Policy::Thread => match crate::cpu::pin(signal) {
+            ReplacePolicy::Report => "recorded".to_string(),
+            ReplacePolicy::Thread => match crate::cpu::pin(signal) {
                 Ok(()) => {
                     self.last_seen = Some(signal);
                     "thread-moved".into()
                 }
                 Err(e) => format!("refused: {e}"),
             },
-            Policy::Irq => match self.placement.irq {
+            ReplacePolicy::Irq => match self.placement.irq {
                 None => "refused: the vector has no IRQ to move".into(),
                 Some(irq) => match move_irq(irq, now) {
                     Ok(()) => {
@@ -179,7 +179,7 @@ mod tests {
         }
         std::thread::spawn(|| {
             crate::cpu::pin(0).unwrap();
-            let mut r = Replacer::new(placement(1, Some(90)), Policy::Thread);
+            let mut r = Replacer::new(placement(1, Some(90)), ReplacePolicy::Thread);
             let rep = r.check().cloned().expect("a re-placement");
             assert_eq!((rep.waiter_cpu, rep.signal_cpu), (0, 1));
             assert_eq!(rep.action, "thread-moved");
@@ -199,18 +199,18 @@ mod tests {
         }
         std::thread::spawn(|| {
             crate::cpu::pin(0).unwrap();
-            let mut r = Replacer::new(placement(1, Some(90)), Policy::Report);
+            let mut r = Replacer::new(placement(1, Some(90)), ReplacePolicy::Report);
             assert_eq!(r.check().unwrap().action, "recorded");
             assert_eq!(crate::cpu::current(), Some(0));
             // An IRQ that does not exist: the kernel refuses, nothing moves,
             // the refusal is reported in one line.
-            let mut r = Replacer::new(placement(1, Some(999_999)), Policy::Irq);
+            let mut r = Replacer::new(placement(1, Some(999_999)), ReplacePolicy::Irq);
             let a = r.check().unwrap().action.clone();
             assert!(a.starts_with("refused: "), "{a}");
             assert!(!a.contains('\n'));
             assert_eq!(r.placement().cpu, Some(1));
             // No IRQ behind the vector (rxe): nothing to move.
-            let mut r = Replacer::new(placement(1, None), Policy::Irq);
+            let mut r = Replacer::new(placement(1, None), ReplacePolicy::Irq);
             assert!(r.check().unwrap().action.contains("no IRQ"));
         })
         .join()
@@ -219,9 +219,9 @@ mod tests {
 
     #[test]
     fn policy_names() {
-        assert_eq!("thread".parse::<Policy>().unwrap(), Policy::Thread);
-        assert_eq!("irq".parse::<Policy>().unwrap(), Policy::Irq);
-        assert_eq!("report".parse::<Policy>().unwrap(), Policy::Report);
-        assert!("move".parse::<Policy>().is_err());
+        assert_eq!("thread".parse::<ReplacePolicy>().unwrap(), ReplacePolicy::Thread);
+        assert_eq!("irq".parse::<ReplacePolicy>().unwrap(), ReplacePolicy::Irq);
+        assert_eq!("report".parse::<ReplacePolicy>().unwrap(), ReplacePolicy::Report);
+        assert!("move".parse::<ReplacePolicy>().is_err());
     }
 }

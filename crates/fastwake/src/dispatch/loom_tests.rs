@@ -354,7 +354,6 @@ fn channel_publish_meets_dispatch_wait_summarised() {
 /// (announce, SeqCst fence, re-check), with the dispatcher between them
 /// taking the flag and reading the slot.
 #[test]
-#[ignore = "needs source/channel.rs Region::raise_summary to fence with crate::sync::fence: loom cannot see its std fence and reports the lost hand-off that fence prevents"]
 fn channel_publish_meets_dispatch_wait_summarised_busy() {
     channel_meets_dispatch_wait(true, None, 1);
 }

@@ -36,10 +36,6 @@ mod watch;
 use std::time::Duration;
 
 pub use sched::SchedPolicy;
-/// The old name of [`SchedPolicy`], kept so callers that still say
-/// `dispatch::Policy` (fastwake-cli's `bench share`) build unchanged.
-#[doc(hidden)]
-pub use sched::SchedPolicy as Policy;
 pub use tasks::{Runtime, StateCell, TaskConfig, TaskCtx, TaskStats};
 pub use threads::{Config, DEFAULT_RELAY, Dispatcher};
 pub(crate) use waiter::wait;

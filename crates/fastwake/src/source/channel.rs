@@ -409,7 +409,8 @@ impl Region {
         if !p.is_null() {
             // The publish must be ordered before the flag for a waiter's
             // store→load re-check (dispatch::waiter) to pair with it.
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            // (crate::sync's fence: the one loom models see.)
+            crate::sync::fence(Ordering::SeqCst);
             // SAFETY: p points into a Box kept in `self.flags` until the
             // region drops; Flag is Sync.
             unsafe { (*p).raise() };

@@ -1,7 +1,7 @@
 //! The grammar of `--load` and `--mode`: what one row of `bench share`
 //! measures.
 
-use fastwake::dispatch::Policy;
+use fastwake::dispatch::SchedPolicy;
 use fastwake::{Fail, Result, WaitMode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub(super) enum Mode {
     PerThread(WaitMode),
     /// A thread per connection in dispatch mode, a dispatcher per core.
     Threads {
-        policy: Policy,
+        policy: SchedPolicy,
         cross: bool,
         relay: bool,
         /// The threads wait in `adaptive` mode instead of `dispatch`: the
@@ -68,7 +68,7 @@ impl Mode {
                     return Err(bad());
                 }
                 let (mut policy, mut cross, mut relay, mut adaptive) =
-                    (Policy::Idle, false, true, false);
+                    (SchedPolicy::Idle, false, true, false);
                 for p in parts {
                     match p {
                         "norelay" => relay = false,
@@ -78,9 +78,9 @@ impl Mode {
                         // busy-polling client.
                         "cross" => {
                             cross = true;
-                            policy = Policy::Normal;
+                            policy = SchedPolicy::Normal;
                         }
-                        p => policy = Policy::parse(p).map_err(|_| bad())?,
+                        p => policy = SchedPolicy::parse(p).map_err(|_| bad())?,
                     }
                 }
                 Mode::Threads {
@@ -108,7 +108,7 @@ impl Mode {
                 }
                 if *cross {
                     l.push_str(":cross");
-                } else if *policy != Policy::Idle {
+                } else if *policy != SchedPolicy::Idle {
                     l.push(':');
                     l.push_str(policy.name());
                 }

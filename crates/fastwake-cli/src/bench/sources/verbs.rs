@@ -9,7 +9,7 @@
 //! or reordered completion fails the run instead of skewing a figure.
 
 use crate::bench::harness::End;
-use fastwake::affinity::Policy;
+use fastwake::affinity::ReplacePolicy;
 use fastwake::source::verbs::{CqConfig, Device, Mr, RcQp, Vector, VerbsCq};
 use fastwake::{Fail, Result, Source, WaitMode, Waiter};
 use fastwake_verbs_sys::{IBV_WC_RECV, IBV_WC_SUCCESS, IBV_WC_WITH_IMM};
@@ -115,7 +115,7 @@ fn end(
     dev: &Arc<Device>,
     size: usize,
     cpu: u32,
-    policy: Policy,
+    policy: ReplacePolicy,
     label: &'static str,
 ) -> Result<(VerbsCq, VerbsCq, Mr)> {
     let cfg = CqConfig {
@@ -147,7 +147,7 @@ pub fn pair(
     mode: WaitMode,
     size: usize,
     cpus: (u32, u32),
-    policy: Policy,
+    policy: ReplacePolicy,
 ) -> Result<(VerbsEnd, VerbsEnd)> {
     let dev = Arc::new(Device::open(dev, None)?);
     let (a_rcq, a_scq, a_mr) = end(&dev, size, cpus.0, policy, "ping")?;

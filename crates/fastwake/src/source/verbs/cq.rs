@@ -19,7 +19,7 @@
 
 use super::device::{Device, errno};
 use super::sys::*;
-use crate::affinity::{self, Placement, Policy, Replacement, Replacer, VectorMap};
+use crate::affinity::{self, Placement, ReplacePolicy, Replacement, Replacer, VectorMap};
 use crate::source::{Peek, Rechecked, Source};
 use crate::{Fail, Result};
 use std::collections::VecDeque;
@@ -52,7 +52,7 @@ pub struct CqConfig {
     /// Vector choice.
     pub vector: Vector,
     /// What to do when the waiter runs elsewhere than the CQ's signal.
-    pub policy: Policy,
+    pub policy: ReplacePolicy,
     /// Ack events after this many (≥ 1).
     pub ack_batch: u32,
 }
@@ -62,7 +62,7 @@ impl Default for CqConfig {
         CqConfig {
             entries: 256,
             vector: Vector::ForCpu(None),
-            policy: Policy::Report,
+            policy: ReplacePolicy::Report,
             ack_batch: 16,
         }
     }
