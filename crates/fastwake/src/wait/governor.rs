@@ -386,11 +386,11 @@ impl Governor {
         let d = match learned {
             adaptive::Plan::Dispatch => Decision::Dispatch,
             adaptive::Plan::Spin(b) => {
-                let b = b.min(self.ceiling_ns);
-                match f.timeout_ns {
-                    Some(t) if t < b => Decision::Spin(t),
-                    _ if b < MIN_SPIN_NS => Decision::Block,
-                    _ => Decision::Spin(b),
+                let b = b.min(self.ceiling_ns).min(f.timeout_ns.unwrap_or(u64::MAX));
+                if b < MIN_SPIN_NS {
+                    Decision::Block
+                } else {
+                    Decision::Spin(b)
                 }
             }
         };
