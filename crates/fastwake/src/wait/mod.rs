@@ -17,6 +17,7 @@ mod poll;
 mod sensors;
 mod siblings;
 
+use crate::cpu::monotonic_ns;
 use crate::source::{BlockReport, Source, block_until_ready};
 use crate::{Fail, Result};
 use std::str::FromStr;
@@ -163,8 +164,6 @@ pub struct Waiter {
     link: crate::dispatch::Link,
     governor: Box<Governor>,
     sensors: sensors::Sensors,
-    /// The governor's time origin.
-    epoch: Instant,
 }
 
 impl Waiter {
@@ -175,7 +174,6 @@ impl Waiter {
             link: crate::dispatch::Link::default(),
             governor: Box::new(Governor::new(mode)),
             sensors: sensors::Sensors::default(),
-            epoch: Instant::now(),
         }
     }
 
@@ -234,10 +232,6 @@ impl Waiter {
         self.wait_deadline(src, Some(Instant::now() + timeout))
     }
 
-    fn ns(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.epoch).as_nanos() as u64
-    }
-
     fn wait_deadline<S: Source + ?Sized>(
         &mut self,
         src: &mut S,
@@ -248,18 +242,21 @@ impl Waiter {
             self.stats.without_sleep += 1;
             return Ok(Some(c));
         }
-        let start = Instant::now();
-        let poll = matches!(self.mode(), WaitMode::Poll);
-        // Poll mode spins by request: none of the CPU rules apply to it.
-        let cpu = if poll { None } else { crate::cpu::current() };
+        if self.governor.spins_regardless() {
+            // Poll mode without a CPU cap: nothing to decide, and no clock
+            // read on the path between a completion and its return.
+            return self.count(poll::spin(src, deadline), true);
+        }
+        let now_ns = monotonic_ns();
+        let cpu = crate::cpu::current();
         if self.governor.refresh_due() {
             self.sensors.refresh(cpu);
         }
         let facts = Facts {
-            now_ns: self.ns(start),
-            timeout_ns: deadline.map(|d| d.saturating_duration_since(start).as_nanos() as u64),
+            now_ns,
+            timeout_ns: deadline.map(|d| d.saturating_duration_since(Instant::now()).as_nanos() as u64),
             cpu,
-            peer_cpu: if poll { None } else { src.hints().peer_cpu },
+            peer_cpu: src.hints().peer_cpu,
             contended: self.sensors.contended(),
             dispatch_waiters: self.sensors.dispatch_waiters,
             dispatchable: true,
@@ -280,26 +277,23 @@ impl Waiter {
         let mut preempted = false;
         match decision {
             Decision::Dispatch => return self.dispatch(src, deadline, cpu),
-            Decision::Spin(_) if poll => {
+            Decision::Spin(_) if matches!(self.mode(), WaitMode::Poll) => {
                 let r = poll::spin(src, deadline);
-                let now = self.ns(Instant::now());
-                self.governor
-                    .end(Ending::at(now, now - facts.now_ns, false));
+                let now = monotonic_ns();
+                self.governor.end(Ending::at(now, now - now_ns, false));
                 return self.count(r, true);
             }
             Decision::Spin(b) => {
-                let end = hybrid::spin(src, start, Duration::from_nanos(b), deadline);
-                let end = match end {
+                let end = match hybrid::spin(src, now_ns, b) {
                     Ok(e) => e,
                     Err(e) => {
-                        self.fail(start);
+                        self.fail(now_ns);
                         return Err(e);
                     }
                 };
-                spun_ns = self.ns(end.last) - facts.now_ns;
+                spun_ns = end.last_ns - now_ns;
                 if let Some(c) = end.caught {
-                    self.governor
-                        .end(Ending::at(self.ns(end.last), spun_ns, false));
+                    self.governor.end(Ending::at(end.last_ns, spun_ns, false));
                     return self.count(Ok(Some(c)), true);
                 }
                 preempted = end.preempted;
@@ -315,7 +309,7 @@ impl Waiter {
         self.stats.spurious += rep.spurious as u64;
         let slept = rep.sleeps > 0;
         self.governor.end(Ending {
-            now_ns: self.ns(Instant::now()),
+            now_ns: monotonic_ns(),
             spun_ns,
             slept,
             preempted,
@@ -345,16 +339,16 @@ impl Waiter {
         s.relays += rep.relays;
         s.dispatch_fallbacks += rep.fallbacks;
         s.dispatch_paused += rep.paused;
-        let mut e = Ending::at(self.ns(Instant::now()), 0, slept);
+        let mut e = Ending::at(monotonic_ns(), 0, slept);
         e.failed = r.is_err();
         self.governor.end(e);
         self.count(r, !slept)
     }
 
     #[cold]
-    fn fail(&mut self, start: Instant) {
-        let mut e = Ending::at(self.ns(Instant::now()), 0, false);
-        e.spun_ns = e.now_ns.saturating_sub(self.ns(start));
+    fn fail(&mut self, start_ns: u64) {
+        let mut e = Ending::at(monotonic_ns(), 0, false);
+        e.spun_ns = e.now_ns.saturating_sub(start_ns);
         e.failed = true;
         self.governor.end(e);
     }
