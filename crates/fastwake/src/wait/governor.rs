@@ -463,8 +463,25 @@ impl Governor {
         siblings::Asleep::enter(cpu)
     }
 
+    /// The planned wait caught its completion while spinning, at `now_ns`
+    /// after `spun_ns`: the fast path of [`Governor::end`]. It sits between
+    /// a completion and the caller getting it, so when nothing needs to
+    /// learn from the catch (no learner, no cap, no back-off to reset) it
+    /// only closes the wait; everything else is out of line.
+    #[inline(always)]
+    pub fn caught(&mut self, now_ns: u64, spun_ns: u64) {
+        if matches!(self.in_flight, Some(InFlight { learned: None, .. }))
+            && !self.cap.capped()
+            && self.backoff_ns == MIN_BACKOFF_NS
+        {
+            self.in_flight = None;
+        } else {
+            self.end(Ending::at(now_ns, spun_ns, false));
+        }
+    }
+
     /// How the planned wait ended.
-    #[inline]
+    #[inline(never)]
     pub fn end(&mut self, e: Ending) {
         let Some(w) = self.in_flight.take() else {
             return;

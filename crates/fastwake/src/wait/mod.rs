@@ -158,7 +158,15 @@ pub struct WaitStats {
 /// Waits for completions in one [`WaitMode`], keeping [`WaitStats`]: the
 /// mechanics of peeking, spinning and sleeping on a [`Source`]; every
 /// decision is its [`Governor`]'s.
+///
+/// Line aligned, so whatever embeds it is too: every wait writes its
+/// counters, and a waiter sharing a cache line with the other end of a
+/// connection (two ends allocated one after the other, as `bench pingpong`
+/// does) pulls that line across cores on every completion (measured: the
+/// one-engine change moved fields across such a line and cost hybrid
+/// pingpong 10-15 ns one-way until this).
 #[derive(Debug, Clone)]
+#[repr(align(64))]
 pub struct Waiter {
     stats: WaitStats,
     link: crate::dispatch::Link,
@@ -293,7 +301,7 @@ impl Waiter {
                 };
                 spun_ns = end.last_ns - now_ns;
                 if let Some(c) = end.caught {
-                    self.governor.end(Ending::at(end.last_ns, spun_ns, false));
+                    self.governor.caught(end.last_ns, spun_ns);
                     return self.count(Ok(Some(c)), true);
                 }
                 preempted = end.preempted;
