@@ -219,9 +219,15 @@ mod tests {
 
     #[test]
     fn policy_names() {
-        assert_eq!("thread".parse::<ReplacePolicy>().unwrap(), ReplacePolicy::Thread);
+        assert_eq!(
+            "thread".parse::<ReplacePolicy>().unwrap(),
+            ReplacePolicy::Thread
+        );
         assert_eq!("irq".parse::<ReplacePolicy>().unwrap(), ReplacePolicy::Irq);
-        assert_eq!("report".parse::<ReplacePolicy>().unwrap(), ReplacePolicy::Report);
+        assert_eq!(
+            "report".parse::<ReplacePolicy>().unwrap(),
+            ReplacePolicy::Report
+        );
         assert!("move".parse::<ReplacePolicy>().is_err());
     }
 }

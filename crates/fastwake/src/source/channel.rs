@@ -66,7 +66,7 @@ use std::time::Duration;
 const MAGIC: u64 = 0x6661_7374_7761_6b31; // "fastwak1"
 const LINE: usize = 64;
 const SLOT_HEAD: usize = 16;
-const NO_CPU: u32 = u32::MAX;
+use super::NO_CPU;
 /// Distinct colour pads: `LINE + COLOURS * HOT` must fit in one page, so
 /// the constants and the hot lines share the first page.
 const COLOURS: usize = 21;
@@ -846,11 +846,10 @@ impl Source for Receiver {
 
     fn hints(&self) -> super::Hints {
         let h = self.r.header();
-        let c = h.prod.0.producer_cpu.load(Ordering::Relaxed);
         super::Hints {
-            peer_cpu: (c != NO_CPU).then_some(c),
             // 0 (never rang) is older than any sleep, so a waiter ignores it.
             rung_at: Some(h.arm.0.rung_at.load(Ordering::Acquire)),
+            ..super::Hints::producer_on(h.prod.0.producer_cpu.load(Ordering::Relaxed))
         }
     }
 

@@ -247,6 +247,9 @@ pub trait Source {
     }
 }
 
+/// How sources keep "the producer's CPU is not known yet" in an atomic.
+const NO_CPU: u32 = u32::MAX;
+
 /// What a source knows that helps its waiter, besides its completions.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Hints {
@@ -267,6 +270,15 @@ impl Hints {
         peer_cpu: None,
         rung_at: None,
     };
+
+    /// The producer's CPU as sources keep it ([`NO_CPU`]: not known
+    /// yet), and nothing else.
+    pub(crate) fn producer_on(cpu: u32) -> Hints {
+        Hints {
+            peer_cpu: (cpu != NO_CPU).then_some(cpu),
+            rung_at: None,
+        }
+    }
 }
 
 /// What happened in one [`block_until_ready`] call, for wait-mode statistics.

@@ -58,7 +58,7 @@ use std::time::Duration;
 
 /// Refresh the peer's CPU every this many messages.
 const PEER_SAMPLE: u64 = 16;
-const NO_CPU: u32 = u32::MAX;
+use super::NO_CPU;
 
 /// Options for [`SocketSource::new`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -441,11 +441,7 @@ impl Source for SocketSource {
     }
 
     fn hints(&self) -> super::Hints {
-        let c = self.peer_cpu.get();
-        super::Hints {
-            peer_cpu: (c != NO_CPU).then_some(c),
-            rung_at: None,
-        }
+        super::Hints::producer_on(self.peer_cpu.get())
     }
 
     fn peek(&self) -> Option<&Arc<dyn Peek>> {

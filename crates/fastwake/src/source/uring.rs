@@ -83,7 +83,7 @@ pub struct UringSource {
     taken: u64,
 }
 
-const NO_CPU: u32 = u32::MAX;
+use super::NO_CPU;
 const PEER_SAMPLE: u64 = 16;
 
 fn io_fail(op: &str, e: std::io::Error) -> Fail {
@@ -368,11 +368,7 @@ impl Source for UringSource {
     }
 
     fn hints(&self) -> super::Hints {
-        let c = self.peer_cpu.get();
-        super::Hints {
-            peer_cpu: (c != NO_CPU).then_some(c),
-            rung_at: None,
-        }
+        super::Hints::producer_on(self.peer_cpu.get())
     }
 
     fn peek(&self) -> Option<&Arc<dyn Peek>> {

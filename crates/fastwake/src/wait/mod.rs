@@ -262,7 +262,8 @@ impl Waiter {
         }
         let facts = Facts {
             now_ns,
-            timeout_ns: deadline.map(|d| d.saturating_duration_since(Instant::now()).as_nanos() as u64),
+            timeout_ns: deadline
+                .map(|d| d.saturating_duration_since(Instant::now()).as_nanos() as u64),
             cpu,
             peer_cpu: src.hints().peer_cpu,
             contended: self.sensors.contended(),
