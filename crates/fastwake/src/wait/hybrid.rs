@@ -28,7 +28,12 @@ pub(super) struct SpinEnd<C> {
 /// Spin from `start_ns` until a completion, `start_ns + budget_ns`, or a
 /// preemption (times in [`monotonic_ns`]; the caller has cut the budget to
 /// its deadline).
-#[inline]
+///
+/// Out of line on purpose: inlined into `Waiter::wait_deadline` the loop
+/// cost hybrid `bench pingpong` 5-10 ns one-way (0.090-0.100 against
+/// 0.085-0.095 µs out of line, alternating binaries, host in its fast
+/// state); a call before the loop costs nothing that matters.
+#[inline(never)]
 pub(super) fn spin<S: Source + ?Sized>(
     src: &mut S,
     start_ns: u64,
