@@ -8,8 +8,11 @@
 //! | [`WaitMode::Dispatch`] | sleeps on a futex; its core's [`crate::dispatch::Dispatcher`] wakes it | a same-core wake-up (~1 µs); the dispatcher uses only idle CPU | many threads share a core |
 //! | [`WaitMode::Adaptive`] | learns its waits and picks a spin budget (0 = interrupt) per wait | what the learned distribution and the CPU cap allow | the load changes, or no one knows it in advance |
 //!
-//! The dispatch and adaptive modes build on these (see their modules when
-//! present). All blocking goes through [`crate::source::block_until_ready`].
+//! Which of these a wait does, and for how long it spins, is decided by the
+//! [`Governor`] alone (the same engine serves the preload shim's hooks); the
+//! [`Waiter`] holds the mechanics: peeking, the spin loops, the dispatcher
+//! link, and all blocking goes through
+//! [`crate::source::block_until_ready`].
 
 mod governor;
 mod hybrid;
