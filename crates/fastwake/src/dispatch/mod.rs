@@ -19,7 +19,7 @@
 //! idle policy: after `idle_after` without work, sleep until the first
 //! event). Measurements: `fastwake bench share` and `docs/dispatch.md`.
 //!
-//! Layout: [`slot`] (the lock-free hand-off protocol, loom-checked),
+//! Layout: `slot` (the lock-free hand-off protocol, loom-checked),
 //! `watch` (the watched-source set and one pass over it), [`threads`] (the
 //! dispatcher thread), `waiter` (the dispatch-mode wait), [`tasks`] (the
 //! task runtime), `sched` (scheduling policies).
@@ -27,7 +27,7 @@
 #[cfg(all(test, loom))]
 mod loom_tests;
 mod sched;
-pub mod slot;
+pub(crate) mod slot;
 pub mod tasks;
 pub mod threads;
 mod waiter;

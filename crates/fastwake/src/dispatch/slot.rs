@@ -91,12 +91,8 @@ impl Slot {
     }
 
     /// Owner: sleep until the state leaves `WAITING` or `timeout` passes.
-    /// Returns the state seen last.
-    pub fn sleep(&self, timeout: Option<Duration>) -> u32 {
-        self.sleep_signalled(timeout).0
-    }
-
-    /// [`Slot::sleep`], also saying whether a signal cut the sleep short.
+    /// Returns the state seen last, and whether a signal cut the sleep
+    /// short.
     pub fn sleep_signalled(&self, timeout: Option<Duration>) -> (u32, bool) {
         // The bell is read before the state: a hand-off after the state
         // check changes the bell, so the futex wait cannot miss it.

@@ -2,7 +2,7 @@
 //! without kernel changes).
 //!
 //! Application threads on a core register their source's [`Peek`](crate::source::Peek) handle
-//! and sleep on a per-thread futex ([`super::slot`]). One dispatcher thread
+//! and sleep on a per-thread futex (`dispatch::slot`). One dispatcher thread
 //! on the same core peeks every waiting source; when one is ready it rings
 //! that thread's futex. The wake-up is a same-core one (~1 µs here, against
 //! ~4 µs for the cross-core wake the producer would otherwise cause), and
