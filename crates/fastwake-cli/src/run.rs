@@ -11,8 +11,6 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
 const SO_NAME: &str = "libfastwake_preload.so";
-const MODES: &[&str] = &["off", "poll", "interrupt", "hybrid", "adaptive", "dispatch"];
-
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Wait mode for the program's waits: off (every call passes through),
@@ -22,7 +20,8 @@ pub struct Args {
     /// (epoll_wait, epoll_pwait without a signal mask, poll and select on
     /// up to 8 fds, and blocking ibv_get_cq_event sleep until a per-CPU
     /// dispatcher hands off; larger fd sets and masked epoll_pwait as
-    /// hybrid).
+    /// hybrid). Any mode of the library is taken, with its options:
+    /// hybrid:30us, adaptive:cap=20%.
     #[arg(long, default_value = "hybrid")]
     pub mode: String,
     /// Spin budget in µs (hybrid: fixed; adaptive: ceiling), e.g. 50 or
@@ -69,11 +68,15 @@ fn find_shim() -> Result<PathBuf> {
 }
 
 fn check(a: &Args) -> Result<()> {
-    if !MODES.contains(&a.mode.as_str()) {
+    // The shim takes any wait mode of the library (FASTWAKE_MODE), so run
+    // checks with the library's own parser rather than a list of its own.
+    if a.mode != "off"
+        && let Err(e) = a.mode.parse::<fastwake::WaitMode>()
+    {
         return Err(Fail::invalid(format!(
-            "unknown mode '{}' for run: expected one of {}",
+            "bad --mode '{}' for run: {} (or off)",
             a.mode,
-            MODES.join(", ")
+            e.to_string().replace('\n', " ")
         )));
     }
     if let Some(b) = &a.budget {

@@ -72,11 +72,25 @@ fn sets_the_environment_and_appends_to_ld_preload() {
 }
 
 #[test]
+fn takes_any_library_mode_with_its_options() {
+    let Some(_) = shim() else { return };
+    for m in ["hybrid:30us", "adaptive:cap=20%"] {
+        let o = run(
+            &["--mode", m, "--", "sh", "-c", "echo \"$FASTWAKE_MODE\""],
+            &[],
+        );
+        assert!(o.status.success(), "{o:?}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), m);
+    }
+}
+
+#[test]
 fn bad_input_is_one_line_with_a_nonzero_exit() {
     for (args, needle) in [
+        (&["--mode", "turbo", "--", "true"][..], "bad --mode 'turbo'"),
         (
-            &["--mode", "turbo", "--", "true"][..],
-            "unknown mode 'turbo'",
+            &["--mode", "hybrid:abc", "--", "true"][..],
+            "bad hybrid budget 'abc'",
         ),
         (&["--budget", "soon", "--", "true"][..], "bad --budget"),
         (&["--cpu-cap", "3", "--", "true"][..], "bad --cpu-cap"),

@@ -60,11 +60,16 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
             "" | "off" => None,
             m => Some(m.parse::<WaitMode>().map_err(|e| {
                 format!(
-                    "FASTWAKE_MODE='{v}' is not one of off, poll, interrupt, hybrid[:Nus], adaptive[:opts], dispatch ({}); passing through",
+                    "FASTWAKE_MODE='{v}': {} (or off); passing through",
                     e.to_string().replace('\n', " ")
                 )
             })?),
         };
+        // hybrid:Nus names the budget the shim reports and spins;
+        // FASTWAKE_BUDGET_US, when given, still overrides it (below).
+        if let Some(WaitMode::Hybrid { budget }) = c.mode {
+            c.budget = budget;
+        }
     }
     if let Some(v) = get("FASTWAKE_BUDGET_US") {
         let t = v.trim();
