@@ -66,14 +66,13 @@ impl FdsPeek {
     /// `poll` on a copy: >0 some fd ready (or invalid), 0 none, -errno.
     fn poll(&self, timeout_ms: c_int) -> c_int {
         let mut fds = self.fds;
-        // SAFETY: `n` initialised pollfds on our stack; a raw syscall, not
-        // our hook.
+        // SAFETY: `n` initialised pollfds on our stack, the thread's mask.
         let r = unsafe {
-            libc::syscall(
-                libc::SYS_poll,
+            crate::sys::ppoll(
                 fds.as_mut_ptr(),
-                self.n as c_long,
-                timeout_ms as c_long,
+                self.n as libc::nfds_t,
+                timeout_ms,
+                std::ptr::null(),
             )
         };
         if r < 0 {

@@ -50,6 +50,7 @@ pub mod peer;
 pub mod poll;
 pub mod real;
 pub mod select;
+pub mod sys;
 pub mod verbs;
 pub mod wait;
 

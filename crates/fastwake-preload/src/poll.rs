@@ -4,7 +4,7 @@
 use crate::real::Sym;
 use crate::wait;
 use libc::{nfds_t, pollfd};
-use std::ffi::{c_int, c_long};
+use std::ffi::c_int;
 
 static POLL: Sym = Sym::new(c"poll");
 static POLL_CHK: Sym = Sym::new(c"__poll_chk");
@@ -20,22 +20,9 @@ pub fn resolve() {
 
 /// `ppoll` with a zero timeout as a raw syscall (never our hook).
 fn probe(fds: *mut pollfd, nfds: nfds_t, mask: *const u64) -> c_int {
-    let zero = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: the caller's fds as the real call would get them, a live
-    // zero timespec, an 8-byte kernel sigset or null.
-    unsafe {
-        libc::syscall(
-            libc::SYS_ppoll,
-            fds,
-            nfds as c_long,
-            &zero as *const libc::timespec,
-            mask,
-            8 as c_long,
-        ) as c_int
-    }
+    // SAFETY: the caller's fds as the real call would get them, and an
+    // 8-byte kernel sigset or null.
+    unsafe { crate::sys::ppoll(fds, nfds, 0, mask) }
 }
 
 /// The first readable fd, for the peer-CPU sample.

@@ -59,10 +59,19 @@ pub struct ibv_context_ops {
     pub _after: [usize; 5],
 }
 
-/// `pthread_mutex_t` on x86_64/aarch64 glibc (40 bytes).
-pub type pthread_mutex_t = [u64; 5];
-/// `pthread_cond_t` (48 bytes).
-pub type pthread_cond_t = [u64; 6];
+/// glibc's `pthread_mutex_t` and `pthread_cond_t`, from `libc`, which sizes
+/// them per target. Why not hand-sized: the mutex is 40 bytes on x86_64
+/// but 48 on aarch64, and every field after it in `ibv_cq`, `ibv_qp` and
+/// `ibv_context` moves with it (checked below for both targets).
+pub use libc::{pthread_cond_t, pthread_mutex_t};
+
+const _: () = {
+    #[cfg(target_arch = "x86_64")]
+    assert!(std::mem::size_of::<pthread_mutex_t>() == 40);
+    #[cfg(target_arch = "aarch64")]
+    assert!(std::mem::size_of::<pthread_mutex_t>() == 48);
+    assert!(std::mem::size_of::<pthread_cond_t>() == 48);
+};
 
 /// `struct ibv_context`.
 #[repr(C)]

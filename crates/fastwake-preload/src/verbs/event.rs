@@ -47,9 +47,8 @@ fn fd_readable(fd: c_int) -> bool {
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: one valid pollfd; a raw syscall (never the shim's own hook).
-    let r = unsafe { libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1usize, 0i32) };
-    r > 0
+    // SAFETY: one valid pollfd, the thread's mask.
+    unsafe { crate::sys::ppoll(&mut p, 1, 0, std::ptr::null()) > 0 }
 }
 
 pub(super) fn nonblocking(fd: c_int) -> bool {
