@@ -58,13 +58,13 @@ pub struct DispatchReport {
 }
 
 struct Registration {
-    core: Arc<Hub>,
+    hub: Arc<Hub>,
     index: usize,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.core.unregister(self.index);
+        self.hub.unregister(self.index);
     }
 }
 
@@ -121,18 +121,18 @@ enum Relay {
 
 /// Spin up to `budget` peeking our own source and relaying for the core
 /// (see the module docs).
-fn relay<S: Source + ?Sized>(src: &S, core: &Hub, me: usize, budget: Duration) -> Relay {
+fn relay<S: Source + ?Sized>(src: &S, hub: &Hub, me: usize, budget: Duration) -> Relay {
     let start = Instant::now();
     // A relay chain can keep the SCHED_IDLE dispatcher off the CPU for
     // long; without this beat every wait would think it starved and fall
     // back to interrupt mode.
-    core.beat(start);
+    hub.beat(start);
     let mut passes: u32 = 0;
     loop {
         if src.ready() {
             return Relay::Own;
         }
-        if core.relay_pass(me) {
+        if hub.relay_pass(me) {
             return Relay::Handed;
         }
         passes = passes.wrapping_add(1);
@@ -142,7 +142,7 @@ fn relay<S: Source + ?Sized>(src: &S, core: &Hub, me: usize, budget: Duration) -
             if now - start >= budget {
                 return Relay::Nothing;
             }
-            core.beat(now);
+            hub.beat(now);
         }
         std::hint::spin_loop();
     }
@@ -168,7 +168,7 @@ impl std::fmt::Debug for Link {
 impl Link {
     /// Is this waiter registered with a live dispatcher?
     pub fn registered(&self) -> bool {
-        self.reg.as_ref().is_some_and(|r| !r.core.is_dead())
+        self.reg.as_ref().is_some_and(|r| !r.hub.is_dead())
     }
 
     fn ensure<S: Source + ?Sized>(&mut self, src: &S) -> bool {
@@ -184,12 +184,12 @@ impl Link {
         }
         self.reg = None;
         self.peek = Some(peek.clone());
-        let Some(core) = crate::cpu::current().and_then(lookup) else {
+        let Some(hub) = crate::cpu::current().and_then(lookup) else {
             return false;
         };
-        match core.register(peek.clone()) {
+        match hub.register(peek.clone()) {
             Some(index) => {
-                self.reg = Some(Registration { core, index });
+                self.reg = Some(Registration { hub, index });
                 true
             }
             None => false,
@@ -236,19 +236,19 @@ pub(crate) fn wait<S: Source + ?Sized>(
             Err(e) => return (Err(e), slept),
         }
         let reg = link.reg.as_ref().expect("registered above");
-        let core = &reg.core;
-        if core.stale() {
+        let hub = &reg.hub;
+        if hub.stale() {
             // The dispatcher is not getting the CPU: do not count on it.
             stats.fallbacks += 1;
             let (r, s) = interrupt(src, deadline, stats);
             return (r, slept || s);
         }
-        if let Some(budget) = core.relay_budget()
+        if let Some(budget) = hub.relay_budget()
             && deadline.is_none_or(|d| Instant::now() + budget < d)
             && !same_cpu_peer(src)
             && link.relay.worth_trying()
         {
-            match relay(src, core, reg.index, budget) {
+            match relay(src, hub, reg.index, budget) {
                 Relay::Own => {
                     link.relay.record(true);
                     continue;
@@ -261,11 +261,11 @@ pub(crate) fn wait<S: Source + ?Sized>(
             }
         }
         let reg = link.reg.as_ref().expect("registered above");
-        let (core, slot) = (&reg.core, &reg.core.slots[reg.index]);
+        let (hub, slot) = (&reg.hub, &reg.hub.slots[reg.index]);
         let Some(end) = slot.wait_hand_off(
-            &core.waitset,
+            &hub.waitset,
             reg.index,
-            || core.kick(),
+            || hub.kick(),
             || src.ready(),
             deadline,
             interruptible,
@@ -304,9 +304,9 @@ pub(crate) fn wait<S: Source + ?Sized>(
                 // The dispatcher went idle: this one wait in interrupt mode,
                 // then wake the dispatcher so polling resumes.
                 stats.paused += 1;
-                let core = core.clone();
+                let hub = hub.clone();
                 let (r, s) = interrupt(src, deadline, stats);
-                core.kick();
+                hub.kick();
                 return (r, slept || s);
             }
             DEAD => {

@@ -91,11 +91,6 @@ impl Allowance {
         self.ppm < 1_000_000
     }
 
-    /// The share of one core, parts per million.
-    pub fn ppm(&self) -> u32 {
-        self.ppm
-    }
-
     /// Refill for the time up to `now_ns` and return what may be spun now
     /// (`u64::MAX` without a cap).
     #[inline]
