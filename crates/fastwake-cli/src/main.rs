@@ -2,6 +2,7 @@
 
 mod bench;
 mod doctor;
+mod meta;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -42,14 +43,12 @@ fn main() {
             ) {
                 e.exit();
             }
-            // One line, as for every other error: clap's own rendering adds
-            // usage and a hint on further lines.
+            // One line, as for every other error: clap's rendering spreads
+            // the message (a missing argument's name, the possible values,
+            // a "did you mean") over several lines, then adds usage.
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("bad arguments");
-            eprintln!(
-                "fastwake: error: {} (see 'fastwake --help')",
-                first.trim_start_matches("error: ").trim()
-            );
+            let line = one_line(&text);
+            eprintln!("fastwake: error: {line} (see 'fastwake --help')");
             std::process::exit(2);
         }
     };
@@ -61,5 +60,24 @@ fn main() {
     if let Err(e) = r {
         eprintln!("fastwake: error: {e}");
         std::process::exit(2);
+    }
+}
+
+/// clap's multi-line error as one line: every line but the usage and the
+/// "For more information" hint, joined.
+fn one_line(clap_error: &str) -> String {
+    let parts: Vec<&str> = clap_error
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information")
+        })
+        .collect();
+    let line = parts.join(" ");
+    let line = line.trim_start_matches("error: ").trim();
+    if line.is_empty() {
+        "bad arguments".to_string()
+    } else {
+        line.to_string()
     }
 }

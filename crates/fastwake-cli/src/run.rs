@@ -1,4 +1,4 @@
-//! `fastwake run [--mode M] [--budget N] [--cpu-cap F] [--verbose] -- CMD ARGS...`:
+//! `fastwake run [--mode M | --profile P] [--budget D] [--cpu-cap S] [--verbose] -- CMD ARGS...`:
 //! run an unmodified program under the preload shim.
 //!
 //! It only prepares the environment (LD_PRELOAD plus the FASTWAKE_*
@@ -11,26 +11,45 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
 const SO_NAME: &str = "libfastwake_preload.so";
+
+/// `--profile`: named settings, as OpenOnload's `--profile=latency`.
+/// The shim owns what each stands for (`FASTWAKE_PROFILE`, docs/preload.md
+/// "Profiles"); a test checks both lists of names agree.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    /// hybrid:1ms with the CPU cap at 100 %: lowest latency, a waiting
+    /// thread may keep its CPU busy.
+    Latency,
+    /// adaptive, ceiling 50 µs, cap 75 %: spin where it pays.
+    Balanced,
+    /// adaptive with the CPU cap at 10 % per thread.
+    Power,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Wait mode for the program's waits: off (every call passes through),
-    /// interrupt (the kernel's blocking waits, no spinning), poll (spin up
-    /// to the call's timeout), hybrid (spin for --budget, then block),
-    /// adaptive (spin for a learned budget, at most --budget), dispatch
-    /// (epoll_wait, epoll_pwait without a signal mask, poll and select on
-    /// up to 8 fds, and blocking ibv_get_cq_event sleep until a per-CPU
-    /// dispatcher hands off; larger fd sets and masked epoll_pwait as
-    /// hybrid). Any mode of the library is taken, with its options:
-    /// hybrid:30us, adaptive:cap=20%.
-    #[arg(long, default_value = "hybrid")]
-    pub mode: String,
-    /// Spin budget in µs (hybrid: fixed; adaptive: ceiling), e.g. 50 or
-    /// 50us; the shim's default is 50.
-    #[arg(long)]
-    pub budget: Option<String>,
-    /// Fraction of one CPU spinning may use per thread, in (0, 1]; the
-    /// shim's default is 0.75.
-    #[arg(long)]
+    /// Wait mode for the program's waits, in the one grammar
+    /// (docs/grammar.md): off (every call passes through), interrupt (the
+    /// kernel's blocking waits, no spinning), poll (spin up to the call's
+    /// timeout), hybrid[:DURATION] (spin, then block; e.g. hybrid:30us),
+    /// adaptive[:OPTIONS] (spin for a learned budget, at most --budget;
+    /// e.g. adaptive:cap=20%), dispatch (epoll_wait, epoll_pwait without a
+    /// signal mask, poll and select on up to 8 fds, and blocking
+    /// ibv_get_cq_event sleep until a per-CPU dispatcher hands off; larger
+    /// fd sets and masked epoll_pwait as hybrid). Default: hybrid, or the
+    /// --profile's mode.
+    #[arg(long, value_parser = parse_run_mode)]
+    pub mode: Option<String>,
+    /// Named settings; --mode, --budget and --cpu-cap given beside it win.
+    #[arg(long, value_enum)]
+    pub profile: Option<Profile>,
+    /// Spin budget (hybrid: fixed; adaptive: ceiling), a duration in the
+    /// one grammar: 50 (µs), 50us, 0.5ms; the shim's default is 50us.
+    #[arg(long, value_parser = parse_budget)]
+    pub budget: Option<std::time::Duration>,
+    /// Share of one CPU spinning may use per thread: 20%, 0.2 (or 20);
+    /// the shim's default is 75%.
+    #[arg(long, value_parser = parse_cap)]
     pub cpu_cap: Option<f64>,
     /// Let the shim print its configuration and counters on stderr.
     #[arg(long)]
@@ -40,7 +59,32 @@ pub struct Args {
     pub cmd: Vec<OsString>,
 }
 
-/// Where the shim is: `$FASTWAKE_PRELOAD`, else next to this binary.
+fn parse_run_mode(s: &str) -> std::result::Result<String, String> {
+    // The shim takes any wait mode of the library (FASTWAKE_MODE), so run
+    // checks with the library's own parser rather than a list of its own.
+    if s.trim() == "off" {
+        return Ok("off".into());
+    }
+    s.parse::<fastwake::WaitMode>()
+        .map(|_| s.trim().to_string())
+        .map_err(|e| format!("{} (or off)", e.to_string().replace('\n', " ")))
+}
+
+fn parse_budget(s: &str) -> std::result::Result<std::time::Duration, String> {
+    fastwake::grammar::duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_cap(s: &str) -> std::result::Result<f64, String> {
+    fastwake::grammar::share(s).map_err(|e| e.to_string())
+}
+
+/// Where the shim is, first found of: `$FASTWAKE_PRELOAD`; next to this
+/// binary (the build tree: target/release); `../lib/fastwake/` from this
+/// binary's directory, which is where `scripts/install` puts it (the
+/// private library directory of a prefix, as `PREFIX/bin/fastwake` +
+/// `PREFIX/lib/fastwake/`); and the install-time libdir baked in by
+/// `FASTWAKE_LIBDIR` when the binary was built for a libdir other than
+/// `PREFIX/lib` (Debian's `lib/x86_64-linux-gnu`, say).
 fn find_shim() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("FASTWAKE_PRELOAD") {
         let p = PathBuf::from(p);
@@ -54,52 +98,28 @@ fn find_shim() -> Result<PathBuf> {
         };
     }
     let exe = std::env::current_exe().map_err(Fail::from)?;
-    let p = exe.with_file_name(SO_NAME);
-    if p.is_file() {
-        return Ok(p);
+    let mut tried = vec![exe.with_file_name(SO_NAME)];
+    if let Some(prefix) = exe.parent().and_then(|bin| bin.parent()) {
+        tried.push(prefix.join("lib/fastwake").join(SO_NAME));
     }
+    if let Some(dir) = option_env!("FASTWAKE_LIBDIR") {
+        tried.push(PathBuf::from(dir).join("fastwake").join(SO_NAME));
+    }
+    if let Some(p) = tried.iter().find(|p| p.is_file()) {
+        return Ok(p.clone());
+    }
+    let list: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
     Err(Fail::new(
         libc::ENOENT,
         format!(
-            "{SO_NAME} not found next to {} (build it with 'cargo build --release -p fastwake-preload' or set FASTWAKE_PRELOAD)",
-            exe.display()
+            "{SO_NAME} not found (tried {}); build it with 'cargo build --release -p fastwake-preload', install with scripts/install, or set FASTWAKE_PRELOAD",
+            list.join(", ")
         ),
     ))
 }
 
-fn check(a: &Args) -> Result<()> {
-    // The shim takes any wait mode of the library (FASTWAKE_MODE), so run
-    // checks with the library's own parser rather than a list of its own.
-    if a.mode != "off"
-        && let Err(e) = a.mode.parse::<fastwake::WaitMode>()
-    {
-        return Err(Fail::invalid(format!(
-            "bad --mode '{}' for run: {} (or off)",
-            a.mode,
-            e.to_string().replace('\n', " ")
-        )));
-    }
-    if let Some(b) = &a.budget {
-        let n = b.strip_suffix("us").unwrap_or(b);
-        if n.parse::<u32>().map_or(true, |v| v > 1_000_000) {
-            return Err(Fail::invalid(format!(
-                "bad --budget '{b}': expected µs in 0..=1000000, e.g. 50us"
-            )));
-        }
-    }
-    if let Some(c) = a.cpu_cap
-        && !(c > 0.0 && c <= 1.0)
-    {
-        return Err(Fail::invalid(format!(
-            "bad --cpu-cap {c}: expected a fraction in (0, 1]"
-        )));
-    }
-    Ok(())
-}
-
 /// Exec the command; returns only on failure.
 pub fn run(a: Args) -> Result<()> {
-    check(&a)?;
     let shim = find_shim()?;
     let mut preload = std::env::var_os("LD_PRELOAD").unwrap_or_default();
     if !preload.is_empty() {
@@ -107,11 +127,32 @@ pub fn run(a: Args) -> Result<()> {
     }
     preload.push(shim.as_os_str());
     let mut cmd = std::process::Command::new(&a.cmd[0]);
-    cmd.args(&a.cmd[1..])
-        .env("LD_PRELOAD", preload)
-        .env("FASTWAKE_MODE", &a.mode);
-    if let Some(b) = &a.budget {
-        cmd.env("FASTWAKE_BUDGET_US", b.strip_suffix("us").unwrap_or(b));
+    cmd.args(&a.cmd[1..]).env("LD_PRELOAD", preload);
+    // The command's environment says only what was asked for: a profile
+    // leaves its mode to the shim's table, else hybrid is run's default.
+    match (&a.mode, a.profile) {
+        (Some(m), _) => {
+            cmd.env("FASTWAKE_MODE", m);
+        }
+        (None, Some(_)) => {
+            cmd.env_remove("FASTWAKE_MODE");
+        }
+        (None, None) => {
+            cmd.env("FASTWAKE_MODE", "hybrid");
+        }
+    }
+    if let Some(p) = a.profile {
+        let name = clap::ValueEnum::to_possible_value(&p).expect("no skipped profiles");
+        cmd.env("FASTWAKE_PROFILE", name.get_name());
+    }
+    if let Some(b) = a.budget {
+        let ns = b.as_nanos();
+        let v = if ns % 1000 == 0 {
+            format!("{}us", ns / 1000)
+        } else {
+            format!("{ns}ns")
+        };
+        cmd.env("FASTWAKE_BUDGET_US", v);
     }
     if let Some(c) = a.cpu_cap {
         cmd.env("FASTWAKE_CPU_CAP", c.to_string());

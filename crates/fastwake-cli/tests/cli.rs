@@ -57,7 +57,7 @@ fn bad_numbers_are_one_line() {
 fn unknown_source_and_subcommand_are_one_line() {
     assert_one_line_error(
         &["bench", "pingpong", "--source", "carrier-pigeon"],
-        "unknown source",
+        "[possible values: channel, verbs, tcp, uring]",
     );
     assert_one_line_error(&["bench", "nope"], "unrecognized subcommand");
     assert_one_line_error(
@@ -70,7 +70,7 @@ fn unknown_source_and_subcommand_are_one_line() {
 fn bad_load_and_share_options_are_one_line() {
     assert_one_line_error(
         &["bench", "load", "--source", "carrier-pigeon"],
-        "bench load supports: channel, tcp",
+        "[possible values: channel, tcp]",
     );
     assert_one_line_error(&["bench", "load", "--dispatcher", "lazy"], "--dispatcher");
     assert_one_line_error(
@@ -147,8 +147,8 @@ fn pingpong_runs_every_mode_its_help_names() {
     for m in [
         "poll",
         "interrupt",
-        "hybrid[:<N>us]",
-        "adaptive[:<opts>]",
+        "hybrid[:DURATION]",
+        "adaptive[:OPTIONS]",
         "dispatch",
     ] {
         assert!(help.contains(m), "help does not name {m}: {help}");
@@ -327,4 +327,61 @@ fn doctor_runs_and_reports() {
             || matches!((after_short, after_long), (Some(a), Some(b)) if a > 0.0 && b > 0.0),
         "{line}"
     );
+}
+
+/// What a perftest user types: -n, -s, -d and -e mean what they mean
+/// there, and an option given for a source it does not apply to is named
+/// in a one-line warning instead of being silently ignored.
+#[test]
+fn perftest_short_flags_and_unused_option_warnings() {
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let o = fastwake(&[
+        "bench", "pingpong", "-n", "50", "-s", "64", "-e", "-d", "mlx5_0", "--warmup", "5",
+        "--rounds", "1", "--json",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "warning: --dev applies to --source verbs only; ignored with --source channel"
+        ),
+        "{err}"
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["mode"], "interrupt");
+    assert_eq!(rows[0]["iters"], 50);
+    assert_eq!(rows[0]["size"], 64);
+    let run = &rows[0]["run"];
+    assert_eq!(run["version"], env!("CARGO_PKG_VERSION"));
+    assert!(
+        run["command"].as_str().unwrap().contains("pingpong -n 50"),
+        "{run}"
+    );
+    assert!(run["date"].as_str().unwrap().ends_with('Z'), "{run}");
+    assert!(!run["host"].as_str().unwrap().is_empty(), "{run}");
+    assert_one_line_error(
+        &["bench", "pingpong", "-e", "--mode", "poll"],
+        "cannot be used with",
+    );
+}
+
+/// Every enumerated option lists its values in --help.
+#[test]
+fn help_lists_the_values_of_every_enumerated_option() {
+    for (cmd, values) in [
+        ("pingpong", "[possible values: channel, verbs, tcp, uring]"),
+        ("pingpong", "[possible values: futex, eventfd]"),
+        ("pingpong", "[possible values: report, thread, irq]"),
+        ("load", "[possible values: channel, tcp]"),
+        ("load", "[possible values: off, on, both]"),
+        ("share", "[possible values: latency, throughput]"),
+    ] {
+        let help = String::from_utf8(fastwake(&["bench", cmd, "--help"]).stdout).unwrap();
+        assert!(help.contains(values), "bench {cmd} --help lacks {values}");
+    }
+    let help = String::from_utf8(fastwake(&["run", "--help"]).stdout).unwrap();
+    for p in ["- latency:", "- balanced:", "- power:"] {
+        assert!(help.contains(p), "run --help lacks {p}: {help}");
+    }
 }

@@ -68,7 +68,7 @@ fn sets_the_environment_and_appends_to_ld_preload() {
     );
     assert!(o.status.success(), "{o:?}");
     let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(out.trim(), format!("adaptive|30|0.5|{so}:{so}"));
+    assert_eq!(out.trim(), format!("adaptive|30us|0.5|{so}:{so}"));
 }
 
 #[test]
@@ -87,13 +87,27 @@ fn takes_any_library_mode_with_its_options() {
 #[test]
 fn bad_input_is_one_line_with_a_nonzero_exit() {
     for (args, needle) in [
-        (&["--mode", "turbo", "--", "true"][..], "bad --mode 'turbo'"),
+        (
+            &["--mode", "turbo", "--", "true"][..],
+            "invalid value 'turbo' for '--mode",
+        ),
         (
             &["--mode", "hybrid:abc", "--", "true"][..],
-            "bad hybrid budget 'abc'",
+            "bad hybrid budget: bad duration 'abc'",
         ),
-        (&["--budget", "soon", "--", "true"][..], "bad --budget"),
-        (&["--cpu-cap", "3", "--", "true"][..], "bad --cpu-cap"),
+        (
+            &["--budget", "soon", "--", "true"][..],
+            "invalid value 'soon' for '--budget",
+        ),
+        (
+            &["--cpu-cap", "150", "--", "true"][..],
+            "invalid value '150' for '--cpu-cap",
+        ),
+        (
+            &["--profile", "fast", "--", "true"][..],
+            "[possible values: latency, balanced, power]",
+        ),
+        (&["--"][..], "<CMD>"),
     ] {
         let o = run(args, &[]);
         let err = String::from_utf8_lossy(&o.stderr);
@@ -114,8 +128,56 @@ fn bad_input_is_one_line_with_a_nonzero_exit() {
             .count(),
         1
     );
-    let o = run(&["--"], &[]);
-    assert_eq!(o.status.code(), Some(2));
+}
+
+/// `--profile` names what the shim's profile table holds (the shim
+/// reports the settings it took), and explicit options win over it.
+#[test]
+fn profiles_reach_the_shim() {
+    let Some(_) = shim() else { return };
+    for (args, banner) in [
+        (
+            &["--profile", "latency"][..],
+            "mode=hybrid:1000us budget=1000us cpu_cap=1 ",
+        ),
+        (
+            &["--profile", "balanced"][..],
+            "mode=adaptive budget=50us cpu_cap=0.75 ",
+        ),
+        (
+            &["--profile", "power"][..],
+            "mode=adaptive budget=50us cpu_cap=0.1 ",
+        ),
+        (
+            &["--profile", "power", "--cpu-cap", "30%"][..],
+            "mode=adaptive budget=50us cpu_cap=0.3 ",
+        ),
+        (
+            &["--profile", "latency", "--mode", "interrupt"][..],
+            "mode=interrupt ",
+        ),
+    ] {
+        let mut a = args.to_vec();
+        a.extend(["--verbose", "--", "true"]);
+        let o = run(&a, &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{args:?}: {err}");
+        assert!(err.contains(banner), "{args:?}: {err}");
+    }
+}
+
+/// A misspelt FASTWAKE_* variable gets one line naming the right one.
+#[test]
+fn unknown_variables_are_named() {
+    let Some(_) = shim() else { return };
+    let o = run(&["--", "true"], &[("FASTWAKE_BUDGET", "-5")]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+    assert!(
+        err.contains("unknown variable FASTWAKE_BUDGET ignored (did you mean FASTWAKE_BUDGET_US?)"),
+        "{err:?}"
+    );
 }
 
 #[test]

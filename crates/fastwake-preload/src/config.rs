@@ -40,10 +40,130 @@ impl Config {
     };
 }
 
+/// A named set of settings (`FASTWAKE_PROFILE`, `fastwake run --profile`),
+/// as OpenOnload's `--profile=latency` and libvma's `VMA_SPEC=latency`
+/// give their users. A profile only sets defaults: `FASTWAKE_MODE`,
+/// `FASTWAKE_BUDGET_US` and `FASTWAKE_CPU_CAP` given beside it win.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// `hybrid:1ms`, cap 100 %: every wait spins up to 1 ms before it
+    /// sleeps, whatever it costs (a waiting thread may hold its CPU
+    /// busy); for a latency-critical program on CPUs of its own.
+    Latency,
+    /// `adaptive`, ceiling 50 µs, cap 75 %: spins only where the
+    /// adaptive controller finds it pays.
+    Balanced,
+    /// `adaptive`, ceiling 50 µs, cap 10 %: spins where it pays, never
+    /// more than a tenth of a CPU per thread.
+    Power,
+}
+
+impl Profile {
+    /// Every profile, by name (the CLI's `--profile` values are checked
+    /// against these names by a test).
+    pub const ALL: [(&'static str, Profile); 3] = [
+        ("latency", Profile::Latency),
+        ("balanced", Profile::Balanced),
+        ("power", Profile::Power),
+    ];
+
+    /// The settings the profile stands for.
+    pub fn config(self) -> Config {
+        let adaptive = WaitMode::Adaptive(Default::default());
+        let (mode, budget, cpu_cap) = match self {
+            Profile::Latency => (
+                WaitMode::Hybrid {
+                    budget: Duration::from_millis(1),
+                },
+                Duration::from_millis(1),
+                1.0,
+            ),
+            Profile::Balanced => (adaptive, fastwake::wait::DEFAULT_BUDGET, DEFAULT_CPU_CAP),
+            Profile::Power => (adaptive, fastwake::wait::DEFAULT_BUDGET, 0.10),
+        };
+        Config {
+            mode: Some(mode),
+            budget,
+            cpu_cap,
+            verbose: false,
+        }
+    }
+}
+
+/// Every variable the shim (or `fastwake run`, or the project's scripts)
+/// reads; [`unknown_variables`] warns about any other `FASTWAKE_*` name.
+pub const KNOWN: [&str; 7] = [
+    "FASTWAKE_MODE",
+    "FASTWAKE_PROFILE",
+    "FASTWAKE_BUDGET_US",
+    "FASTWAKE_CPU_CAP",
+    "FASTWAKE_VERBOSE",
+    "FASTWAKE_VERBS_VECTOR",
+    "FASTWAKE_PRELOAD",
+];
+
+/// Families of variables that belong to the project's own scripts
+/// (scripts/rxe-test, the test suites), which a shimmed program inherits.
+const KNOWN_PREFIXES: [&str; 2] = ["FASTWAKE_RXE_", "FASTWAKE_TEST_"];
+
+/// One line for each `FASTWAKE_*` variable in `names` the shim does not
+/// know, naming the nearest known one: a misspelt variable (say
+/// `FASTWAKE_BUDGET=-5` for `FASTWAKE_BUDGET_US`) would otherwise be
+/// ignored without a word.
+pub fn unknown_variables<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    names
+        .filter(|n| n.starts_with("FASTWAKE_"))
+        .filter(|n| !KNOWN.contains(n) && !KNOWN_PREFIXES.iter().any(|p| n.starts_with(p)))
+        .map(|n| {
+            let near = KNOWN
+                .iter()
+                .min_by_key(|k| distance(n, k))
+                .filter(|k| distance(n, k) <= 4 || k.starts_with(n) || n.starts_with(*k));
+            match near {
+                Some(k) => format!("unknown variable {n} ignored (did you mean {k}?)"),
+                None => format!("unknown variable {n} ignored (known: {})", KNOWN.join(", ")),
+            }
+        })
+        .collect()
+}
+
+/// Edit distance (insertions, deletions, substitutions).
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + (ca != *cb) as usize).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
 /// Parse the configuration from `get` (the environment). `Err` carries one
-/// line for stderr; the caller then passes everything through.
+/// line for stderr; the caller then passes everything through. Values use
+/// the library's one grammar ([`fastwake::grammar`]): the same strings
+/// `fastwake run`, `fastwake bench` and the C ABI take.
 pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
     let mut c = Config::OFF;
+    if let Some(v) = get("FASTWAKE_PROFILE") {
+        let name = v.trim();
+        if !name.is_empty() {
+            let p = Profile::ALL
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, p)| *p)
+                .ok_or_else(|| {
+                    format!(
+                        "FASTWAKE_PROFILE='{v}': expected latency, balanced or power; passing through"
+                    )
+                })?;
+            c = p.config();
+        }
+    }
     if let Some(v) = get("FASTWAKE_VERBOSE") {
         c.verbose = match v.trim() {
             "" | "0" | "no" | "false" => false,
@@ -65,40 +185,22 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
                 )
             })?),
         };
-        // hybrid:Nus names the budget the shim reports and spins;
+        // hybrid:<duration> names the budget the shim reports and spins;
         // FASTWAKE_BUDGET_US, when given, still overrides it (below).
         if let Some(WaitMode::Hybrid { budget }) = c.mode {
             c.budget = budget;
         }
     }
     if let Some(v) = get("FASTWAKE_BUDGET_US") {
-        let t = v.trim();
-        let us: u32 = t
-            .strip_suffix("us")
-            .unwrap_or(t)
-            .parse()
-            .ok()
-            .filter(|&n: &u32| n <= 1_000_000)
-            .ok_or_else(|| {
-                format!(
-                    "FASTWAKE_BUDGET_US='{v}' is not a number of µs in 0..=1000000; passing through"
-                )
-            })?;
-        c.budget = Duration::from_micros(us as u64);
+        c.budget = fastwake::grammar::duration(&v)
+            .map_err(|e| format!("FASTWAKE_BUDGET_US: {e}; passing through"))?;
         if let Some(WaitMode::Hybrid { budget }) = &mut c.mode {
             *budget = c.budget;
         }
     }
     if let Some(v) = get("FASTWAKE_CPU_CAP") {
-        let cap: f64 = v
-            .trim()
-            .parse()
-            .ok()
-            .filter(|&x: &f64| x > 0.0 && x <= 1.0)
-            .ok_or_else(|| {
-                format!("FASTWAKE_CPU_CAP='{v}' is not a fraction in (0, 1]; passing through")
-            })?;
-        c.cpu_cap = cap;
+        c.cpu_cap = fastwake::grammar::share(&v)
+            .map_err(|e| format!("FASTWAKE_CPU_CAP: {e}; passing through"))?;
     }
     Ok(c)
 }
@@ -192,6 +294,69 @@ mod tests {
     }
 
     #[test]
+    fn profiles_set_defaults_that_explicit_variables_override() {
+        let c = parse(env(&[("FASTWAKE_PROFILE", "power")])).unwrap();
+        assert_eq!(c.mode, Some(WaitMode::Adaptive(Default::default())));
+        assert_eq!(c.cpu_cap, 0.10);
+        let c = parse(env(&[
+            ("FASTWAKE_PROFILE", "latency"),
+            ("FASTWAKE_CPU_CAP", "50%"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.mode,
+            Some(WaitMode::Hybrid {
+                budget: Duration::from_millis(1)
+            })
+        );
+        assert_eq!(c.cpu_cap, 0.5);
+        let c = parse(env(&[
+            ("FASTWAKE_PROFILE", "balanced"),
+            ("FASTWAKE_MODE", "off"),
+        ]))
+        .unwrap();
+        assert_eq!(c.mode, None);
+    }
+
+    #[test]
+    fn the_one_grammar_reads_budgets_and_caps() {
+        for (b, us) in [("30", 30), ("30us", 30), ("0.5ms", 500)] {
+            let c = parse(env(&[("FASTWAKE_BUDGET_US", b)])).unwrap();
+            assert_eq!(c.budget, Duration::from_micros(us), "{b}");
+        }
+        for (cap, f) in [("0.2", 0.2), ("20%", 0.2), ("20", 0.2)] {
+            let c = parse(env(&[("FASTWAKE_CPU_CAP", cap)])).unwrap();
+            assert!((c.cpu_cap - f).abs() < 1e-12, "{cap}");
+        }
+    }
+
+    #[test]
+    fn unknown_variables_get_one_line_naming_the_nearest() {
+        let lines = unknown_variables(
+            [
+                "FASTWAKE_BUDGET",
+                "FASTWAKE_MODE",
+                "FASTWAKE_RXE_ONLY",
+                "FASTWAKE_MOOD",
+                "FASTWAKE_XYZZY_PLUGH_QUUX",
+                "PATH",
+            ]
+            .into_iter(),
+        );
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(
+            lines[0].contains("FASTWAKE_BUDGET ")
+                && lines[0].contains("did you mean FASTWAKE_BUDGET_US?")
+        );
+        assert!(
+            lines[1].contains("did you mean FASTWAKE_MODE?"),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[2].contains("known: FASTWAKE_MODE"), "{}", lines[2]);
+    }
+
+    #[test]
     fn bad_values_give_one_line() {
         for (k, v) in [
             ("FASTWAKE_MODE", "fast"),
@@ -201,8 +366,10 @@ mod tests {
             ("FASTWAKE_BUDGET_US", "-3"),
             ("FASTWAKE_BUDGET_US", "abc"),
             ("FASTWAKE_CPU_CAP", "0"),
-            ("FASTWAKE_CPU_CAP", "2"),
+            ("FASTWAKE_CPU_CAP", "200"),
             ("FASTWAKE_VERBOSE", "maybe"),
+            ("FASTWAKE_PROFILE", "fast"),
+            ("FASTWAKE_BUDGET_US", "2s"),
         ] {
             let e = parse(env(&[(k, v)])).unwrap_err();
             assert!(e.contains(k), "{e}");

@@ -84,6 +84,12 @@ extern "C" fn init() {
     // Nothing here may unwind into the loader.
     let _ = std::panic::catch_unwind(|| {
         let cfg = config::parse(|k| std::env::var(k).ok());
+        let names: Vec<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .collect();
+        for line in config::unknown_variables(names.iter().map(String::as_str)) {
+            diag(&line);
+        }
         // Resolve every forwarded symbol now, while dlsym is safe to call.
         hooks_resolve();
         match cfg {
@@ -94,7 +100,11 @@ extern "C" fn init() {
                 config::publish(&c);
                 if c.verbose {
                     diag(&format!(
-                        "mode={} budget={}us cpu_cap={} pid={}",
+                        "fastwake {} in {}: mode={} budget={}us cpu_cap={} pid={}",
+                        env!("CARGO_PKG_VERSION"),
+                        std::env::args_os()
+                            .next()
+                            .map_or("?".into(), |a| a.to_string_lossy().into_owned()),
                         c.mode.map_or("off".to_string(), |m| m.to_string()),
                         c.budget.as_micros(),
                         c.cpu_cap,

@@ -25,6 +25,8 @@
 //!   spin budget, CPU cap, pressure sampler).
 //! - [`cpu`]: CPU placement helpers (pinning, current CPU).
 //! - [`affinity`]: completion-vector / IRQ placement for RDMA CQs.
+//! - [`grammar`]: the value forms (durations, CPU shares) every front end
+//!   parses options with.
 //! - [`Fail`]: the error type.
 //!
 //! Examples (`cargo run --release --example NAME`): `pingpong` (any wait
@@ -39,6 +41,7 @@ pub mod affinity;
 pub mod cpu;
 pub mod dispatch;
 mod error;
+pub mod grammar;
 pub mod source;
 mod sync;
 pub mod wait;

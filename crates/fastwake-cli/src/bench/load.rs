@@ -44,22 +44,24 @@ pub struct Args {
     pub rates: Vec<u64>,
     /// Arrival patterns: poisson, onoff (bursts at 10x the rate for 10 %
     /// of the time: ON periods of mean 2 ms, OFF periods of mean 18 ms).
-    #[arg(long, value_delimiter = ',', default_value = "poisson,onoff")]
+    #[arg(long, value_delimiter = ',', default_value = "poisson,onoff", value_parser = ["poisson", "onoff"])]
     pub patterns: Vec<String>,
     /// CPU hog on the consumer's CPU: off, on or both.
-    #[arg(long, default_value = "both")]
+    #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
     pub hog: String,
-    /// Wait modes to compare, comma separated: poll, interrupt,
-    /// hybrid[:<N>us], dispatch, adaptive[:<opts>] (e.g. adaptive:cap=20%).
+    /// Wait modes to compare, comma separated, in the one grammar
+    /// (docs/grammar.md): poll, interrupt, hybrid[:DURATION], dispatch,
+    /// adaptive[:OPTIONS] (e.g. hybrid:20us, adaptive:cap=20%).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "poll,interrupt,hybrid,dispatch,adaptive"
+        default_value = "poll,interrupt,hybrid,dispatch,adaptive",
+        value_parser = super::parse_mode
     )]
     pub mode: Vec<String>,
     /// Completion source: channel (shared memory), or tcp (a loopback TCP
     /// connection per mode, read through the socket source).
-    #[arg(long, default_value = "channel")]
+    #[arg(long, default_value = "channel", value_parser = ["channel", "tcp"])]
     pub source: String,
     /// Idle policy of the dispatcher on the consumer's CPU, which runs only
     /// when --mode includes dispatch (adaptive then hands waits to it too):

@@ -38,15 +38,16 @@ pub enum Bench {
 /// Options every benchmark shares.
 #[derive(Args, Debug, Clone)]
 pub struct Common {
-    /// Measured round trips per row.
-    #[arg(long, default_value_t = 100_000)]
+    /// Measured round trips per row (perftest's -n).
+    #[arg(short = 'n', long, default_value_t = 100_000)]
     pub iters: u64,
     /// Unmeasured round trips per row before measuring.
     #[arg(long, default_value_t = 2_000)]
     pub warmup: u64,
-    /// Payload bytes per message (bench ipc: pipe, socketpair and channel
-    /// rows only; the others carry no payload, eventfd its 8-byte counter).
-    #[arg(long, default_value_t = 8)]
+    /// Payload bytes per message, perftest's -s (bench ipc: pipe,
+    /// socketpair and channel rows only; the others carry no payload,
+    /// eventfd its 8-byte counter).
+    #[arg(short = 's', long, default_value_t = 8)]
     pub size: usize,
     /// CPUs of the two ends, `A,B` (same CPU allowed).
     #[arg(long, default_value = "0,1", value_parser = parse_cpus)]
@@ -70,6 +71,23 @@ pub struct IpcArgs {
     /// channel-hybrid, channel-interrupt, stack-switch; default all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+}
+
+/// One wait mode of a `--mode` list, checked by the library's own parser
+/// (the one grammar: docs/grammar.md) while the arguments are parsed, so a
+/// typo is one line before anything runs.
+pub fn parse_mode(s: &str) -> std::result::Result<String, String> {
+    s.parse::<fastwake::WaitMode>()
+        .map(|_| s.trim().to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// A one-line warning for an option given for a source it does not apply
+/// to (it is ignored, as the warning says).
+pub fn warn_unused(option: &str, applies_to: &str, source: &str) {
+    eprintln!(
+        "fastwake: warning: {option} applies to {applies_to} only; ignored with --source {source}"
+    );
 }
 
 pub fn parse_cpus(s: &str) -> std::result::Result<(u32, u32), String> {

@@ -9,26 +9,33 @@ use fastwake::{Fail, Result, WaitMode};
 pub struct Args {
     #[command(flatten)]
     pub common: Common,
-    /// Wait modes to compare, comma separated: poll, interrupt,
-    /// hybrid[:<N>us], adaptive[:<opts>] (e.g. adaptive:cap=20%), dispatch
+    /// Wait modes to compare, comma separated, in the one grammar
+    /// (docs/grammar.md): poll, interrupt, hybrid[:DURATION] (e.g.
+    /// hybrid:20us), adaptive[:OPTIONS] (e.g. adaptive:cap=20%), dispatch
     /// (no dispatcher runs in this benchmark, so its waits fall back to
     /// interrupt mode; bench share and bench load start one).
-    #[arg(long, value_delimiter = ',', default_value = "poll,interrupt,hybrid")]
+    #[arg(long, value_delimiter = ',', default_value = "poll,interrupt,hybrid", value_parser = super::parse_mode)]
     pub mode: Vec<String>,
+    /// Interrupt mode only, as perftest's -e (use completion events):
+    /// the same as --mode interrupt.
+    #[arg(short = 'e', long, conflicts_with = "mode")]
+    pub events: bool,
     /// Completion source: channel (shared memory), verbs (RDMA RC
     /// send/recv), tcp (socket source) or uring (io_uring receives).
-    #[arg(long, default_value = "channel")]
+    #[arg(long, default_value = "channel", value_parser = ["channel", "verbs", "tcp", "uring"])]
     pub source: String,
-    /// `--source channel`: doorbell, futex or eventfd.
-    #[arg(long, default_value = "futex")]
+    /// `--source channel`: how a sleeping receiver is woken, a futex or
+    /// an eventfd.
+    #[arg(long, default_value = "futex", value_parser = ["futex", "eventfd"])]
     pub doorbell: String,
-    /// RDMA device for `--source verbs` (default: the first one).
-    #[arg(long)]
+    /// RDMA device for `--source verbs` (default: the first one;
+    /// perftest's -d).
+    #[arg(short = 'd', long)]
     pub dev: Option<String>,
     /// `--source verbs`: when a waiter runs on another CPU than its CQ's
     /// completion signal: report, thread (move the thread) or irq (move the
     /// IRQ; root only).
-    #[arg(long, default_value = "report")]
+    #[arg(long, default_value = "report", value_parser = ["report", "thread", "irq"])]
     pub replace: String,
     #[command(flatten)]
     pub net: NetArgs,
@@ -39,7 +46,7 @@ pub struct Args {
 pub struct NetArgs {
     /// Path for tcp/uring: loopback, or veth (a veth pair between two
     /// network namespaces the benchmark creates and removes itself).
-    #[arg(long, default_value = "loopback")]
+    #[arg(long, default_value = "loopback", value_parser = ["loopback", "veth"])]
     pub net: String,
     /// tcp: set SO_BUSY_POLL to this many µs (reported where it cannot
     /// work: traffic without a NAPI id).
@@ -47,7 +54,7 @@ pub struct NetArgs {
     pub busy_poll: Option<u32>,
     /// uring: how interrupt mode sleeps: enter (blocking io_uring_enter) or
     /// eventfd (registered eventfd).
-    #[arg(long, default_value = "enter")]
+    #[arg(long, default_value = "enter", value_parser = ["enter", "eventfd"])]
     pub uring_wake: String,
 }
 
@@ -95,11 +102,42 @@ fn ends(
     }
 }
 
+/// Warn about each option given for a source it does not apply to.
+fn warn_unused_options(a: &Args) {
+    let src = a.source.as_str();
+    let warn = |opt: &str, applies: &str| super::warn_unused(opt, applies, src);
+    if src != "channel" && a.doorbell != "futex" {
+        warn("--doorbell", "--source channel");
+    }
+    if src != "verbs" {
+        if a.dev.is_some() {
+            warn("--dev", "--source verbs");
+        }
+        if a.replace != "report" {
+            warn("--replace", "--source verbs");
+        }
+    }
+    if !matches!(src, "tcp" | "uring") && a.net.net != "loopback" {
+        warn("--net", "--source tcp and uring");
+    }
+    if src != "tcp" && a.net.busy_poll.is_some() {
+        warn("--busy-poll", "--source tcp");
+    }
+    if src != "uring" && a.net.uring_wake != "enter" {
+        warn("--uring-wake", "--source uring");
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
     a.common.validate()?;
+    warn_unused_options(&a);
     let doorbell = parse_doorbell(&a.doorbell)?;
-    let modes = a
-        .mode
+    let names: &[String] = if a.events {
+        &["interrupt".to_string()]
+    } else {
+        &a.mode
+    };
+    let modes = names
         .iter()
         .map(|m| m.parse::<WaitMode>())
         .collect::<Result<Vec<_>>>()?;

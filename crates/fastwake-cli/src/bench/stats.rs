@@ -108,6 +108,12 @@ impl Row {
 
 /// Print rows as a perftest-like table.
 pub fn print_table(title: &str, rows: &[Row]) {
+    // Every benchmark's title starts "fastwake bench ..."; the version
+    // goes after the name, as in perftest's banner.
+    let title = match title.strip_prefix("fastwake ") {
+        Some(rest) => format!("fastwake {} {rest}", env!("CARGO_PKG_VERSION")),
+        None => title.to_string(),
+    };
     println!("{title}");
     let line = "-".repeat(150);
     println!("{line}");
@@ -152,9 +158,23 @@ pub fn print_table(title: &str, rows: &[Row]) {
 }
 
 /// Print rows as a JSON array, one object per row.
+/// Each row carries `run` (version, host, date, command: see
+/// [`crate::meta::RunMeta`]), so a row copied out of the file still says
+/// where it was measured.
 pub fn print_json(rows: &[Row]) {
+    let run = serde_json::to_value(crate::meta::RunMeta::now()).expect("meta serialises");
+    let rows: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(r).expect("rows serialise");
+            if let Some(o) = v.as_object_mut() {
+                o.insert("run".into(), run.clone());
+            }
+            v
+        })
+        .collect();
     println!(
         "{}",
-        serde_json::to_string_pretty(rows).expect("rows serialise")
+        serde_json::to_string_pretty(&rows).expect("rows serialise")
     );
 }

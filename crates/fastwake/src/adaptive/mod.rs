@@ -127,8 +127,9 @@ impl std::fmt::Display for Config {
 }
 
 impl Config {
-    /// Parse the part after `adaptive:`: comma-separated `cap=N%` (or
-    /// `cap=N`, percent of one core), `worth=N`, `idle=N` (waits/s) and
+    /// Parse the part after `adaptive:`: comma-separated `cap=N%` (a
+    /// share of one core in the one grammar, [`crate::grammar::share`]:
+    /// `cap=20%`, `cap=0.2`, `cap=20`), `worth=N`, `idle=N` (waits/s) and
     /// `catch=N%` (percent of waits a spin should catch; 100 = no limit)
     /// and `wake=learn|model` ([`Config::learn_wake`]).
     pub fn parse_options(s: &str) -> Result<Config> {
@@ -178,16 +179,16 @@ impl Config {
     }
 }
 
-/// `N%` or `N`, from `lo` to 100.
+/// A share in the one grammar ([`crate::grammar::share`]: `20%`, `0.2`,
+/// `20`), as whole percent from `lo` to 100.
 fn percent(v: &str, lo: u8, what: &str, of: &str) -> Result<u8> {
-    v.trim()
-        .trim_end_matches('%')
-        .parse::<u8>()
+    crate::grammar::share(v)
         .ok()
+        .map(|f| (f * 100.0).round() as u8)
         .filter(|p| (lo..=100).contains(p))
         .ok_or_else(|| {
             Fail::invalid(format!(
-                "bad adaptive {what} '{v}': expected {lo}% to 100% {of}"
+                "bad adaptive {what} '{v}': expected {lo}% to 100% {of} (or a fraction, e.g. 0.2)"
             ))
         })
 }

@@ -84,8 +84,10 @@ impl std::fmt::Display for WaitMode {
 impl FromStr for WaitMode {
     type Err = Fail;
 
-    /// `poll`, `interrupt`, `hybrid`, `hybrid:<N>us` (budget in µs),
-    /// `adaptive` or `adaptive:cap=<N>%[,worth=<N>]`.
+    /// `poll`, `interrupt`, `hybrid`, `hybrid:<duration>` (see
+    /// [`crate::grammar::duration`]: `hybrid:20us`, `hybrid:0.5ms`),
+    /// `dispatch`, `adaptive` or `adaptive:<options>` (see
+    /// [`crate::adaptive::Config::parse_options`]).
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
         match s {
@@ -98,15 +100,9 @@ impl FromStr for WaitMode {
             }),
             _ => {
                 if let Some(b) = s.strip_prefix("hybrid:") {
-                    let us = b.strip_suffix("us").unwrap_or(b);
-                    let us: u64 = us.parse().map_err(|_| {
-                        Fail::invalid(format!(
-                            "bad hybrid budget '{b}': expected e.g. hybrid:20us"
-                        ))
-                    })?;
-                    return Ok(WaitMode::Hybrid {
-                        budget: Duration::from_micros(us),
-                    });
+                    let budget = crate::grammar::duration(b)
+                        .map_err(|e| Fail::invalid(format!("bad hybrid budget: {e}")))?;
+                    return Ok(WaitMode::Hybrid { budget });
                 }
                 if let Some(o) = s.strip_prefix("adaptive:") {
                     return Ok(WaitMode::Adaptive(crate::adaptive::Config::parse_options(

@@ -49,7 +49,7 @@ pub struct Args {
     pub cores: usize,
     /// `latency` (one request outstanding in total) or `throughput` (one
     /// per connection).
-    #[arg(long, default_value = "latency")]
+    #[arg(long, default_value = "latency", value_parser = ["latency", "throughput"])]
     pub load: String,
     /// Server arrangements to compare, comma separated. A thread per
     /// connection waiting in interrupt, poll, hybrid[:<N>us] or
