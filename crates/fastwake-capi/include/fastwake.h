@@ -106,18 +106,22 @@ int fw_receiver_ready(const fw_receiver *rx);
 int fw_receiver_fd(const fw_receiver *rx);
 void fw_receiver_destroy(fw_receiver *rx);
 
-/* A waiter in a mode:
- *   "poll", "interrupt", "hybrid", "hybrid:<N>us",
- *   "adaptive" or "adaptive:<options>" (comma-separated cap=N% (CPU cap),
- *       worth=N (us of CPU one us of latency is worth), idle=N (waits/s
- *       below which it waits in interrupt mode), catch=N% (percent of
- *       waits a spin should catch), wake=learn|model (measured wake-up
- *       latency as the cost of a sleep, or the default 4.3 us)): the
- *       controller picks spin, interrupt
- *       or hand-off to the core's dispatcher per wait;
+/* A waiter in a mode, written in fastwake's one grammar (docs/grammar.md;
+ * the same strings as `fastwake run --mode`, `fastwake bench --mode` and
+ * FASTWAKE_MODE):
+ *   "poll", "interrupt", "hybrid" (50 us budget), "hybrid:<duration>"
+ *       (hybrid:20us, hybrid:0.5ms, hybrid:1500ns; a bare number is us),
+ *   "adaptive" or "adaptive:<options>" (comma-separated cap=<share> (CPU
+ *       cap: 20%, 0.2 or 20), worth=N (us of CPU one us of latency is
+ *       worth), idle=N (waits/s below which it waits in interrupt mode),
+ *       catch=<share> (of waits a spin should catch, >= 50%),
+ *       wake=learn|model (measured wake-up latency as the cost of a
+ *       sleep, or the default 4.3 us)): the controller picks spin,
+ *       interrupt or hand-off to the core's dispatcher per wait;
  *   "dispatch": register with the dispatcher serving the CPU the thread
  *       runs on and sleep until it hands off; without one, interrupt mode.
- * EINVAL (and fw_last_error) for anything else. */
+ * EINVAL (and fw_last_error, one line naming the accepted forms) for
+ * anything else. */
 int fw_waiter_create(const char *mode, fw_waiter **out);
 /* Wait for one completion. timeout_ns < 0 waits forever. On success stores
  * the tag and copies min(len, buf_len) payload bytes to buf, the full length

@@ -5,7 +5,7 @@ mod doctor;
 mod meta;
 mod run;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -26,10 +26,24 @@ enum Cmd {
     /// Run an unmodified program under the preload shim (LD_PRELOAD), with
     /// a wait mode for its epoll_wait, epoll_pwait, poll and select calls
     /// and, on rxe and mlx5 devices, libibverbs' ibv_get_cq_event.
+    #[command(after_long_help = run::ENVIRONMENT)]
     Run(run::Args),
     /// Inspect this host (CPUs, idle states, PSI, RDMA, io_uring, busy poll)
     /// and measure how fast a sleeping thread wakes up.
     Doctor,
+    /// Print a completion script for SHELL on stdout (bash:
+    /// `fastwake completions bash > ~/.local/share/bash-completion/completions/fastwake`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (fastwake.1, fastwake-run.1, ...) into DIR
+    /// (scripts/install uses it).
+    #[command(hide = true)]
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out: std::path::PathBuf,
+    },
 }
 
 fn main() {
@@ -56,11 +70,35 @@ fn main() {
         Cmd::Bench(b) => bench::run(b),
         Cmd::Run(a) => run::run(a),
         Cmd::Doctor => doctor::run(),
+        Cmd::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "fastwake",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Cmd::Man { out } => man_pages(&out),
     };
     if let Err(e) = r {
         eprintln!("fastwake: error: {e}");
         std::process::exit(2);
     }
+}
+
+/// One page per command and subcommand, from the same definitions as
+/// `--help`, so the pages cannot disagree with the binary.
+fn man_pages(dir: &std::path::Path) -> fastwake::Result<()> {
+    std::fs::create_dir_all(dir).map_err(fastwake::Fail::from)?;
+    // clap's `help` subcommands are not commands of their own: no pages.
+    fn without_help(c: clap::Command) -> clap::Command {
+        c.disable_help_subcommand(true)
+            .mut_subcommands(without_help)
+    }
+    let mut cmd = without_help(Cli::command());
+    cmd.build();
+    clap_mangen::generate_to(cmd, dir).map_err(fastwake::Fail::from)
 }
 
 /// clap's multi-line error as one line: every line but the usage and the

@@ -12,6 +12,16 @@ use std::path::PathBuf;
 
 const SO_NAME: &str = "libfastwake_preload.so";
 
+/// The end of `fastwake run --help` and of fastwake-run(1).
+pub const ENVIRONMENT: &str = "\
+Environment: run sets LD_PRELOAD and the shim's variables from its options: \
+FASTWAKE_MODE, FASTWAKE_PROFILE, FASTWAKE_BUDGET_US, FASTWAKE_CPU_CAP, \
+FASTWAKE_VERBOSE (the same variables work with LD_PRELOAD alone; see \
+docs/preload.md). FASTWAKE_PRELOAD names the shim to use instead of the one \
+found next to this binary or in PREFIX/lib/fastwake/. \
+An unknown FASTWAKE_* variable gets one line on stderr; a bad value one \
+line, and the program runs with every call passed through.";
+
 /// `--profile`: named settings, as OpenOnload's `--profile=latency`.
 /// The shim owns what each stands for (`FASTWAKE_PROFILE`, docs/preload.md
 /// "Profiles"); a test checks both lists of names agree.

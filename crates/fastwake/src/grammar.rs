@@ -77,8 +77,50 @@ pub fn share(s: &str) -> Result<f64> {
     }
 }
 
+/// Split a comma-separated list of wait modes (`--mode` of the benches),
+/// keeping the comma-separated options of `adaptive:` with their mode:
+/// `poll,adaptive:cap=20%,worth=9,hybrid` is `poll`,
+/// `adaptive:cap=20%,worth=9`, `hybrid`. A piece that is `key=value`
+/// (an `=`, no `:`) continues the item before it; every mode name is a
+/// bare word, so no mode is ever taken for an option.
+pub fn split_modes(s: &str) -> Vec<&str> {
+    let mut items: Vec<(usize, usize)> = Vec::new();
+    let mut at = 0;
+    for piece in s.split(',') {
+        let end = at + piece.len();
+        let option = piece.contains('=') && !piece.contains(':');
+        match items.last_mut() {
+            Some(last) if option => last.1 = end,
+            _ => items.push((at, end)),
+        }
+        at = end + 1;
+    }
+    items
+        .into_iter()
+        .map(|(a, b)| s[a..b].trim())
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn mode_lists_keep_adaptive_options_together() {
+        assert_eq!(
+            split_modes("poll,adaptive:cap=20%,worth=9,hybrid:20us"),
+            ["poll", "adaptive:cap=20%,worth=9", "hybrid:20us"]
+        );
+        assert_eq!(
+            split_modes("adaptive:catch=90%,wake=learn"),
+            ["adaptive:catch=90%,wake=learn"]
+        );
+        assert_eq!(split_modes(" poll , interrupt "), ["poll", "interrupt"]);
+        // A stray option with nothing before it stays an item, so the
+        // mode parser names it.
+        assert_eq!(split_modes("cap=20%,poll"), ["cap=20%", "poll"]);
+        assert!(split_modes("").is_empty());
+    }
+
     use super::*;
 
     #[test]

@@ -54,11 +54,10 @@ pub struct Args {
     /// adaptive[:OPTIONS] (e.g. hybrid:20us, adaptive:cap=20%).
     #[arg(
         long,
-        value_delimiter = ',',
         default_value = "poll,interrupt,hybrid,dispatch,adaptive",
-        value_parser = super::parse_mode
+        value_parser = super::parse_modes
     )]
-    pub mode: Vec<String>,
+    pub mode: super::ModeList,
     /// Completion source: channel (shared memory), or tcp (a loopback TCP
     /// connection per mode, read through the socket source).
     #[arg(long, default_value = "channel", value_parser = ["channel", "tcp"])]

@@ -73,13 +73,41 @@ pub struct IpcArgs {
     pub only: Vec<String>,
 }
 
-/// One wait mode of a `--mode` list, checked by the library's own parser
-/// (the one grammar: docs/grammar.md) while the arguments are parsed, so a
-/// typo is one line before anything runs.
-pub fn parse_mode(s: &str) -> std::result::Result<String, String> {
-    s.parse::<fastwake::WaitMode>()
-        .map(|_| s.trim().to_string())
-        .map_err(|e| e.to_string())
+/// A `--mode` list: the items as given, split by the library's one
+/// grammar (`fastwake::grammar::split_modes`, which keeps
+/// `adaptive:cap=20%,worth=9` whole).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModeList(pub Vec<String>);
+
+impl std::ops::Deref for ModeList {
+    type Target = Vec<String>;
+    fn deref(&self) -> &Vec<String> {
+        &self.0
+    }
+}
+
+/// A list of wait modes, each checked by the library's own parser while
+/// the arguments are parsed, so a typo is one line before anything runs.
+pub fn parse_modes(s: &str) -> std::result::Result<ModeList, String> {
+    let items = parse_mode_names(s)?;
+    for m in items.iter() {
+        m.parse::<fastwake::WaitMode>().map_err(|e| e.to_string())?;
+    }
+    Ok(items)
+}
+
+/// A list of mode names split as [`parse_modes`] does, for benches whose
+/// arrangements are more than wait modes (bench share's `tasks`,
+/// `threads:…`); they check the names themselves.
+pub fn parse_mode_names(s: &str) -> std::result::Result<ModeList, String> {
+    let items: Vec<String> = fastwake::grammar::split_modes(s)
+        .into_iter()
+        .map(String::from)
+        .collect();
+    if items.is_empty() {
+        return Err("expected at least one mode".into());
+    }
+    Ok(ModeList(items))
 }
 
 /// A one-line warning for an option given for a source it does not apply

@@ -14,8 +14,8 @@ pub struct Args {
     /// hybrid:20us), adaptive[:OPTIONS] (e.g. adaptive:cap=20%), dispatch
     /// (no dispatcher runs in this benchmark, so its waits fall back to
     /// interrupt mode; bench share and bench load start one).
-    #[arg(long, value_delimiter = ',', default_value = "poll,interrupt,hybrid", value_parser = super::parse_mode)]
-    pub mode: Vec<String>,
+    #[arg(long, default_value = "poll,interrupt,hybrid", value_parser = super::parse_modes)]
+    pub mode: super::ModeList,
     /// Interrupt mode only, as perftest's -e (use completion events):
     /// the same as --mode interrupt.
     #[arg(short = 'e', long, conflicts_with = "mode")]

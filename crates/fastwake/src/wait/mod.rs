@@ -72,8 +72,14 @@ impl WaitMode {
 impl std::fmt::Display for WaitMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            // In the grammar's own units, so the text parses back to the
+            // same budget (1500ns is not 1us).
             WaitMode::Hybrid { budget } if *budget != DEFAULT_BUDGET => {
-                write!(f, "hybrid:{}us", budget.as_micros())
+                if budget.subsec_nanos() % 1000 == 0 {
+                    write!(f, "hybrid:{}us", budget.as_micros())
+                } else {
+                    write!(f, "hybrid:{}ns", budget.as_nanos())
+                }
             }
             WaitMode::Adaptive(c) => write!(f, "{c}"),
             m => f.write_str(m.name()),
@@ -110,7 +116,7 @@ impl FromStr for WaitMode {
                     )?));
                 }
                 Err(Fail::invalid(format!(
-                    "unknown wait mode '{s}': expected poll, interrupt, hybrid[:Nus], dispatch or adaptive[:cap=N%]"
+                    "unknown wait mode '{s}': expected poll, interrupt, hybrid[:DURATION], dispatch or adaptive[:OPTIONS] (docs/grammar.md)"
                 )))
             }
         }

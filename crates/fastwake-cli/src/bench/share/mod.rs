@@ -52,8 +52,8 @@ pub struct Args {
     #[arg(long, default_value = "latency", value_parser = ["latency", "throughput"])]
     pub load: String,
     /// Server arrangements to compare, comma separated. A thread per
-    /// connection waiting in interrupt, poll, hybrid[:<N>us] or
-    /// adaptive[:<opts>] mode; tasks (a task per connection on a runtime
+    /// connection waiting in interrupt, poll, hybrid[:DURATION] or
+    /// adaptive[:OPTIONS] mode (docs/grammar.md); tasks (a task per connection on a runtime
     /// per core; tasks:noprefetch turns off the prefetch of a ready
     /// source's next slot before the switch into its task);
     /// threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive] (a
@@ -65,10 +65,10 @@ pub struct Args {
     /// connections: the floor for N connections on a core).
     #[arg(
         long,
-        value_delimiter = ',',
-        default_value = DEFAULT_MODES
+        default_value = DEFAULT_MODES,
+        value_parser = crate::bench::parse_mode_names
     )]
-    pub mode: Vec<String>,
+    pub mode: crate::bench::ModeList,
     /// Measured round trips per mode.
     #[arg(long, default_value_t = 20_000)]
     pub iters: u64,
