@@ -614,7 +614,8 @@ fn verdict(rows: &[&Row], lowest_rate: bool) -> Vec<String> {
 fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
     let (psi, running) = fastwake::adaptive::pressure::system();
     println!(
-        "fastwake bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU; dispatcher idle policy {}{}",
+        "fastwake {} bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU; dispatcher idle policy {}{}",
+        env!("CARGO_PKG_VERSION"),
         a.source,
         a.cpus.0,
         a.cpus.1,

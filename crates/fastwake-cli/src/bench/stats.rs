@@ -106,15 +106,18 @@ impl Row {
     }
 }
 
-/// Print rows as a perftest-like table.
-pub fn print_table(title: &str, rows: &[Row]) {
-    // Every benchmark's title starts "fastwake bench ..."; the version
-    // goes after the name, as in perftest's banner.
-    let title = match title.strip_prefix("fastwake ") {
+/// A benchmark's title with the version after the name, as perftest's
+/// banner carries its version: "fastwake 0.1.0 bench pingpong — …".
+pub fn banner(title: &str) -> String {
+    match title.strip_prefix("fastwake ") {
         Some(rest) => format!("fastwake {} {rest}", env!("CARGO_PKG_VERSION")),
         None => title.to_string(),
-    };
-    println!("{title}");
+    }
+}
+
+/// Print rows as a perftest-like table.
+pub fn print_table(title: &str, rows: &[Row]) {
+    println!("{}", banner(title));
     let line = "-".repeat(150);
     println!("{line}");
     println!(

@@ -87,7 +87,7 @@ pub(super) fn print_ratios(rows: &[Row], layout: &Layout, conns: usize) -> Resul
 /// The `--sweep` table: one line per number of connections, one column per
 /// mode.
 pub(super) fn print_sweep(title: &str, modes: &[Mode], all: &[(usize, Vec<Row>)]) {
-    println!("{title}");
+    println!("{}", crate::bench::stats::banner(title));
     let mut head = format!(" {:>7}", "sources");
     for m in modes {
         head += &format!(" {:>22}", format!("{} p50/p99", m.label()));
