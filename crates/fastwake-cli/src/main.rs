@@ -26,9 +26,11 @@ enum Cmd {
     /// a wait mode for its epoll_wait, epoll_pwait, poll and select calls
     /// and, on rxe and mlx5 devices, libibverbs' ibv_get_cq_event.
     Run(run::Args),
-    /// Inspect this host (CPUs, idle states, PSI, RDMA, io_uring, busy poll)
-    /// and measure how fast a sleeping thread wakes up.
-    Doctor,
+    /// Inspect this host (CPUs, CPU pressure, isolation, IRQ balancing,
+    /// idle states, guest halt polling, frequency governor, RDMA devices,
+    /// memlock, completion vectors, busy polling, RFS/XPS, io_uring) and
+    /// measure how fast a sleeping thread wakes up. Read-only.
+    Doctor(doctor::Args),
 }
 
 fn main() {
@@ -56,7 +58,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Bench(b) => bench::run(b),
         Cmd::Run(a) => run::run(a),
-        Cmd::Doctor => doctor::run(),
+        Cmd::Doctor(a) => doctor::run(a),
     };
     if let Err(e) = r {
         eprintln!("fastwake: error: {e}");
