@@ -28,7 +28,8 @@ pub struct Args {
     pub json: bool,
 }
 
-/// The anchors of docs/tuning.md's sections, one per topic.
+/// The anchors of docs/tuning.md's sections, one per topic. A test checks
+/// that each is a heading of the guide.
 pub mod anchor {
     pub const CPUS: &str = "cpus-and-virtualisation";
     pub const PRESSURE: &str = "cpu-pressure";
@@ -43,6 +44,12 @@ pub mod anchor {
     pub const BUSY_POLL: &str = "busy-polling-sysctls";
     pub const RFS_XPS: &str = "rfs-and-xps-for-sockets";
     pub const IO_URING: &str = "io_uring";
+    /// All of them.
+    #[cfg(test)]
+    pub const ALL: [&str; 13] = [
+        CPUS, PRESSURE, IRQ, ISOLATED, IDLE, GOVERNOR, WAKE_UP, RDMA, MEMLOCK, VECTORS, BUSY_POLL,
+        RFS_XPS, IO_URING,
+    ];
 }
 
 /// PSI cpu `some avg10` (%) above which CPU pressure is a warning: more
@@ -1598,5 +1605,30 @@ mod tests {
             .unwrap();
         assert!(!lines[j + 1].contains("see "), "{t}");
         assert!(t.contains("1 warning(s), 0 bad."), "{t}");
+    }
+
+    /// Every anchor doctor can print is a heading of docs/tuning.md.
+    #[test]
+    fn every_anchor_is_a_section_of_the_guide() {
+        let guide = include_str!("../../../docs/tuning.md");
+        let anchors: Vec<String> = guide
+            .lines()
+            .filter(|l| l.starts_with('#'))
+            .map(|l| {
+                l.trim_start_matches('#')
+                    .trim()
+                    .to_lowercase()
+                    .chars()
+                    .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
+                    .map(|c| if c == ' ' { '-' } else { c })
+                    .collect()
+            })
+            .collect();
+        for a in anchor::ALL {
+            assert!(
+                anchors.iter().any(|h| h == a),
+                "no heading for #{a} in docs/tuning.md: {anchors:?}"
+            );
+        }
     }
 }

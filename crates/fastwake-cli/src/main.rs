@@ -30,6 +30,9 @@ enum Cmd {
     /// idle states, guest halt polling, frequency governor, RDMA devices,
     /// memlock, completion vectors, busy polling, RFS/XPS, io_uring) and
     /// measure how fast a sleeping thread wakes up. Read-only.
+    #[command(
+        after_help = "Every finding names its section of docs/tuning.md (the tuning guide): how to check it, what fastwake does about it, and what to change. Levels: ok (what fastwake wants), info (a fact), warn (costs latency or CPU), bad (part of fastwake cannot work here)."
+    )]
     Doctor(doctor::Args),
 }
 
