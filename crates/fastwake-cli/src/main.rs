@@ -28,9 +28,14 @@ enum Cmd {
     /// and, on rxe and mlx5 devices, libibverbs' ibv_get_cq_event.
     #[command(after_long_help = run::ENVIRONMENT)]
     Run(run::Args),
-    /// Inspect this host (CPUs, idle states, PSI, RDMA, io_uring, busy poll)
-    /// and measure how fast a sleeping thread wakes up.
-    Doctor,
+    /// Inspect this host (CPUs, CPU pressure, isolation, IRQ balancing,
+    /// idle states, guest halt polling, frequency governor, RDMA devices,
+    /// memlock, completion vectors, busy polling, RFS/XPS, io_uring) and
+    /// measure how fast a sleeping thread wakes up. Read-only.
+    #[command(
+        after_help = "Every finding names its section of docs/tuning.md (the tuning guide): how to check it, what fastwake does about it, and what to change. Levels: ok (what fastwake wants), info (a fact), warn (costs latency or CPU), bad (part of fastwake cannot work here)."
+    )]
+    Doctor(doctor::Args),
     /// Print a completion script for SHELL on stdout (bash:
     /// `fastwake completions bash > ~/.local/share/bash-completion/completions/fastwake`).
     Completions {
@@ -69,7 +74,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Bench(b) => bench::run(b),
         Cmd::Run(a) => run::run(a),
-        Cmd::Doctor => doctor::run(),
+        Cmd::Doctor(a) => doctor::run(a),
         Cmd::Completions { shell } => {
             clap_complete::generate(
                 shell,

@@ -1,0 +1,212 @@
+//! `fastwake doctor`: what this host offers for microsecond waiting, and
+//! what to change. Read-only: it never modifies the host. It reads /proc
+//! and /sys, dlopens libibverbs (and closes it), creates and drops one
+//! io_uring instance to see whether io_uring works, and measures one thing,
+//! the wake-up latency, with two threads of its own for ~0.3 s.
+//!
+//! Every check produces a [`Finding`] (a value: level, measured detail,
+//! advice, the section of docs/tuning.md that explains it); [`render_text`]
+//! prints them for people, `--json` prints the whole [`Report`] as one JSON
+//! document. Each judgement's threshold is a named constant below and is
+//! stated in docs/tuning.md: an `ok` means the thing checked is what
+//! fastwake wants, `info` is a fact that needs no action by itself, `warn`
+//! costs latency or CPU, `bad` stops part of fastwake from working here.
+
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// Where the findings are explained (relative to the repository).
+pub const GUIDE: &str = "docs/tuning.md";
+
+/// `fastwake doctor [--json]`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Print one JSON document (version, host, date, kernel, findings,
+    /// warnings, the wake-up measurement) instead of the text report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+mod cpu;
+mod finding;
+mod host;
+mod net;
+mod rdma;
+#[cfg(test)]
+mod tests;
+mod wake;
+
+pub use cpu::guest_halt_poll_ns;
+use cpu::*;
+pub use finding::*;
+use host::*;
+use net::*;
+use rdma::*;
+use wake::*;
+
+/// Everything `doctor` found; `--json` prints exactly this.
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub version: &'static str,
+    pub host: String,
+    /// UTC, RFC 3339.
+    pub date: String,
+    /// uname release.
+    pub kernel: String,
+    pub findings: Vec<Finding>,
+    /// Findings at level warn.
+    pub warnings: usize,
+    /// Findings at level bad.
+    pub bad: usize,
+    pub wake_up: WakeUp,
+}
+
+impl Report {
+    fn new(host: String, date: String, kernel: String) -> Self {
+        Report {
+            version: env!("CARGO_PKG_VERSION"),
+            host,
+            date,
+            kernel,
+            findings: Vec::new(),
+            warnings: 0,
+            bad: 0,
+            wake_up: WakeUp::default(),
+        }
+    }
+    fn push(&mut self, f: Finding) {
+        debug_assert!(
+            f.level < Level::Warn || f.advice.is_some(),
+            "{}: warn/bad without advice",
+            f.id
+        );
+        match f.level {
+            Level::Warn => self.warnings += 1,
+            Level::Bad => self.bad += 1,
+            _ => {}
+        }
+        self.findings.push(f);
+    }
+}
+
+/// The text report (today's look: one line per finding; warn and bad
+/// lines are followed by the advice and the guide's section).
+pub fn render_text(r: &Report) -> String {
+    let mut s = String::new();
+    let col = |s: &mut String, level: &str, name: &str, text: &str| {
+        let _ = writeln!(s, "  {level:<5} {name:<26} {text}");
+    };
+    let _ = writeln!(
+        s,
+        "fastwake doctor — host inspection (read-only); each finding is explained in {GUIDE}"
+    );
+    for area in Area::ALL {
+        let _ = writeln!(s, "{}", area.heading());
+        if area == Area::Cpu {
+            col(&mut s, "info", "kernel", &r.kernel);
+        }
+        for f in r.findings.iter().filter(|f| f.area == area) {
+            col(&mut s, f.level.word(), f.name, &f.detail);
+            if f.level >= Level::Warn {
+                if let Some(a) = &f.advice {
+                    col(&mut s, "", "", &format!("-> {a}"));
+                }
+                col(&mut s, "", "", &format!("   see {}", f.doc));
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "{} warning(s), {} bad. Next: `fastwake bench ipc` measures this host's wake-up costs.",
+        r.warnings, r.bad
+    );
+    s
+}
+
+pub fn run(a: Args) -> fastwake::Result<()> {
+    let r = inspect();
+    if a.json {
+        let j = serde_json::to_string_pretty(&r)
+            .map_err(|e| fastwake::Fail::invalid(format!("doctor report as JSON: {e}")))?;
+        println!("{j}");
+    } else {
+        print!("{}", render_text(&r));
+    }
+    Ok(())
+}
+
+/// Run every check. The cheap reads come first, so the wake-up
+/// measurement's two threads do not show in what they read (PSI).
+pub fn inspect() -> Report {
+    let uname = rustix::system::uname();
+    let mut r = Report::new(
+        crate::meta::hostname(),
+        crate::meta::utc_now(),
+        format!(
+            "{} {}",
+            uname.sysname().to_string_lossy(),
+            uname.release().to_string_lossy()
+        ),
+    );
+    let virt = virtualised();
+    let rdma_devs = rdma_devices();
+    let vectors = rdma_devs
+        .iter()
+        .map(|d| (d.clone(), comp_irqs(d)))
+        .collect::<Vec<_>>();
+    let any_irq_vectors = vectors.iter().any(|(_, v)| !v.is_empty());
+
+    // cpu and scheduler
+    r.push(cpus());
+    r.push(judge_virtualised(virt));
+    r.push(judge_psi(read("/proc/pressure/cpu").as_deref()));
+    r.push(contention_sampler());
+    r.push(judge_isolated(
+        read("/sys/devices/system/cpu/isolated").as_deref(),
+        read("/sys/devices/system/cpu/nohz_full").as_deref(),
+        read("/proc/cmdline").as_deref(),
+    ));
+    r.push(judge_irqbalance(irqbalance_running(), any_irq_vectors));
+    let driver = read("/sys/devices/system/cpu/cpuidle/current_driver");
+    r.push(judge_idle(driver.as_deref(), &idle_states()));
+    r.push(judge_halt_poll(
+        driver.as_deref(),
+        virt,
+        read("/sys/module/haltpoll/parameters/guest_halt_poll_ns").and_then(|v| v.parse().ok()),
+    ));
+    r.push(judge_governors(&governors()));
+
+    // rdma
+    r.push(judge_rdma_devices(&rdma_devs));
+    r.push(libibverbs(!rdma_devs.is_empty()));
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Memlock);
+    r.push(judge_memlock(
+        lim.current,
+        lim.maximum,
+        !rdma_devs.is_empty(),
+        has_cap(CAP_IPC_LOCK),
+    ));
+    r.push(judge_vectors(&vectors, &online_cpus()));
+    r.push(qemu_acceleration());
+
+    // network and io_uring
+    r.push(judge_busy_poll(
+        read("/proc/sys/net/core/busy_read").and_then(|v| v.parse().ok()),
+        read("/proc/sys/net/core/busy_poll").and_then(|v| v.parse().ok()),
+        has_cap(CAP_NET_ADMIN),
+    ));
+    let nics = nics();
+    r.push(judge_rfs(
+        read("/proc/sys/net/core/rps_sock_flow_entries").and_then(|v| v.parse().ok()),
+        &nics,
+    ));
+    r.push(judge_xps(&nics));
+    r.push(io_uring());
+
+    // Last: the measurement; its finding joins the cpu section.
+    let (w, f) = wake_up();
+    r.wake_up = w;
+    r.push(f);
+    r.findings.sort_by_key(|f| f.area);
+    r
+}
