@@ -47,10 +47,10 @@ use wake::*;
 /// Everything `doctor` found; `--json` prints exactly this.
 #[derive(Serialize, Debug)]
 pub struct Report {
-    pub version: &'static str,
-    pub host: String,
-    /// UTC, RFC 3339.
-    pub date: String,
+    /// version, host, date (UTC, RFC 3339) and command line, as every
+    /// JSON report of the CLI carries them.
+    #[serde(flatten)]
+    pub run: crate::meta::RunMeta,
     /// uname release.
     pub kernel: String,
     pub findings: Vec<Finding>,
@@ -62,11 +62,9 @@ pub struct Report {
 }
 
 impl Report {
-    fn new(host: String, date: String, kernel: String) -> Self {
+    fn new(kernel: String) -> Self {
         Report {
-            version: env!("CARGO_PKG_VERSION"),
-            host,
-            date,
+            run: crate::meta::RunMeta::now(),
             kernel,
             findings: Vec::new(),
             warnings: 0,
@@ -98,7 +96,8 @@ pub fn render_text(r: &Report) -> String {
     };
     let _ = writeln!(
         s,
-        "fastwake doctor — host inspection (read-only); each finding is explained in {GUIDE}"
+        "fastwake {} doctor — host inspection (read-only); each finding is explained in {GUIDE}",
+        r.run.version
     );
     for area in Area::ALL {
         let _ = writeln!(s, "{}", area.heading());
@@ -139,15 +138,11 @@ pub fn run(a: Args) -> fastwake::Result<()> {
 /// measurement's two threads do not show in what they read (PSI).
 pub fn inspect() -> Report {
     let uname = rustix::system::uname();
-    let mut r = Report::new(
-        crate::meta::hostname(),
-        crate::meta::utc_now(),
-        format!(
-            "{} {}",
-            uname.sysname().to_string_lossy(),
-            uname.release().to_string_lossy()
-        ),
-    );
+    let mut r = Report::new(format!(
+        "{} {}",
+        uname.sysname().to_string_lossy(),
+        uname.release().to_string_lossy()
+    ));
     let virt = virtualised();
     let rdma_devs = rdma_devices();
     let vectors = rdma_devs

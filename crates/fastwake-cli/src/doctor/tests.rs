@@ -158,7 +158,7 @@ fn vectors_cover_cpus_or_say_which_do_not() {
 
 #[test]
 fn warn_lines_carry_advice_and_a_guide_section() {
-    let mut r = Report::new("h".into(), "d".into(), "Linux x".into());
+    let mut r = Report::new("Linux x".into());
     r.push(judge_psi(Some("some avg10=47.10 avg60=0 avg300=0 total=0")));
     r.push(judge_psi(Some("some avg10=0.00 avg60=0 avg300=0 total=0")));
     assert_eq!(r.warnings, 1);
