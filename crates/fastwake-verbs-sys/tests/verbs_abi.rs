@@ -4,12 +4,79 @@
 //! every size, field offset and constant fastwake relies on. Needs a C compiler
 //! and libibverbs-dev; without them it prints SKIPPED (the structs are still
 //! used against the real library in the Soft-RoCE guest, scripts/rxe-test).
+//!
+//! Cross targets (scripts/arm64-test) say how to build and run the probe for
+//! the target, since the layout to compare is the target's, not the host's:
+//!
+//! - `FASTWAKE_VERBS_HEADER`: the verbs.h to include, by path; its
+//!   `<infiniband/...>` siblings are searched after the compiler's own
+//!   headers, so libc's types (the pthread mutex) are the target's.
+//! - `FASTWAKE_VERBS_CC` (else `CC`, else `cc`): the compiler for the probe.
+//! - `FASTWAKE_VERBS_RUNNER`: a command (split on spaces) the probe runs
+//!   under, e.g. `qemu-aarch64 -L /`.
+//!
+//! With none set (scripts/test), it is the native check it always was. A
+//! header, compiler or runner named explicitly that cannot be used fails the
+//! test instead of skipping it.
 
 use fastwake_verbs_sys::*;
 use std::mem::{offset_of, size_of};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const HEADER: &str = "/usr/include/infiniband/verbs.h";
+const DEFAULT_HEADER: &str = "/usr/include/infiniband/verbs.h";
+
+/// Where the probe's header and tools come from (see the module doc).
+struct Probe {
+    /// The header compared against, as named in the result line.
+    header: PathBuf,
+    /// Set when the header was named: included by path, this directory
+    /// (the header's grandparent) added with `-idirafter`.
+    include_root: Option<PathBuf>,
+    cc: String,
+    /// Whether the compiler was named by `FASTWAKE_VERBS_CC`.
+    cc_named: bool,
+    runner: Vec<String>,
+}
+
+impl Probe {
+    fn from_env() -> Probe {
+        let named = std::env::var_os("FASTWAKE_VERBS_HEADER").map(PathBuf::from);
+        let include_root = named.as_ref().map(|h| {
+            let dir = h.parent().filter(|d| d.ends_with("infiniband"));
+            dir.and_then(Path::parent)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "FASTWAKE_VERBS_HEADER={} is not .../infiniband/verbs.h",
+                        h.display()
+                    )
+                })
+                .to_path_buf()
+        });
+        let (cc, cc_named) = match std::env::var("FASTWAKE_VERBS_CC") {
+            Ok(cc) => (cc, true),
+            Err(_) => (std::env::var("CC").unwrap_or_else(|_| "cc".into()), false),
+        };
+        let runner = std::env::var("FASTWAKE_VERBS_RUNNER")
+            .map(|r| r.split_whitespace().map(String::from).collect())
+            .unwrap_or_default();
+        Probe {
+            header: named.unwrap_or_else(|| DEFAULT_HEADER.into()),
+            include_root,
+            cc,
+            cc_named,
+            runner,
+        }
+    }
+
+    /// How the probe's source includes the header.
+    fn include_line(&self) -> String {
+        match self.include_root {
+            Some(_) => format!("#include \"{}\"\n", self.header.display()),
+            None => "#include <infiniband/verbs.h>\n".into(),
+        }
+    }
+}
 
 fn rust_layout() -> Vec<(String, usize)> {
     let mut v: Vec<(String, usize)> = Vec::new();
@@ -131,10 +198,10 @@ fn consts() -> Vec<(&'static str, i64)> {
     ]
 }
 
-fn c_probe(layout: &[(String, usize)]) -> String {
-    let mut c = String::from(
-        "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void){\n",
-    );
+fn c_probe(probe: &Probe, layout: &[(String, usize)]) -> String {
+    let mut c = String::from("#include <stdio.h>\n#include <stddef.h>\n");
+    c.push_str(&probe.include_line());
+    c.push_str("int main(void){\n");
     for (k, _) in layout {
         let parts: Vec<&str> = k.split(' ').collect();
         let expr = match parts.as_slice() {
@@ -154,9 +221,15 @@ fn c_probe(layout: &[(String, usize)]) -> String {
 
 #[test]
 fn verbs_structs_match_rdma_core_header() {
-    if !std::path::Path::new(HEADER).exists() {
+    let probe = Probe::from_env();
+    let header = probe.header.display().to_string();
+    if !probe.header.exists() {
+        assert!(
+            probe.include_root.is_none(),
+            "FASTWAKE_VERBS_HEADER={header} does not exist"
+        );
         eprintln!(
-            "SKIPPED verbs_structs_match_rdma_core_header: {HEADER} not installed (apt-get install libibverbs-dev)"
+            "SKIPPED verbs_structs_match_rdma_core_header: {header} not installed (apt-get install libibverbs-dev)"
         );
         return;
     }
@@ -165,11 +238,17 @@ fn verbs_structs_match_rdma_core_header() {
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("probe.c");
     let exe = dir.join("probe");
-    std::fs::write(&src, c_probe(&layout)).unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let built = match Command::new(&cc).arg(&src).arg("-o").arg(&exe).output() {
+    std::fs::write(&src, c_probe(&probe, &layout)).unwrap();
+    let cc = &probe.cc;
+    let mut compile = Command::new(cc);
+    compile.arg(&src).arg("-o").arg(&exe);
+    if let Some(root) = &probe.include_root {
+        compile.arg("-idirafter").arg(root);
+    }
+    let built = match compile.output() {
         Ok(o) => o,
         Err(e) => {
+            assert!(!probe.cc_named, "FASTWAKE_VERBS_CC={cc} cannot be run: {e}");
             eprintln!("SKIPPED verbs_structs_match_rdma_core_header: no C compiler '{cc}': {e}");
             return;
         }
@@ -179,7 +258,24 @@ fn verbs_structs_match_rdma_core_header() {
         "C probe failed to compile:\n{}",
         String::from_utf8_lossy(&built.stderr)
     );
-    let out = Command::new(&exe).output().unwrap();
+    let mut run = match probe.runner.split_first() {
+        Some((prog, args)) => {
+            let mut c = Command::new(prog);
+            c.args(args).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    let out = run
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the probe {:?}: {e}", run));
+    assert!(
+        out.status.success(),
+        "the probe {:?} failed ({}):\n{}",
+        run,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     let mut checked = 0;
@@ -198,6 +294,16 @@ fn verbs_structs_match_rdma_core_header() {
         }
     }
     assert_eq!(checked, layout.len() + consts().len());
-    assert!(bad.is_empty(), "ABI mismatches:\n{}", bad.join("\n"));
-    eprintln!("verbs ABI: {checked} sizes, offsets and constants match {HEADER}");
+    assert!(
+        bad.is_empty(),
+        "ABI mismatches against {header} ({cc}):\n{}",
+        bad.join("\n")
+    );
+    // Native runs print the line they always did; a cross run says how.
+    let how = match (probe.cc_named, probe.runner.join(" ")) {
+        (false, r) if r.is_empty() => String::new(),
+        (_, r) if r.is_empty() => format!(" (probe built by {cc})"),
+        (_, r) => format!(" (probe built by {cc}, run by {r})"),
+    };
+    eprintln!("verbs ABI: {checked} sizes, offsets and constants match {header}{how}");
 }
