@@ -67,7 +67,7 @@ fn counter(out: &Output, key: &str) -> u64 {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.lines()
-            .any(|l| l.starts_with("fastwake-preload: mode=")),
+            .any(|l| l.starts_with("fastwake-preload: fastwake ") && l.contains(": mode=")),
         "the shim did not load:\n{err}"
     );
     let mut sum = 0;
@@ -732,7 +732,7 @@ fn bad_configuration_prints_one_line_and_passes_through() {
     for (k, v) in [
         ("FASTWAKE_MODE", "turbo"),
         ("FASTWAKE_BUDGET_US", "lots"),
-        ("FASTWAKE_CPU_CAP", "7"),
+        ("FASTWAKE_CPU_CAP", "700"),
     ] {
         let Some(out) = child("child_timeouts", &[(k, v), ("FASTWAKE_VERBOSE", "0")]) else {
             return;
