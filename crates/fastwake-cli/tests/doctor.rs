@@ -21,23 +21,13 @@ fn doctor(args: &[&str]) -> (String, String) {
     (String::from_utf8(o.stdout).expect("UTF-8 stdout"), err)
 }
 
-/// The anchors GitHub derives from the guide's headings: lower case,
-/// punctuation other than `-` and `_` dropped, spaces to `-`.
+#[path = "../src/doctor/anchors.rs"]
+mod anchors;
+
+/// The anchors of the guide's sections.
 fn guide_anchors() -> Vec<String> {
     let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/tuning.md");
-    let text = std::fs::read_to_string(p).expect("read docs/tuning.md");
-    text.lines()
-        .filter(|l| l.starts_with('#'))
-        .map(|l| {
-            l.trim_start_matches('#')
-                .trim()
-                .to_lowercase()
-                .chars()
-                .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
-                .map(|c| if c == ' ' { '-' } else { c })
-                .collect()
-        })
-        .collect()
+    anchors::github_anchors(&std::fs::read_to_string(p).expect("read docs/tuning.md"))
 }
 
 fn is_rfc3339_utc(s: &str) -> bool {

@@ -27,6 +27,8 @@ pub struct Args {
     pub json: bool,
 }
 
+#[cfg(test)]
+mod anchors;
 mod cpu;
 mod finding;
 mod host;

@@ -187,19 +187,7 @@ fn warn_lines_carry_advice_and_a_guide_section() {
 #[test]
 fn every_anchor_is_a_section_of_the_guide() {
     let guide = include_str!("../../../../docs/tuning.md");
-    let anchors: Vec<String> = guide
-        .lines()
-        .filter(|l| l.starts_with('#'))
-        .map(|l| {
-            l.trim_start_matches('#')
-                .trim()
-                .to_lowercase()
-                .chars()
-                .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
-                .map(|c| if c == ' ' { '-' } else { c })
-                .collect()
-        })
-        .collect();
+    let anchors = super::anchors::github_anchors(guide);
     for a in anchor::ALL {
         assert!(
             anchors.iter().any(|h| h == a),
