@@ -40,6 +40,7 @@
 //! the library's [`fastwake::wait::Governor`]'s), [`peer`] (which socket
 //! tells the peer's CPU), and one
 //! module per family of hooked calls: [`epoll`], [`poll`], [`select`],
+//! [`sockets`] (blocking `recv`/`recvfrom`/`recvmsg`/`read`/`accept`),
 //! [`verbs`] (libibverbs: completion channels and the context's CQ ops).
 
 pub mod config;
@@ -50,6 +51,7 @@ pub mod peer;
 pub mod poll;
 pub mod real;
 pub mod select;
+pub mod sockets;
 pub mod sys;
 pub mod verbs;
 pub mod wait;
@@ -122,6 +124,7 @@ fn hooks_resolve() {
     epoll::resolve();
     poll::resolve();
     select::resolve();
+    sockets::resolve();
     verbs::init();
 }
 

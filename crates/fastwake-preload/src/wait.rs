@@ -30,7 +30,7 @@ const SAMPLE_EVERY: u32 = 16;
 /// Signals the engine never blocks: glibc's internal ones (32, 33: thread
 /// cancellation and set*id broadcast, which other threads wait for) and the
 /// synchronous faults, which the kernel would turn into a kill if blocked.
-const NEVER_BLOCK: u64 = bit(32)
+pub(crate) const NEVER_BLOCK: u64 = bit(32)
     | bit(33)
     | bit(libc::SIGSEGV)
     | bit(libc::SIGBUS)
@@ -135,13 +135,13 @@ pub static STATS: Stats = Stats {
     siblings: AtomicU64::new(0),
 };
 
-fn count(c: &AtomicU64, n: u64) {
+pub(crate) fn count(c: &AtomicU64, n: u64) {
     if config::verbose() {
         c.fetch_add(n, Ordering::Relaxed);
     }
 }
 
-fn sigmask(how: c_int, set: *const u64, old: *mut u64) {
+pub(crate) fn sigmask(how: c_int, set: *const u64, old: *mut u64) {
     // SAFETY: rt_sigprocmask with 8-byte kernel sigsets; `set` and `old`
     // point to live u64s (or are null, which the kernel accepts). A raw
     // syscall, so no libc wrapper that could be hooked.
@@ -155,7 +155,7 @@ fn errno() -> c_int {
     unsafe { *libc::__errno_location() }
 }
 
-fn set_errno(e: c_int) {
+pub(crate) fn set_errno(e: c_int) {
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = e }
 }

@@ -1,0 +1,520 @@
+//! Blocking socket calls: `recv`, `recvfrom`, `recvmsg`, `read` (on
+//! sockets only), `accept`, `accept4`, and the fortified `__recv_chk`,
+//! `__recvfrom_chk`, `__read_chk` that `_FORTIFY_SOURCE` builds call.
+//! Thread-per-connection servers and most clients wait here, not in epoll
+//! (sockperf's default server blocks in `recvfrom`).
+//!
+//! The shim never does the call's work: before a call that would block it
+//! spins as the thread's governor decides, *peeking* readiness with a
+//! zero-timeout `ppoll` (no data is ever taken from the socket by the
+//! shim), then makes the real call, which reads, blocks, times out
+//! (`SO_RCVTIMEO`), returns partial data, honours `MSG_PEEK`/`MSG_WAITALL`
+//! or fails exactly as without the shim.
+//!
+//! Passed through untouched: mode `off` or `interrupt`; `MSG_DONTWAIT`;
+//! fds that are not sockets (files, pipes, ttys: one `fstat` per fd
+//! number, cached, the cache cleared by `close`/`dup2`/`dup3`; a stale
+//! entry can only cost a look, never change a result, because a look
+//! never consumes anything); non-blocking sockets (`O_NONBLOCK`, read
+//! only when the call would block); a call whose first look finds data.
+//! `dispatch` mode spins these waits as `hybrid` does (they are not handed
+//! to the dispatcher).
+//!
+//! Signals: while spinning, asynchronous signals are blocked and a pending
+//! one ends the spin. If its handler would have interrupted the plain call
+//! (a handler without `SA_RESTART`, or `SO_RCVTIMEO` set on the socket,
+//! as signal(7) says) the call returns -1/`EINTR` after the handler has
+//! run, as the plain call would have; otherwise the real call is made,
+//! which is what the kernel's restart would have done.
+
+use crate::real::Sym;
+use crate::wait;
+use fastwake::wait::{Decision, Ending, Facts, Governor, PREEMPTED_NS};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+static RECV: Sym = Sym::new(c"recv");
+static RECVFROM: Sym = Sym::new(c"recvfrom");
+static RECVMSG: Sym = Sym::new(c"recvmsg");
+static READ: Sym = Sym::new(c"read");
+static ACCEPT: Sym = Sym::new(c"accept");
+static ACCEPT4: Sym = Sym::new(c"accept4");
+static RECV_CHK: Sym = Sym::new(c"__recv_chk");
+static RECVFROM_CHK: Sym = Sym::new(c"__recvfrom_chk");
+static READ_CHK: Sym = Sym::new(c"__read_chk");
+static CLOSE: Sym = Sym::new(c"close");
+static DUP2: Sym = Sym::new(c"dup2");
+static DUP3: Sym = Sym::new(c"dup3");
+
+/// Resolve the real functions (from the library constructor).
+pub fn resolve() {
+    for s in [
+        &RECV,
+        &RECVFROM,
+        &RECVMSG,
+        &READ,
+        &ACCEPT,
+        &ACCEPT4,
+        &RECV_CHK,
+        &RECVFROM_CHK,
+        &READ_CHK,
+        &CLOSE,
+        &DUP2,
+        &DUP3,
+    ] {
+        s.get();
+    }
+}
+
+// ------------------------------------------------------------ fd kinds
+
+const UNKNOWN: u8 = 0;
+const SOCKET: u8 = 1;
+const OTHER: u8 = 2;
+/// fd numbers the cache covers (64 KiB of zeroed memory); beyond, one
+/// `fstat` per call that would otherwise be served.
+const KINDS: usize = 1 << 16;
+static KIND: [AtomicU8; KINDS] = [const { AtomicU8::new(UNKNOWN) }; KINDS];
+
+/// Is `fd` a socket? Cached per fd number.
+fn is_socket(fd: c_int) -> bool {
+    let Ok(i) = usize::try_from(fd) else {
+        return false;
+    };
+    let slot = KIND.get(i);
+    match slot.map(|s| s.load(Ordering::Relaxed)) {
+        Some(SOCKET) => return true,
+        Some(OTHER) => return false,
+        _ => {}
+    }
+    // SAFETY: the fd is only borrowed for one fstat (a raw syscall); if
+    // it is not open the call fails and the fd counts as no socket.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    let sock = rustix::fs::fstat(b)
+        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFSOCK);
+    if let Some(s) = slot {
+        s.store(if sock { SOCKET } else { OTHER }, Ordering::Relaxed);
+    }
+    sock
+}
+
+/// `fd` is closed or replaced: its kind is unknown again.
+fn forget(fd: c_int) {
+    if let Some(s) = usize::try_from(fd).ok().and_then(|i| KIND.get(i)) {
+        s.store(UNKNOWN, Ordering::Relaxed);
+    }
+}
+
+// ------------------------------------------------------------ the wait
+
+/// Spinning applies in this mode (off and interrupt pass through).
+fn active() -> bool {
+    matches!(crate::config::mode(), Some(m) if m != fastwake::WaitMode::Interrupt)
+}
+
+/// A blocking socket call on `fd` with `flags` (0 for read/accept): spin
+/// before `real` when it would block, else just `real`.
+fn blocking(fd: c_int, flags: c_int, real: impl FnOnce() -> isize) -> isize {
+    if flags & libc::MSG_DONTWAIT != 0 || !active() || !is_socket(fd) {
+        return real();
+    }
+    let mut real = Some(real);
+    let done = crate::guarded(
+        || {
+            wait::with_governor(|gov, peer| {
+                let r = real.take()?;
+                Some(engine(gov, peer, fd, r))
+            })
+            .flatten()
+        },
+        || None,
+    );
+    match (done, real.take()) {
+        (Some(n), _) => n,
+        (None, Some(real)) => real(),
+        // The engine took `real` and then panicked (it does not): the
+        // call was made or not, unknown; say interrupted, which every
+        // caller of a blocking call must handle.
+        (None, None) => {
+            wait::set_errno(libc::EINTR);
+            -1
+        }
+    }
+}
+
+/// Readable now (data, a pending connection, EOF or an error)? A
+/// zero-timeout `ppoll` with the thread's current mask: >0 yes, 0 no,
+/// <0 failed (EINTR: a signal was handled during the look).
+fn look(fd: c_int) -> c_int {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd; null mask keeps the thread's mask.
+    unsafe { crate::sys::ppoll(&mut p, 1, 0, std::ptr::null()) }
+}
+
+fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL reads the file status flags; a bad fd fails.
+    let fl = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
+    fl >= 0 && fl as c_int & libc::O_NONBLOCK != 0
+}
+
+/// The socket's `SO_RCVTIMEO` in ns (`None`: none, the call waits for ever).
+fn rcvtimeo_ns(fd: c_int) -> Option<u64> {
+    // SAFETY: borrowed for one getsockopt.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    rustix::net::sockopt::socket_timeout(b, rustix::net::sockopt::Timeout::Recv)
+        .ok()
+        .flatten()
+        .map(|d| d.as_nanos().min(u64::MAX as u128) as u64)
+        .filter(|&ns| ns > 0)
+}
+
+/// Asynchronous signals pending for this thread or process that the
+/// caller's mask `old` lets through.
+fn deliverable(old: u64) -> u64 {
+    let mut set: u64 = 0;
+    // SAFETY: rt_sigpending writes 8 bytes to a live u64.
+    unsafe { libc::syscall(libc::SYS_rt_sigpending, &mut set as *mut u64, 8usize) };
+    set & !old & !wait::NEVER_BLOCK
+}
+
+/// Would one of `signals` have interrupted the plain call (-1/EINTR)
+/// rather than let the kernel restart it? signal(7): a handler without
+/// SA_RESTART interrupts it, and with a receive timeout on the socket
+/// every handler does; default and ignored dispositions never return
+/// EINTR to the call.
+fn interrupts(signals: u64, has_timeout: bool) -> bool {
+    (1..=64).filter(|s| signals & (1u64 << (s - 1)) != 0).any(|sig| {
+        // SAFETY: sigaction is plain data; all-zero is a valid value.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: a null new action only reads the current one into a
+        // live sigaction.
+        let ok = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0;
+        let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
+        ok && handled && (has_timeout || old.sa_flags & libc::SA_RESTART == 0)
+    })
+}
+
+fn engine(
+    gov: &mut Governor,
+    peer_cpu: Option<u32>,
+    fd: c_int,
+    real: impl FnOnce() -> isize,
+) -> isize {
+    // Data (or a connection, or EOF) already there: the real call returns
+    // at once. A look that handled a signal (EINTR) is a signal handled
+    // just before the plain call: make the call.
+    if look(fd) != 0 || nonblocking(fd) {
+        return real();
+    }
+    let timeout_ns = rcvtimeo_ns(fd);
+    wait::count(&wait::STATS.waits, 1);
+    let t0 = fastwake::cpu::monotonic_ns();
+    let cpu = fastwake::cpu::current();
+    let facts = Facts {
+        cpu,
+        peer_cpu,
+        dispatchable: false,
+        ..Facts::at(t0, timeout_ns)
+    };
+    let (decision, why) = gov.plan(&facts);
+    wait::count_why(why);
+    let mut ending = Ending::at(t0, 0, true);
+    if let Decision::Spin(budget) = decision {
+        wait::count(&wait::STATS.spins, 1);
+        let block: u64 = !wait::NEVER_BLOCK;
+        let mut old: u64 = 0;
+        wait::sigmask(libc::SIG_SETMASK, &block, &mut old);
+        let mut n;
+        let mut signals = 0;
+        let mut prev = t0;
+        loop {
+            n = look(fd);
+            let now = fastwake::cpu::monotonic_ns();
+            if now.wrapping_sub(prev) > PREEMPTED_NS {
+                ending.preempted = true;
+                break;
+            }
+            prev = now;
+            if n != 0 || now.wrapping_sub(t0) >= budget {
+                break;
+            }
+            signals = deliverable(old);
+            if signals != 0 {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        // Decide before the mask comes back: the handler may change the
+        // disposition it runs under.
+        let eintr = signals != 0 && interrupts(signals, timeout_ns.is_some());
+        wait::sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        ending.now_ns = fastwake::cpu::monotonic_ns();
+        ending.spun_ns = ending.now_ns.wrapping_sub(t0);
+        wait::count(&wait::STATS.spin_ns, ending.spun_ns);
+        if eintr {
+            ending.slept = false;
+            gov.end(ending);
+            wait::set_errno(libc::EINTR);
+            return -1;
+        }
+        if n > 0 {
+            wait::count(&wait::STATS.spin_hits, 1);
+            ending.slept = false;
+            gov.end(ending);
+            return real();
+        }
+        if let Some(t) = timeout_ns
+            && ending.spun_ns >= t
+        {
+            // The receive timeout ran out while spinning: what the plain
+            // call returns when it does.
+            ending.slept = false;
+            gov.end(ending);
+            wait::set_errno(libc::EAGAIN);
+            return -1;
+        }
+    }
+    // Block in the real call (for the whole SO_RCVTIMEO, if one is set:
+    // the call cannot be given less, so such a wait is at most one spin
+    // budget longer than without the shim).
+    wait::count(&wait::STATS.blocked, 1);
+    let asleep = gov.blocking(cpu);
+    let r = real();
+    drop(asleep);
+    ending.now_ns = fastwake::cpu::monotonic_ns();
+    ending.failed = r < 0;
+    gov.end(ending);
+    r
+}
+
+// ------------------------------------------------------------ the hooks
+
+macro_rules! real_fn {
+    ($sym:expr, $ty:ty) => {{
+        let a = $sym.get();
+        // SAFETY: `a` is the address dlsym returned for this symbol, whose
+        // C type is `$ty`.
+        (a != 0).then(|| unsafe { std::mem::transmute::<usize, $ty>(a) })
+    }};
+}
+
+fn enosys() -> isize {
+    wait::set_errno(libc::ENOSYS);
+    -1
+}
+
+type RecvFn = unsafe extern "C" fn(c_int, *mut c_void, usize, c_int) -> isize;
+type RecvFromFn = unsafe extern "C" fn(
+    c_int,
+    *mut c_void,
+    usize,
+    c_int,
+    *mut libc::sockaddr,
+    *mut libc::socklen_t,
+) -> isize;
+type RecvMsgFn = unsafe extern "C" fn(c_int, *mut libc::msghdr, c_int) -> isize;
+type ReadFn = unsafe extern "C" fn(c_int, *mut c_void, usize) -> isize;
+type AcceptFn = unsafe extern "C" fn(c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> c_int;
+type Accept4Fn =
+    unsafe extern "C" fn(c_int, *mut libc::sockaddr, *mut libc::socklen_t, c_int) -> c_int;
+type RecvChkFn = unsafe extern "C" fn(c_int, *mut c_void, usize, usize, c_int) -> isize;
+type RecvFromChkFn = unsafe extern "C" fn(
+    c_int,
+    *mut c_void,
+    usize,
+    usize,
+    c_int,
+    *mut libc::sockaddr,
+    *mut libc::socklen_t,
+) -> isize;
+type ReadChkFn = unsafe extern "C" fn(c_int, *mut c_void, usize, usize) -> isize;
+type CloseFn = unsafe extern "C" fn(c_int) -> c_int;
+type Dup2Fn = unsafe extern "C" fn(c_int, c_int) -> c_int;
+type Dup3Fn = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
+
+/// # Safety
+/// The libc contract of `recv`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize {
+    match real_fn!(RECV, RecvFn) {
+        // SAFETY: the caller's arguments, unchanged.
+        Some(f) => blocking(fd, flags, || unsafe { f(fd, buf, len, flags) }),
+        None => enosys(),
+    }
+}
+
+/// # Safety
+/// The libc contract of `recvfrom`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    addr: *mut libc::sockaddr,
+    addrlen: *mut libc::socklen_t,
+) -> isize {
+    match real_fn!(RECVFROM, RecvFromFn) {
+        // SAFETY: the caller's arguments, unchanged.
+        Some(f) => blocking(fd, flags, || unsafe { f(fd, buf, len, flags, addr, addrlen) }),
+        None => enosys(),
+    }
+}
+
+/// # Safety
+/// The libc contract of `recvmsg`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> isize {
+    match real_fn!(RECVMSG, RecvMsgFn) {
+        // SAFETY: the caller's arguments, unchanged.
+        Some(f) => blocking(fd, flags, || unsafe { f(fd, msg, flags) }),
+        None => enosys(),
+    }
+}
+
+/// # Safety
+/// The libc contract of `read`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: usize) -> isize {
+    match real_fn!(READ, ReadFn) {
+        // SAFETY: the caller's arguments, unchanged.
+        Some(f) => blocking(fd, 0, || unsafe { f(fd, buf, count) }),
+        None => enosys(),
+    }
+}
+
+/// # Safety
+/// The libc contract of `accept`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn accept(
+    fd: c_int,
+    addr: *mut libc::sockaddr,
+    addrlen: *mut libc::socklen_t,
+) -> c_int {
+    match real_fn!(ACCEPT, AcceptFn) {
+        // SAFETY: the caller's arguments, unchanged.
+        Some(f) => blocking(fd, 0, || unsafe { f(fd, addr, addrlen) } as isize) as c_int,
+        None => enosys() as c_int,
+    }
+}
+
+/// # Safety
+/// The libc contract of `accept4` (its flags are the new socket's, not
+/// the wait's).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut libc::sockaddr,
+    addrlen: *mut libc::socklen_t,
+    flags: c_int,
+) -> c_int {
+    match real_fn!(ACCEPT4, Accept4Fn) {
+        // SAFETY: the caller's arguments, unchanged.
+        Some(f) => blocking(fd, 0, || unsafe { f(fd, addr, addrlen, flags) } as isize) as c_int,
+        None => enosys() as c_int,
+    }
+}
+
+/// # Safety
+/// The libc contract of `__recv_chk` (`recv` under `_FORTIFY_SOURCE`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    buflen: usize,
+    flags: c_int,
+) -> isize {
+    match (real_fn!(RECV, RecvFn), real_fn!(RECV_CHK, RecvChkFn)) {
+        // SAFETY: the caller's arguments, unchanged; within the buffer.
+        (Some(f), _) if len <= buflen => blocking(fd, flags, || unsafe { f(fd, buf, len, flags) }),
+        // Let glibc's own check abort the program, as without the shim.
+        // SAFETY: the caller's arguments, unchanged.
+        (_, Some(chk)) => unsafe { chk(fd, buf, len, buflen, flags) },
+        _ => enosys(),
+    }
+}
+
+/// # Safety
+/// The libc contract of `__recvfrom_chk`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    buflen: usize,
+    flags: c_int,
+    addr: *mut libc::sockaddr,
+    addrlen: *mut libc::socklen_t,
+) -> isize {
+    match (
+        real_fn!(RECVFROM, RecvFromFn),
+        real_fn!(RECVFROM_CHK, RecvFromChkFn),
+    ) {
+        (Some(f), _) if len <= buflen => {
+            // SAFETY: the caller's arguments, unchanged; within the buffer.
+            blocking(fd, flags, || unsafe { f(fd, buf, len, flags, addr, addrlen) })
+        }
+        // SAFETY: the caller's arguments, unchanged (glibc's check aborts).
+        (_, Some(chk)) => unsafe { chk(fd, buf, len, buflen, flags, addr, addrlen) },
+        _ => enosys(),
+    }
+}
+
+/// # Safety
+/// The libc contract of `__read_chk`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    nbytes: usize,
+    buflen: usize,
+) -> isize {
+    match (real_fn!(READ, ReadFn), real_fn!(READ_CHK, ReadChkFn)) {
+        // SAFETY: the caller's arguments, unchanged; within the buffer.
+        (Some(f), _) if nbytes <= buflen => blocking(fd, 0, || unsafe { f(fd, buf, nbytes) }),
+        // SAFETY: the caller's arguments, unchanged (glibc's check aborts).
+        (_, Some(chk)) => unsafe { chk(fd, buf, nbytes, buflen) },
+        _ => enosys(),
+    }
+}
+
+/// # Safety
+/// The libc contract of `close`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    forget(fd);
+    match real_fn!(CLOSE, CloseFn) {
+        // SAFETY: the caller's argument, unchanged.
+        Some(f) => unsafe { f(fd) },
+        None => enosys() as c_int,
+    }
+}
+
+/// # Safety
+/// The libc contract of `dup2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    forget(new);
+    match real_fn!(DUP2, Dup2Fn) {
+        // SAFETY: the caller's arguments, unchanged.
+        Some(f) => unsafe { f(old, new) },
+        None => enosys() as c_int,
+    }
+}
+
+/// # Safety
+/// The libc contract of `dup3`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    forget(new);
+    match real_fn!(DUP3, Dup3Fn) {
+        // SAFETY: the caller's arguments, unchanged.
+        Some(f) => unsafe { f(old, new, flags) },
+        None => enosys() as c_int,
+    }
+}
