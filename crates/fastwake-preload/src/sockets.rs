@@ -90,8 +90,7 @@ fn is_socket(fd: c_int) -> bool {
     // SAFETY: the fd is only borrowed for one fstat (a raw syscall); if
     // it is not open the call fails and the fd counts as no socket.
     let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-    let sock = rustix::fs::fstat(b)
-        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFSOCK);
+    let sock = rustix::fs::fstat(b).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFSOCK);
     if let Some(s) = slot {
         s.store(if sock { SOCKET } else { OTHER }, Ordering::Relaxed);
     }
@@ -187,15 +186,17 @@ fn deliverable(old: u64) -> u64 {
 /// every handler does; default and ignored dispositions never return
 /// EINTR to the call.
 fn interrupts(signals: u64, has_timeout: bool) -> bool {
-    (1..=64).filter(|s| signals & (1u64 << (s - 1)) != 0).any(|sig| {
-        // SAFETY: sigaction is plain data; all-zero is a valid value.
-        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: a null new action only reads the current one into a
-        // live sigaction.
-        let ok = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0;
-        let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
-        ok && handled && (has_timeout || old.sa_flags & libc::SA_RESTART == 0)
-    })
+    (1..=64)
+        .filter(|s| signals & (1u64 << (s - 1)) != 0)
+        .any(|sig| {
+            // SAFETY: sigaction is plain data; all-zero is a valid value.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: a null new action only reads the current one into a
+            // live sigaction.
+            let ok = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0;
+            let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
+            ok && handled && (has_timeout || old.sa_flags & libc::SA_RESTART == 0)
+        })
 }
 
 fn engine(
@@ -360,7 +361,9 @@ pub unsafe extern "C" fn recvfrom(
 ) -> isize {
     match real_fn!(RECVFROM, RecvFromFn) {
         // SAFETY: the caller's arguments, unchanged.
-        Some(f) => blocking(fd, flags, || unsafe { f(fd, buf, len, flags, addr, addrlen) }),
+        Some(f) => blocking(fd, flags, || unsafe {
+            f(fd, buf, len, flags, addr, addrlen)
+        }),
         None => enosys(),
     }
 }
@@ -457,7 +460,9 @@ pub unsafe extern "C" fn __recvfrom_chk(
     ) {
         (Some(f), _) if len <= buflen => {
             // SAFETY: the caller's arguments, unchanged; within the buffer.
-            blocking(fd, flags, || unsafe { f(fd, buf, len, flags, addr, addrlen) })
+            blocking(fd, flags, || unsafe {
+                f(fd, buf, len, flags, addr, addrlen)
+            })
         }
         // SAFETY: the caller's arguments, unchanged (glibc's check aborts).
         (_, Some(chk)) => unsafe { chk(fd, buf, len, buflen, flags, addr, addrlen) },
