@@ -17,17 +17,15 @@ fn errno() -> i32 {
 fn socketpair(kind: i32) -> (OwnedFd, OwnedFd) {
     let mut fds = [0; 2];
     // SAFETY: a two-int array for socketpair to fill.
-    assert_eq!(
-        unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                kind | libc::SOCK_CLOEXEC,
-                0,
-                fds.as_mut_ptr(),
-            )
-        },
-        0
-    );
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            kind | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    assert_eq!(r, 0);
     // SAFETY: two fresh fds we now own.
     unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
 }
@@ -188,6 +186,7 @@ fn child_semantics() {
         peer.send_to(b"udp", to).unwrap();
         peer.local_addr().unwrap()
     });
+    // SAFETY: sockaddr_in is plain data; zero is valid.
     let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     let mut flen = std::mem::size_of::<libc::sockaddr_in>() as u32;
     // SAFETY: live buffers of the sizes given.
