@@ -31,6 +31,7 @@ use crate::real::Sym;
 use crate::wait;
 use fastwake::wait::{Decision, Ending, Facts, Governor, PREEMPTED_NS};
 use std::ffi::{c_int, c_void};
+use std::ptr::null_mut as null;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 static RECV: Sym = Sym::new(c"recv");
@@ -112,17 +113,29 @@ fn active() -> bool {
 }
 
 /// A blocking socket call on `fd` with `flags` (0 for read/accept): spin
-/// before `real` when it would block, else just `real`.
-fn blocking(fd: c_int, flags: c_int, real: impl FnOnce() -> isize) -> isize {
+/// before `real` when it would block, else just `real`. `now`, where the
+/// call has one, is the same call with `MSG_DONTWAIT` added (a raw
+/// syscall): with data there it *is* the call, one syscall as without the
+/// shim, which matters for the event loops that read ready non-blocking
+/// sockets through these functions; its EAGAIN says "would block".
+fn blocking(
+    fd: c_int,
+    flags: c_int,
+    now: Option<&dyn Fn() -> isize>,
+    real: impl FnOnce() -> isize,
+) -> isize {
     if flags & libc::MSG_DONTWAIT != 0 || !active() || !is_socket(fd) {
         return real();
     }
+    // MSG_WAITALL waits for the whole length, which a non-blocking try
+    // would cut short: that call looks instead.
+    let now = now.filter(|_| flags & libc::MSG_WAITALL == 0);
     let mut real = Some(real);
     let done = crate::guarded(
         || {
             wait::with_governor(|gov, peer| {
                 let r = real.take()?;
-                Some(engine(gov, peer, fd, r))
+                Some(engine(gov, peer, fd, now, r))
             })
             .flatten()
         },
@@ -203,13 +216,26 @@ fn engine(
     gov: &mut Governor,
     peer_cpu: Option<u32>,
     fd: c_int,
+    now: Option<&dyn Fn() -> isize>,
     real: impl FnOnce() -> isize,
 ) -> isize {
-    // Data (or a connection, or EOF) already there: the real call returns
-    // at once. A look that handled a signal (EINTR) is a signal handled
-    // just before the plain call: make the call.
-    if look(fd) != 0 || nonblocking(fd) {
-        return real();
+    match now {
+        Some(try_now) => {
+            let n = try_now();
+            if n >= 0 || wait::errno() != libc::EAGAIN {
+                return n;
+            }
+            // Would block; a non-blocking socket's call returns that.
+            if nonblocking(fd) {
+                wait::set_errno(libc::EAGAIN);
+                return -1;
+            }
+        }
+        // Data (or a connection, or EOF) already there: the real call
+        // returns at once. A look that handled a signal (EINTR) is a
+        // signal handled just before the plain call: make the call.
+        None if look(fd) != 0 || nonblocking(fd) => return real(),
+        None => {}
     }
     let timeout_ns = rcvtimeo_ns(fd);
     wait::count(&wait::STATS.waits, 1);
@@ -294,6 +320,37 @@ fn engine(
 
 // ------------------------------------------------------------ the hooks
 
+/// `recvfrom(fd, buf, len, flags | MSG_DONTWAIT, addr, addrlen)` as a raw
+/// syscall (`recv` and `read` on a socket are this call with no address
+/// and flags 0 for read).
+fn recvfrom_now(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    addr: *mut libc::sockaddr,
+    addrlen: *mut libc::socklen_t,
+) -> isize {
+    // SAFETY: the caller's buffers, as the real call would get them.
+    unsafe {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd,
+            buf,
+            len,
+            flags | libc::MSG_DONTWAIT,
+            addr,
+            addrlen,
+        ) as isize
+    }
+}
+
+/// `recvmsg(fd, msg, flags | MSG_DONTWAIT)` as a raw syscall.
+fn recvmsg_now(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> isize {
+    // SAFETY: the caller's msghdr, as the real call would get it.
+    unsafe { libc::syscall(libc::SYS_recvmsg, fd, msg, flags | libc::MSG_DONTWAIT) as isize }
+}
+
 macro_rules! real_fn {
     ($sym:expr, $ty:ty) => {{
         let a = $sym.get();
@@ -343,7 +400,12 @@ type Dup3Fn = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize {
     match real_fn!(RECV, RecvFn) {
         // SAFETY: the caller's arguments, unchanged.
-        Some(f) => blocking(fd, flags, || unsafe { f(fd, buf, len, flags) }),
+        Some(f) => blocking(
+            fd,
+            flags,
+            Some(&|| recvfrom_now(fd, buf, len, flags, null(), null())),
+            || unsafe { f(fd, buf, len, flags) },
+        ),
         None => enosys(),
     }
 }
@@ -361,9 +423,12 @@ pub unsafe extern "C" fn recvfrom(
 ) -> isize {
     match real_fn!(RECVFROM, RecvFromFn) {
         // SAFETY: the caller's arguments, unchanged.
-        Some(f) => blocking(fd, flags, || unsafe {
-            f(fd, buf, len, flags, addr, addrlen)
-        }),
+        Some(f) => blocking(
+            fd,
+            flags,
+            Some(&|| recvfrom_now(fd, buf, len, flags, addr, addrlen)),
+            || unsafe { f(fd, buf, len, flags, addr, addrlen) },
+        ),
         None => enosys(),
     }
 }
@@ -374,7 +439,12 @@ pub unsafe extern "C" fn recvfrom(
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> isize {
     match real_fn!(RECVMSG, RecvMsgFn) {
         // SAFETY: the caller's arguments, unchanged.
-        Some(f) => blocking(fd, flags, || unsafe { f(fd, msg, flags) }),
+        Some(f) => blocking(
+            fd,
+            flags,
+            Some(&|| recvmsg_now(fd, msg, flags)),
+            || unsafe { f(fd, msg, flags) },
+        ),
         None => enosys(),
     }
 }
@@ -385,7 +455,12 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: usize) -> isize {
     match real_fn!(READ, ReadFn) {
         // SAFETY: the caller's arguments, unchanged.
-        Some(f) => blocking(fd, 0, || unsafe { f(fd, buf, count) }),
+        Some(f) => blocking(
+            fd,
+            0,
+            Some(&|| recvfrom_now(fd, buf, count, 0, null(), null())),
+            || unsafe { f(fd, buf, count) },
+        ),
         None => enosys(),
     }
 }
@@ -400,7 +475,7 @@ pub unsafe extern "C" fn accept(
 ) -> c_int {
     match real_fn!(ACCEPT, AcceptFn) {
         // SAFETY: the caller's arguments, unchanged.
-        Some(f) => blocking(fd, 0, || unsafe { f(fd, addr, addrlen) } as isize) as c_int,
+        Some(f) => blocking(fd, 0, None, || unsafe { f(fd, addr, addrlen) } as isize) as c_int,
         None => enosys() as c_int,
     }
 }
@@ -417,7 +492,8 @@ pub unsafe extern "C" fn accept4(
 ) -> c_int {
     match real_fn!(ACCEPT4, Accept4Fn) {
         // SAFETY: the caller's arguments, unchanged.
-        Some(f) => blocking(fd, 0, || unsafe { f(fd, addr, addrlen, flags) } as isize) as c_int,
+        Some(f) => blocking(fd, 0, None, || unsafe { f(fd, addr, addrlen, flags) }
+            as isize) as c_int,
         None => enosys() as c_int,
     }
 }
@@ -434,7 +510,12 @@ pub unsafe extern "C" fn __recv_chk(
 ) -> isize {
     match (real_fn!(RECV, RecvFn), real_fn!(RECV_CHK, RecvChkFn)) {
         // SAFETY: the caller's arguments, unchanged; within the buffer.
-        (Some(f), _) if len <= buflen => blocking(fd, flags, || unsafe { f(fd, buf, len, flags) }),
+        (Some(f), _) if len <= buflen => blocking(
+            fd,
+            flags,
+            Some(&|| recvfrom_now(fd, buf, len, flags, null(), null())),
+            || unsafe { f(fd, buf, len, flags) },
+        ),
         // Let glibc's own check abort the program, as without the shim.
         // SAFETY: the caller's arguments, unchanged.
         (_, Some(chk)) => unsafe { chk(fd, buf, len, buflen, flags) },
@@ -460,9 +541,12 @@ pub unsafe extern "C" fn __recvfrom_chk(
     ) {
         (Some(f), _) if len <= buflen => {
             // SAFETY: the caller's arguments, unchanged; within the buffer.
-            blocking(fd, flags, || unsafe {
-                f(fd, buf, len, flags, addr, addrlen)
-            })
+            blocking(
+                fd,
+                flags,
+                Some(&|| recvfrom_now(fd, buf, len, flags, addr, addrlen)),
+                || unsafe { f(fd, buf, len, flags, addr, addrlen) },
+            )
         }
         // SAFETY: the caller's arguments, unchanged (glibc's check aborts).
         (_, Some(chk)) => unsafe { chk(fd, buf, len, buflen, flags, addr, addrlen) },
@@ -481,7 +565,12 @@ pub unsafe extern "C" fn __read_chk(
 ) -> isize {
     match (real_fn!(READ, ReadFn), real_fn!(READ_CHK, ReadChkFn)) {
         // SAFETY: the caller's arguments, unchanged; within the buffer.
-        (Some(f), _) if nbytes <= buflen => blocking(fd, 0, || unsafe { f(fd, buf, nbytes) }),
+        (Some(f), _) if nbytes <= buflen => blocking(
+            fd,
+            0,
+            Some(&|| recvfrom_now(fd, buf, nbytes, 0, null(), null())),
+            || unsafe { f(fd, buf, nbytes) },
+        ),
         // SAFETY: the caller's arguments, unchanged (glibc's check aborts).
         (_, Some(chk)) => unsafe { chk(fd, buf, nbytes, buflen) },
         _ => enosys(),

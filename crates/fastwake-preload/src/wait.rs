@@ -150,7 +150,7 @@ pub(crate) fn sigmask(how: c_int, set: *const u64, old: *mut u64) {
     }
 }
 
-fn errno() -> c_int {
+pub(crate) fn errno() -> c_int {
     // SAFETY: __errno_location returns the calling thread's errno slot.
     unsafe { *libc::__errno_location() }
 }
