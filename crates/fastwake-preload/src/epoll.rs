@@ -1,6 +1,8 @@
-//! epoll interposition: `epoll_wait`, `epoll_pwait` (through the wait
-//! engine) and `epoll_ctl` (passed through, noting which registrations use
-//! the data.fd convention, for the peer-CPU sample).
+//! epoll interposition: `epoll_wait`, `epoll_pwait`, `epoll_pwait2`
+//! (through the wait engine) and `epoll_ctl` (passed through, noting which
+//! registrations use the data.fd convention, for the peer-CPU sample).
+//! `epoll_pwait2` (a nanosecond timeout) is not dispatched; in `dispatch`
+//! mode it spins as in `hybrid`, like a masked `epoll_pwait`.
 
 use crate::real::Sym;
 use crate::{peer, wait};
@@ -10,10 +12,18 @@ use std::ffi::{c_int, c_long};
 static EPOLL_WAIT: Sym = Sym::new(c"epoll_wait");
 static EPOLL_PWAIT: Sym = Sym::new(c"epoll_pwait");
 static EPOLL_CTL: Sym = Sym::new(c"epoll_ctl");
+static EPOLL_PWAIT2: Sym = Sym::new(c"epoll_pwait2");
 
 type EpollWaitFn = unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int) -> c_int;
 type EpollPwaitFn =
     unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
+type EpollPwait2Fn = unsafe extern "C" fn(
+    c_int,
+    *mut epoll_event,
+    c_int,
+    *const libc::timespec,
+    *const libc::sigset_t,
+) -> c_int;
 type EpollCtlFn = unsafe extern "C" fn(c_int, c_int, c_int, *mut epoll_event) -> c_int;
 
 /// Resolve the real functions (from the library constructor).
@@ -21,6 +31,7 @@ pub fn resolve() {
     EPOLL_WAIT.get();
     EPOLL_PWAIT.get();
     EPOLL_CTL.get();
+    EPOLL_PWAIT2.get();
 }
 
 /// `epoll_pwait` with a zero timeout as a raw syscall (never our hook).
@@ -170,4 +181,49 @@ pub unsafe extern "C" fn epoll_ctl(
         peer::note_registered(fd, data);
     }
     r
+}
+
+/// # Safety
+/// The libc contract of `epoll_pwait2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    timeout: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let a = EPOLL_PWAIT2.get();
+    if a == 0 {
+        return enosys();
+    }
+    // SAFETY: `a` is the address dlsym returned for this very symbol.
+    let real: EpollPwait2Fn = unsafe { std::mem::transmute(a) };
+    // SAFETY: the caller's arguments, unchanged.
+    let plain = || unsafe { real(epfd, events, maxevents, timeout, sigmask) };
+    // SAFETY: the caller\'s timeout argument, which the real call reads too.
+    let Ok(timeout_ns) = (unsafe { wait::ts_to_ns(timeout) }) else {
+        return plain();
+    };
+    if events.is_null() || maxevents <= 0 {
+        return plain();
+    }
+    let go = || {
+        wait::wait(
+            timeout_ns,
+            sigmask.cast(),
+            |m| probe(epfd, events, maxevents, m),
+            |left| match left {
+                None => plain(),
+                Some(ns) => {
+                    let ts = wait::ns_to_ts(ns);
+                    // SAFETY: the caller's arguments with what is left of
+                    // the timeout, exact to the nanosecond.
+                    unsafe { real(epfd, events, maxevents, &ts, sigmask) }
+                }
+            },
+            || first_fd(events, 1),
+        )
+    };
+    crate::guarded(go, plain)
 }

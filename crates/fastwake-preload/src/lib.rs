@@ -11,7 +11,8 @@
 //! - the real function is found with `dlsym(RTLD_NEXT)` ([`real`]);
 //! - the shim's own needs use raw syscalls (rustix, `libc::syscall`), never
 //!   a libc function it hooks, so it cannot recurse into itself;
-//! - the fd hooks (`epoll_wait`, `epoll_pwait`, `poll`, `select`) in the
+//! - the fd hooks (`epoll_wait`, `epoll_pwait`, `epoll_pwait2`, `poll`,
+//!   `ppoll`, `select`, `pselect`, and the blocking socket calls) in the
 //!   spinning modes take no lock and allocate nothing: their state is a
 //!   per-thread cell (the thread's [`fastwake::wait::Governor`], no heap)
 //!   or global atomics, which stay consistent across `fork` and in signal

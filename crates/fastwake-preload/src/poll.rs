@@ -1,5 +1,8 @@
-//! poll interposition: `poll` and its fortified form `__poll_chk` (through
-//! the wait engine). `ppoll` is passed through (not interposed).
+//! poll interposition: `poll`, its fortified form `__poll_chk`, and
+//! `ppoll` (with its signal mask and nanosecond timeout), through the wait
+//! engine. `ppoll` is not dispatched: its mask must hold during the sleep,
+//! which the dispatcher's futex sleep cannot give; in `dispatch` mode it
+//! spins as in `hybrid`.
 
 use crate::real::Sym;
 use crate::wait;
@@ -8,14 +11,22 @@ use std::ffi::c_int;
 
 static POLL: Sym = Sym::new(c"poll");
 static POLL_CHK: Sym = Sym::new(c"__poll_chk");
+static PPOLL: Sym = Sym::new(c"ppoll");
 
 type PollFn = unsafe extern "C" fn(*mut pollfd, nfds_t, c_int) -> c_int;
 type PollChkFn = unsafe extern "C" fn(*mut pollfd, nfds_t, c_int, usize) -> c_int;
+type PpollFn = unsafe extern "C" fn(
+    *mut pollfd,
+    nfds_t,
+    *const libc::timespec,
+    *const libc::sigset_t,
+) -> c_int;
 
 /// Resolve the real functions (from the library constructor).
 pub fn resolve() {
     POLL.get();
     POLL_CHK.get();
+    PPOLL.get();
 }
 
 /// `ppoll` with a zero timeout as a raw syscall (never our hook).
@@ -108,4 +119,48 @@ pub unsafe extern "C" fn __poll_chk(
         }
         _ => enosys(),
     }
+}
+
+/// # Safety
+/// The libc contract of `ppoll`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    tmo: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let a = PPOLL.get();
+    if a == 0 {
+        return enosys();
+    }
+    // SAFETY: `a` is the address dlsym returned for this very symbol.
+    let real: PpollFn = unsafe { std::mem::transmute(a) };
+    // SAFETY: the caller's arguments, unchanged.
+    let plain = || unsafe { real(fds, nfds, tmo, sigmask) };
+    // SAFETY: the caller\'s timeout argument, which the real call reads too.
+    let Ok(timeout_ns) = (unsafe { wait::ts_to_ns(tmo) }) else {
+        return plain();
+    };
+    if fds.is_null() || nfds == 0 {
+        return plain();
+    }
+    let go = || {
+        wait::wait(
+            timeout_ns,
+            sigmask.cast(),
+            |m| probe(fds, nfds, m),
+            |left| match left {
+                None => plain(),
+                Some(ns) => {
+                    let ts = wait::ns_to_ts(ns);
+                    // SAFETY: the caller's arguments with what is left of
+                    // the timeout, exact to the nanosecond.
+                    unsafe { real(fds, nfds, &ts, sigmask) }
+                }
+            },
+            || readable_fd(fds, nfds),
+        )
+    };
+    crate::guarded(go, plain)
 }

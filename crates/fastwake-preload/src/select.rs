@@ -1,5 +1,7 @@
-//! select interposition (through the wait engine). `pselect` is passed
-//! through (not interposed).
+//! select and pselect interposition (through the wait engine). `pselect`
+//! with a signal mask is not dispatched (the mask must hold during the
+//! sleep, which the dispatcher's futex sleep cannot give): in `dispatch`
+//! mode it spins as in `hybrid`.
 //!
 //! select rewrites its fd sets in place, and a zero-timeout look that finds
 //! nothing clears them, so the hook keeps a copy of the caller's sets and
@@ -11,6 +13,7 @@ use crate::wait;
 use std::ffi::{c_int, c_long};
 
 static SELECT: Sym = Sym::new(c"select");
+static PSELECT: Sym = Sym::new(c"pselect");
 
 type SelectFn = unsafe extern "C" fn(
     c_int,
@@ -20,12 +23,22 @@ type SelectFn = unsafe extern "C" fn(
     *mut libc::timeval,
 ) -> c_int;
 
+type PselectFn = unsafe extern "C" fn(
+    c_int,
+    *mut libc::fd_set,
+    *mut libc::fd_set,
+    *mut libc::fd_set,
+    *const libc::timespec,
+    *const libc::sigset_t,
+) -> c_int;
+
 /// Words of an fd_set (glibc: FD_SETSIZE = 1024 bits).
 const WORDS: usize = std::mem::size_of::<libc::fd_set>() / 8;
 
 /// Resolve the real function (from the library constructor).
 pub fn resolve() {
     SELECT.get();
+    PSELECT.get();
 }
 
 /// The caller's three sets, as they were on entry (first `words` words).
@@ -187,49 +200,20 @@ pub unsafe extern "C" fn select(
         Some(tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1_000)
     };
     let go = || {
-        let saved = Saved::new(sets, n);
         let t0 = fastwake::cpu::monotonic_ns();
-        let dispatched = if crate::config::dispatch() {
-            saved.as_pollfds().and_then(|(fds, k)| {
-                crate::fds::dispatched(
-                    &fds[..k],
-                    orig_ns.map(std::time::Duration::from_nanos),
-                    || probe(nfds, &saved, std::ptr::null()),
-                )
-            })
-        } else {
-            None
-        };
-        let r = if let Some(r) = dispatched {
-            if r < 0 {
-                // Like select on an error (EINTR included): the sets as
-                // the caller passed them, not the last look's result.
-                // (Plain memory writes: errno stays as the wait set it.)
-                saved.restore();
+        let r = intercept(nfds, sets, n, orig_ns, std::ptr::null(), |left| {
+            if let Some(ns) = left {
+                let us = ns.div_ceil(1_000);
+                // SAFETY: non-null whenever there is time left.
+                unsafe {
+                    timeout.write(libc::timeval {
+                        tv_sec: (us / 1_000_000) as _,
+                        tv_usec: (us % 1_000_000) as _,
+                    })
+                };
             }
-            r
-        } else {
-            wait::wait(
-                orig_ns,
-                std::ptr::null(),
-                |m| probe(nfds, &saved, m),
-                |left| {
-                    saved.restore();
-                    if let Some(ns) = left {
-                        let us = ns.div_ceil(1_000);
-                        // SAFETY: non-null whenever there is time left.
-                        unsafe {
-                            timeout.write(libc::timeval {
-                                tv_sec: (us / 1_000_000) as _,
-                                tv_usec: (us % 1_000_000) as _,
-                            })
-                        };
-                    }
-                    plain()
-                },
-                || saved.readable(),
-            )
-        };
+            plain()
+        });
         // Report the time not slept, as Linux's select does (the real
         // call did too when it ran; this differs only by the return path).
         if let Some(o) = orig_ns {
@@ -243,6 +227,97 @@ pub unsafe extern "C" fn select(
             };
         }
         r
+    };
+    crate::guarded(go, plain)
+}
+
+/// The wait of `select` and `pselect`: dispatched (no mask only) or
+/// through the engine, the caller's sets put back before every look and
+/// before `real(left)`, the real call with what is left of the timeout.
+fn intercept(
+    nfds: c_int,
+    sets: [*mut libc::fd_set; 3],
+    n: usize,
+    orig_ns: Option<u64>,
+    mask: *const u64,
+    real: impl FnOnce(Option<u64>) -> c_int,
+) -> c_int {
+    let saved = Saved::new(sets, n);
+    let dispatched = if crate::config::dispatch() && mask.is_null() {
+        saved.as_pollfds().and_then(|(fds, k)| {
+            crate::fds::dispatched(
+                &fds[..k],
+                orig_ns.map(std::time::Duration::from_nanos),
+                || probe(nfds, &saved, std::ptr::null()),
+            )
+        })
+    } else {
+        None
+    };
+    if let Some(r) = dispatched {
+        if r < 0 {
+            // Like select on an error (EINTR included): the sets as the
+            // caller passed them, not the last look's result. (Plain
+            // memory writes: errno stays as the wait set it.)
+            saved.restore();
+        }
+        r
+    } else {
+        wait::wait(
+            orig_ns,
+            mask,
+            |m| probe(nfds, &saved, m),
+            |left| {
+                saved.restore();
+                real(left)
+            },
+            || saved.readable(),
+        )
+    }
+}
+
+/// # Safety
+/// The libc contract of `pselect`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pselect(
+    nfds: c_int,
+    readfds: *mut libc::fd_set,
+    writefds: *mut libc::fd_set,
+    exceptfds: *mut libc::fd_set,
+    timeout: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let a = PSELECT.get();
+    if a == 0 {
+        // SAFETY: the thread's errno slot.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    }
+    // SAFETY: `a` is the address dlsym returned for this very symbol.
+    let real: PselectFn = unsafe { std::mem::transmute(a) };
+    let sets = [readfds, writefds, exceptfds];
+    // SAFETY: the caller's arguments, unchanged.
+    let plain = || unsafe { real(nfds, readfds, writefds, exceptfds, timeout, sigmask) };
+    let Ok(n) = usize::try_from(nfds) else {
+        return plain();
+    };
+    // SAFETY: the caller\'s timeout argument, which the real call reads too.
+    let Ok(orig_ns) = (unsafe { wait::ts_to_ns(timeout) }) else {
+        return plain();
+    };
+    if n == 0 || n > WORDS * 64 || sets.iter().all(|s| s.is_null()) {
+        return plain();
+    }
+    let go = || {
+        intercept(nfds, sets, n, orig_ns, sigmask.cast(), |left| match left {
+            None => plain(),
+            Some(ns) => {
+                let ts = wait::ns_to_ts(ns);
+                // SAFETY: the caller's sets (put back) with what is left
+                // of the timeout, exact to the nanosecond.
+                unsafe { real(nfds, readfds, writefds, exceptfds, &ts, sigmask) }
+            }
+        })
     };
     crate::guarded(go, plain)
 }

@@ -297,6 +297,39 @@ fn engine(
     r
 }
 
+/// A timespec timeout (ppoll, pselect, epoll_pwait2) in ns: null =
+/// forever; `Err` for one the kernel rejects (negative, or nanoseconds out
+/// of range), which the hook leaves to the real call.
+///
+/// # Safety
+/// `ts` is null or points to a readable timespec (the caller's argument,
+/// which the real call would read too).
+pub unsafe fn ts_to_ns(ts: *const libc::timespec) -> Result<Option<u64>, BadTimeout> {
+    if ts.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-null, readable by the contract above.
+    let t = unsafe { ts.read() };
+    if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
+        return Err(BadTimeout);
+    }
+    Ok(Some(
+        (t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64,
+    ))
+}
+
+/// A timeout the kernel would reject with EINVAL.
+#[derive(Debug)]
+pub struct BadTimeout;
+
+/// `ns` as a timespec (what is left of a timespec timeout; exact).
+pub fn ns_to_ts(ns: u64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as _,
+        tv_nsec: (ns % 1_000_000_000) as _,
+    }
+}
+
 /// A millisecond timeout (poll, epoll) in ns: negative = forever.
 pub fn ms_to_ns(ms: c_int) -> Option<u64> {
     u64::try_from(ms).ok().map(|m| m * 1_000_000)
