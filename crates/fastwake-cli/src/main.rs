@@ -24,7 +24,8 @@ enum Cmd {
     #[command(subcommand)]
     Bench(bench::Bench),
     /// Run an unmodified program under the preload shim (LD_PRELOAD), with
-    /// a wait mode for its epoll_wait, epoll_pwait, poll and select calls,
+    /// a wait mode for its epoll_wait, epoll_pwait(2), poll, ppoll, select
+    /// and pselect calls,
     /// its blocking recv, recvfrom, recvmsg, read and accept on sockets
     /// and, on rxe and mlx5 devices, libibverbs' ibv_get_cq_event.
     #[command(after_long_help = run::ENVIRONMENT)]
