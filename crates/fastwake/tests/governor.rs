@@ -100,6 +100,18 @@ fn no_spin_against_a_producer_on_the_same_cpu() {
     assert_eq!(g.plan(&f).0, Decision::Spin(50_000));
 }
 
+/// An interrupt-mode governor whose blocked waits took `ns` each (what
+/// the sibling rule judges a sleeping sibling by).
+fn sleeper_waiting(ns: u64) -> Governor {
+    let mut s = Governor::new(WaitMode::Interrupt);
+    for i in 0..8 {
+        let t = 1_000 + i * (ns + 1_000);
+        s.plan(&Facts::at(t, None));
+        s.end(Ending::at(t + ns, 0, true));
+    }
+    s
+}
+
 #[test]
 fn no_spin_while_a_sibling_is_blocked_on_the_cpu() {
     // CPU numbers no other test of this binary uses: the count is
@@ -108,13 +120,39 @@ fn no_spin_while_a_sibling_is_blocked_on_the_cpu() {
         cpu: Some(201),
         ..Facts::at(1_000, None)
     };
-    let mut sleeper = Governor::new(WaitMode::Interrupt);
+    let mut sleeper = sleeper_waiting(20_000);
     let mut g = hybrid(50);
     assert_eq!(g.plan(&f).0, Decision::Spin(50_000));
     let asleep = sleeper.blocking(Some(201));
     assert_eq!(g.plan(&f), (Decision::Block, Why::Siblings));
     drop(asleep);
     assert_eq!(g.plan(&f).0, Decision::Spin(50_000));
+}
+
+/// A sibling that sleeps for long stretches (a listener between
+/// connections), or has not blocked before, does not stop a spin; a due
+/// one stops counting once it has slept twice its usual wait.
+#[test]
+fn only_a_sibling_whose_wait_is_due_stops_a_spin() {
+    let mut g = hybrid(50);
+    let at = |cpu, now| Facts {
+        cpu: Some(cpu),
+        ..Facts::at(now, None)
+    };
+    // Long sleeper (2 s waits) and a sleeper with no history, on CPU 203.
+    let mut listener = sleeper_waiting(2_000_000_000);
+    let mut fresh = Governor::new(WaitMode::Interrupt);
+    let a = listener.blocking(Some(203));
+    let b = fresh.blocking(Some(203));
+    assert_eq!(g.plan(&at(203, 1_000)).0, Decision::Spin(50_000));
+    drop((a, b));
+    // A due sleeper (20 µs waits) on CPU 204: counts now, not 40 µs on.
+    let mut worker = sleeper_waiting(20_000);
+    let c = worker.blocking(Some(204));
+    let now = fastwake::cpu::monotonic_ns();
+    assert_eq!(g.plan(&at(204, now)), (Decision::Block, Why::Siblings));
+    assert_eq!(g.plan(&at(204, now + 100_000)).0, Decision::Spin(50_000));
+    drop(c);
 }
 
 #[test]
@@ -217,7 +255,7 @@ fn adaptive_never_exceeds_the_ceiling() {
 fn adaptive_dispatches_next_to_a_sibling_when_a_dispatcher_serves_the_cpu() {
     let mut g = adaptive(50_000);
     feed(&mut g, (0..400).map(|_| 10_000));
-    let mut sleeper = Governor::new(WaitMode::Interrupt);
+    let mut sleeper = sleeper_waiting(20_000);
     let asleep = sleeper.blocking(Some(202));
     let f = |d| Facts {
         cpu: Some(202),

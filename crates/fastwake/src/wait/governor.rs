@@ -15,7 +15,8 @@
 //!   the spin would only hold the CPU the producer needs, so the wait would
 //!   last the whole budget plus a wake-up;
 //! - **the sibling rule**: no spin while another thread of the process is
-//!   blocked in a wait on this CPU ([`siblings`](super::siblings));
+//!   blocked on this CPU in a wait that is due soon, judged by that
+//!   thread's own recent waits ([`siblings`](super::siblings));
 //! - **back-off after preemption**: a spin that lost the CPU for more than
 //!   [`PREEMPTED_NS`] between two looks means other tasks want this CPU;
 //!   spinning is then off for [`MIN_BACKOFF_NS`], doubling while it keeps
@@ -249,6 +250,10 @@ pub struct Governor {
     sleeps: u32,
     /// Thread CPU time before the sampled sleep in progress, ns.
     sleep_cpu0: Option<u64>,
+    /// This thread's typical blocked wait (ns, a moving average; 0: none
+    /// yet): whether its own sleeps count for its siblings' spins
+    /// ([`siblings`]).
+    typical_block_ns: u64,
 }
 
 impl Governor {
@@ -271,6 +276,7 @@ impl Governor {
             deferred: None,
             sleeps: 0,
             sleep_cpu0: None,
+            typical_block_ns: 0,
         }
     }
 
@@ -341,7 +347,9 @@ impl Governor {
     #[inline]
     pub fn plan(&mut self, f: &Facts) -> (Decision, Why) {
         let (mut d, mut why) = match self.mode {
-            WaitMode::Interrupt => return (Decision::Block, Why::Mode),
+            // Started like every wait, so its end teaches the thread's
+            // typical blocked wait (the sibling rule reads it).
+            WaitMode::Interrupt => return (self.start(f, Decision::Block), Why::Mode),
             WaitMode::Dispatch if f.dispatchable => {
                 return (self.start(f, Decision::Dispatch), Why::Mode);
             }
@@ -365,7 +373,7 @@ impl Governor {
         if !matches!(self.mode, WaitMode::Poll) {
             if same_cpu(f) {
                 (d, why) = (Decision::Block, Why::SameCpu);
-            } else if siblings::others_asleep(f.cpu) {
+            } else if siblings::others_asleep(f.cpu, f.now_ns) {
                 (d, why) = (Decision::Block, Why::Siblings);
             } else if f.now_ns < self.quiet_until {
                 (d, why) = (Decision::Block, Why::Contended);
@@ -385,7 +393,7 @@ impl Governor {
         let allowance = self.cap.refill(f.now_ns);
         let env = Env {
             same_cpu: same_cpu(f),
-            siblings: siblings::others_asleep(f.cpu),
+            siblings: siblings::others_asleep(f.cpu, f.now_ns),
             contended: f.contended || f.now_ns < self.quiet_until,
             dispatch_waiters: f.dispatch_waiters.filter(|_| f.dispatchable),
             allowance_ns: allowance,
@@ -455,7 +463,7 @@ impl Governor {
                 self.sleep_cpu0 = Some(crate::cpu::thread_cpu_time().as_nanos() as u64);
             }
         }
-        siblings::Asleep::enter(cpu)
+        siblings::Asleep::enter(cpu, self.typical_block_ns)
     }
 
     /// The planned wait caught its completion while spinning, at `now_ns`
@@ -481,6 +489,14 @@ impl Governor {
         let Some(w) = self.in_flight.take() else {
             return;
         };
+        if e.slept && !e.failed {
+            // A moving average over about the last four blocked waits.
+            let d = e.now_ns.saturating_sub(w.start_ns).max(1);
+            self.typical_block_ns = match self.typical_block_ns {
+                0 => d,
+                t => t - t / 4 + d / 4,
+            };
+        }
         if e.spun_ns > 0 {
             self.cap.charge(e.spun_ns);
             if e.preempted {
