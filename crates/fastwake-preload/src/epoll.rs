@@ -4,6 +4,7 @@
 
 use crate::real::Sym;
 use crate::{peer, wait};
+use fastwake::preload_stats::{Call, Pass};
 use libc::epoll_event;
 use std::ffi::{c_int, c_long};
 
@@ -72,6 +73,7 @@ pub unsafe extern "C" fn epoll_wait(
     // SAFETY: `a` is the address dlsym returned for this very symbol.
     let real: EpollWaitFn = unsafe { std::mem::transmute(a) };
     if events.is_null() || maxevents <= 0 {
+        crate::stats::passed(Call::EpollWait, Pass::Other);
         // SAFETY: the caller's arguments, unchanged (the kernel rejects them).
         return unsafe { real(epfd, events, maxevents, timeout) };
     }
@@ -79,9 +81,11 @@ pub unsafe extern "C" fn epoll_wait(
         if crate::config::dispatch()
             && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, timeout)
         {
+            crate::stats::served(Call::EpollWait);
             return n;
         }
         wait::wait(
+            Call::EpollWait,
             wait::ms_to_ns(timeout),
             std::ptr::null(),
             |m| probe(epfd, events, maxevents, m),
@@ -113,6 +117,7 @@ pub unsafe extern "C" fn epoll_pwait(
     // SAFETY: `a` is the address dlsym returned for this very symbol.
     let real: EpollPwaitFn = unsafe { std::mem::transmute(a) };
     if events.is_null() || maxevents <= 0 {
+        crate::stats::passed(Call::EpollPwait, Pass::Other);
         // SAFETY: the caller's arguments, unchanged.
         return unsafe { real(epfd, events, maxevents, timeout, sigmask) };
     }
@@ -122,9 +127,11 @@ pub unsafe extern "C" fn epoll_pwait(
             && crate::config::dispatch()
             && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, timeout)
         {
+            crate::stats::served(Call::EpollPwait);
             return n;
         }
         wait::wait(
+            Call::EpollPwait,
             wait::ms_to_ns(timeout),
             sigmask.cast(),
             |m| probe(epfd, events, maxevents, m),

@@ -3,6 +3,7 @@
 
 use crate::real::Sym;
 use crate::wait;
+use fastwake::preload_stats::{Call, Pass};
 use libc::{nfds_t, pollfd};
 use std::ffi::c_int;
 
@@ -36,6 +37,7 @@ fn readable_fd(fds: *mut pollfd, nfds: nfds_t) -> Option<c_int> {
 
 fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_int {
     if fds.is_null() || nfds == 0 {
+        crate::stats::passed(Call::Poll, Pass::Other);
         // Nothing to watch: a plain sleep (or EFAULT); the real call does it.
         // SAFETY: the caller's arguments, unchanged.
         return unsafe { real(fds, nfds, timeout) };
@@ -45,9 +47,11 @@ fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_
             && let Some(n) =
                 crate::fds::poll(fds, nfds, timeout, || probe(fds, nfds, std::ptr::null()))
         {
+            crate::stats::served(Call::Poll);
             return n;
         }
         wait::wait(
+            Call::Poll,
             wait::ms_to_ns(timeout),
             std::ptr::null(),
             |m| probe(fds, nfds, m),

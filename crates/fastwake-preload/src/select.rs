@@ -8,6 +8,7 @@
 
 use crate::real::Sym;
 use crate::wait;
+use fastwake::preload_stats::{Call, Pass};
 use std::ffi::{c_int, c_long};
 
 static SELECT: Sym = Sym::new(c"select");
@@ -170,11 +171,15 @@ pub unsafe extern "C" fn select(
     };
     // Out of the range a copy can hold, nothing to watch, or a bad
     // timeout: the real call handles (or rejects) it.
+    let passed = || {
+        crate::stats::passed(Call::Select, Pass::Other);
+        plain()
+    };
     let Ok(n) = usize::try_from(nfds) else {
-        return plain();
+        return passed();
     };
     if n == 0 || n > WORDS * 64 || sets.iter().all(|s| s.is_null()) {
-        return plain();
+        return passed();
     }
     let orig_ns = if timeout.is_null() {
         None
@@ -182,7 +187,7 @@ pub unsafe extern "C" fn select(
         // SAFETY: a non-null timeval of the caller.
         let tv = unsafe { timeout.read() };
         if tv.tv_sec < 0 || !(0..1_000_000).contains(&tv.tv_usec) {
-            return plain();
+            return passed();
         }
         Some(tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1_000)
     };
@@ -201,6 +206,7 @@ pub unsafe extern "C" fn select(
             None
         };
         let r = if let Some(r) = dispatched {
+            crate::stats::served(Call::Select);
             if r < 0 {
                 // Like select on an error (EINTR included): the sets as
                 // the caller passed them, not the last look's result.
@@ -210,6 +216,7 @@ pub unsafe extern "C" fn select(
             r
         } else {
             wait::wait(
+                Call::Select,
                 orig_ns,
                 std::ptr::null(),
                 |m| probe(nfds, &saved, m),
