@@ -4,7 +4,12 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The lister removes stale segments, so tests that list or kill run one
+/// at a time (one test's list must not clean up another's killed process).
+static LISTING: Mutex<()> = Mutex::new(());
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_fastwake"))
@@ -70,6 +75,7 @@ fn shimmed_sleep() -> Option<std::process::Child> {
 
 #[test]
 fn lists_and_shows_a_shimmed_process() {
+    let _g = LISTING.lock().unwrap_or_else(|p| p.into_inner());
     let Some(mut c) = shimmed_sleep() else { return };
     let pid = c.id();
     let o = fastwake(&["stats"]);
@@ -102,6 +108,7 @@ fn lists_and_shows_a_shimmed_process() {
 
 #[test]
 fn the_lister_removes_the_segment_of_a_killed_process() {
+    let _g = LISTING.lock().unwrap_or_else(|p| p.into_inner());
     let Some(mut c) = shimmed_sleep() else { return };
     let pid = c.id();
     c.kill().unwrap(); // SIGKILL: the shim cannot clean up

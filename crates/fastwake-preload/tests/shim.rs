@@ -1053,11 +1053,9 @@ fn child_sigterm_wait() {
     // The program still reads SIG_DFL (the shim's handler is invisible).
     // SAFETY: a query into a zeroed sigaction.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::sigaction(libc::SIGTERM, std::ptr::null(), &mut old) },
-        0
-    );
+    // SAFETY: a query into a live sigaction.
+    let r = unsafe { libc::sigaction(libc::SIGTERM, std::ptr::null(), &mut old) };
+    assert_eq!(r, 0);
     assert_eq!(old.sa_sigaction, libc::SIG_DFL);
     println!("ready");
     ewait(&ep, -1);
@@ -1130,11 +1128,9 @@ fn child_own_handlers() {
         libc::SIGTERM
     );
     // Now the query reports the program's own handler.
-    // SAFETY: a query.
-    assert_eq!(
-        unsafe { libc::sigaction(libc::SIGTERM, std::ptr::null(), &mut old) },
-        0
-    );
+    // SAFETY: a query into a live sigaction.
+    let r = unsafe { libc::sigaction(libc::SIGTERM, std::ptr::null(), &mut old) };
+    assert_eq!(r, 0);
     assert_eq!(old.sa_sigaction, h);
 }
 
