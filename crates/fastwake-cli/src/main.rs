@@ -4,6 +4,7 @@ mod bench;
 mod doctor;
 mod meta;
 mod run;
+mod stats;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -38,6 +39,13 @@ enum Cmd {
         after_help = "Every finding names its section of docs/tuning.md (the tuning guide): how to check it, what fastwake does about it, and what to change. Levels: ok (what fastwake wants), info (a fact), warn (costs latency or CPU), bad (part of fastwake cannot work here)."
     )]
     Doctor(doctor::Args),
+    /// Live counters of running programs under the shim (like libvma's
+    /// vma_stats): without -p, list them; with -p PID, that process's
+    /// waits per call (served, or passed through and why), spins, spin
+    /// hits, blocks, hand-offs, fallbacks and CPU spent spinning. Read
+    /// from the shared-memory segment each shimmed process keeps
+    /// (/dev/shm/fastwake-PID); the process is not stopped.
+    Stats(stats::Args),
     /// Print a completion script for SHELL on stdout (bash:
     /// `fastwake completions bash > ~/.local/share/bash-completion/completions/fastwake`).
     Completions {
@@ -77,6 +85,7 @@ fn main() {
         Cmd::Bench(b) => bench::run(b),
         Cmd::Run(a) => run::run(a),
         Cmd::Doctor(a) => doctor::run(a),
+        Cmd::Stats(a) => stats::run(a),
         Cmd::Completions { shell } => {
             clap_complete::generate(
                 shell,

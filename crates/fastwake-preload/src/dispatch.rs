@@ -41,7 +41,7 @@
 use fastwake::source::Source;
 use fastwake::{WaitMode, Waiter};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 /// Dispatch mode is on in this process (set by the constructor).
@@ -53,11 +53,6 @@ static FORKED: AtomicBool = AtomicBool::new(false);
 /// to start (reported once; waits there fall back).
 const CPUS: usize = 1024;
 static CPU_STATE: [AtomicU8; CPUS] = [const { AtomicU8::new(0) }; CPUS];
-
-/// Counters for the exit report (FASTWAKE_VERBOSE=1).
-pub static WAITS: AtomicU64 = AtomicU64::new(0);
-pub static HANDOFFS: AtomicU64 = AtomicU64::new(0);
-pub static FALLBACKS: AtomicU64 = AtomicU64::new(0);
 
 /// Turn dispatch mode on. Called once, from the library constructor, in
 /// dispatch mode. Dispatchers start lazily, one for each CPU on which a
@@ -159,7 +154,8 @@ pub(crate) fn serve<S: Source>(
         .flatten()
 }
 
-/// One dispatch-mode wait, counted for the exit report.
+/// One dispatch-mode wait, counted (`crate::stats`: waits, hand-offs and
+/// relays, fallbacks to interrupt mode).
 fn wait_counted<S: Source>(
     w: &mut Waiter,
     src: &mut S,
@@ -170,32 +166,18 @@ fn wait_counted<S: Source>(
         None => w.wait(src).map(Some),
         Some(t) => w.wait_timeout(src, t),
     };
-    if crate::config::verbose() {
+    if let Some(s) = crate::stats::counters() {
         let after = w.stats();
-        WAITS.fetch_add(1, Ordering::Relaxed);
-        HANDOFFS.fetch_add(
+        let d = &s.dispatch;
+        d.waits.fetch_add(1, Ordering::Relaxed);
+        d.handoffs.fetch_add(
             (after.handoffs + after.relays) - (before.handoffs + before.relays),
             Ordering::Relaxed,
         );
-        FALLBACKS.fetch_add(
+        d.fallbacks.fetch_add(
             after.dispatch_fallbacks - before.dispatch_fallbacks,
             Ordering::Relaxed,
         );
     }
     r
-}
-
-/// The exit report's dispatch line (FASTWAKE_VERBOSE=1).
-pub fn report() {
-    let w = WAITS.load(Ordering::Relaxed);
-    if w == 0 {
-        return;
-    }
-    crate::diag(&format!(
-        "pid={} dispatch_waits={} handoffs={} fallbacks={}",
-        std::process::id(),
-        w,
-        HANDOFFS.load(Ordering::Relaxed),
-        FALLBACKS.load(Ordering::Relaxed)
-    ));
 }

@@ -6,6 +6,7 @@
 
 use crate::real::Sym;
 use crate::{peer, wait};
+use fastwake::preload_stats::{Call, Pass};
 use libc::epoll_event;
 use std::ffi::{c_int, c_long};
 
@@ -83,6 +84,7 @@ pub unsafe extern "C" fn epoll_wait(
     // SAFETY: `a` is the address dlsym returned for this very symbol.
     let real: EpollWaitFn = unsafe { std::mem::transmute(a) };
     if events.is_null() || maxevents <= 0 {
+        crate::stats::passed(Call::EpollWait, Pass::Other);
         // SAFETY: the caller's arguments, unchanged (the kernel rejects them).
         return unsafe { real(epfd, events, maxevents, timeout) };
     }
@@ -90,9 +92,11 @@ pub unsafe extern "C" fn epoll_wait(
         if crate::config::dispatch()
             && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, timeout)
         {
+            crate::stats::served(Call::EpollWait);
             return n;
         }
         wait::wait(
+            Call::EpollWait,
             wait::ms_to_ns(timeout),
             std::ptr::null(),
             |m| probe(epfd, events, maxevents, m),
@@ -124,6 +128,7 @@ pub unsafe extern "C" fn epoll_pwait(
     // SAFETY: `a` is the address dlsym returned for this very symbol.
     let real: EpollPwaitFn = unsafe { std::mem::transmute(a) };
     if events.is_null() || maxevents <= 0 {
+        crate::stats::passed(Call::EpollPwait, Pass::Other);
         // SAFETY: the caller's arguments, unchanged.
         return unsafe { real(epfd, events, maxevents, timeout, sigmask) };
     }
@@ -133,9 +138,11 @@ pub unsafe extern "C" fn epoll_pwait(
             && crate::config::dispatch()
             && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, timeout)
         {
+            crate::stats::served(Call::EpollPwait);
             return n;
         }
         wait::wait(
+            Call::EpollPwait,
             wait::ms_to_ns(timeout),
             sigmask.cast(),
             |m| probe(epfd, events, maxevents, m),
@@ -203,13 +210,16 @@ pub unsafe extern "C" fn epoll_pwait2(
     let plain = || unsafe { real(epfd, events, maxevents, timeout, sigmask) };
     // SAFETY: the caller\'s timeout argument, which the real call reads too.
     let Ok(timeout_ns) = (unsafe { wait::ts_to_ns(timeout) }) else {
+        crate::stats::passed(Call::EpollPwait2, Pass::Other);
         return plain();
     };
     if events.is_null() || maxevents <= 0 {
+        crate::stats::passed(Call::EpollPwait2, Pass::Other);
         return plain();
     }
     let go = || {
         wait::wait(
+            Call::EpollPwait2,
             timeout_ns,
             sigmask.cast(),
             |m| probe(epfd, events, maxevents, m),

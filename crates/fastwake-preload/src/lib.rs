@@ -43,6 +43,10 @@
 //! module per family of hooked calls: [`epoll`], [`poll`], [`select`],
 //! [`sockets`] (blocking `recv`/`recvfrom`/`recvmsg`/`read`/`accept`),
 //! [`verbs`] (libibverbs: completion channels and the context's CQ ops).
+//!
+//! Counters: [`stats`] (one shared-memory segment per process that
+//! `fastwake stats` reads live; the exit report; `sigaction`/`signal`,
+//! interposed only to keep SIGTERM/SIGINT's report invisible).
 
 pub mod config;
 pub mod dispatch;
@@ -56,6 +60,9 @@ pub mod sockets;
 pub mod sys;
 pub mod verbs;
 pub mod wait;
+
+// Live counters (shared memory), the exit report, SIGTERM/SIGINT.
+pub mod stats;
 
 /// Run a hook body; if it panics (it should not), make the plain call
 /// instead of unwinding into C.
@@ -101,9 +108,10 @@ extern "C" fn init() {
                     dispatch::start();
                 }
                 config::publish(&c);
+                let seg = stats::start(&c);
                 if c.verbose {
                     diag(&format!(
-                        "fastwake {} in {}: mode={} budget={}us cpu_cap={} pid={}",
+                        "fastwake {} in {}: mode={} budget={}us cpu_cap={} pid={}{}",
                         env!("CARGO_PKG_VERSION"),
                         std::env::args_os()
                             .next()
@@ -111,8 +119,15 @@ extern "C" fn init() {
                         c.mode.map_or("off".to_string(), |m| m.to_string()),
                         c.budget.as_micros(),
                         c.cpu_cap,
-                        std::process::id()
+                        std::process::id(),
+                        match &seg {
+                            Ok(Some(path)) => format!(" stats={path}"),
+                            _ => String::new(),
+                        }
                     ));
+                    if let Err(line) = &seg {
+                        diag(line);
+                    }
                 }
             }
             Err(line) => diag(&line),
@@ -133,13 +148,10 @@ fn hooks_resolve() {
 #[unsafe(link_section = ".init_array")]
 static INIT: extern "C" fn() = init;
 
-/// Runs at exit (and at dlclose): the counters, when verbose.
+/// Runs at exit (and at dlclose): the counters, when verbose; the
+/// shared-memory segment goes.
 extern "C" fn fini() {
-    if config::verbose() {
-        let _ = std::panic::catch_unwind(wait::report);
-        let _ = std::panic::catch_unwind(dispatch::report);
-        let _ = std::panic::catch_unwind(verbs::report);
-    }
+    let _ = std::panic::catch_unwind(stats::exit);
 }
 
 #[used]

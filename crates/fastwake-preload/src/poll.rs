@@ -6,6 +6,7 @@
 
 use crate::real::Sym;
 use crate::wait;
+use fastwake::preload_stats::{Call, Pass};
 use libc::{nfds_t, pollfd};
 use std::ffi::c_int;
 
@@ -47,6 +48,7 @@ fn readable_fd(fds: *mut pollfd, nfds: nfds_t) -> Option<c_int> {
 
 fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_int {
     if fds.is_null() || nfds == 0 {
+        crate::stats::passed(Call::Poll, Pass::Other);
         // Nothing to watch: a plain sleep (or EFAULT); the real call does it.
         // SAFETY: the caller's arguments, unchanged.
         return unsafe { real(fds, nfds, timeout) };
@@ -56,9 +58,11 @@ fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_
             && let Some(n) =
                 crate::fds::poll(fds, nfds, timeout, || probe(fds, nfds, std::ptr::null()))
         {
+            crate::stats::served(Call::Poll);
             return n;
         }
         wait::wait(
+            Call::Poll,
             wait::ms_to_ns(timeout),
             std::ptr::null(),
             |m| probe(fds, nfds, m),
@@ -140,13 +144,16 @@ pub unsafe extern "C" fn ppoll(
     let plain = || unsafe { real(fds, nfds, tmo, sigmask) };
     // SAFETY: the caller\'s timeout argument, which the real call reads too.
     let Ok(timeout_ns) = (unsafe { wait::ts_to_ns(tmo) }) else {
+        crate::stats::passed(Call::Ppoll, Pass::Other);
         return plain();
     };
     if fds.is_null() || nfds == 0 {
+        crate::stats::passed(Call::Ppoll, Pass::Other);
         return plain();
     }
     let go = || {
         wait::wait(
+            Call::Ppoll,
             timeout_ns,
             sigmask.cast(),
             |m| probe(fds, nfds, m),

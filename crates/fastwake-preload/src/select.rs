@@ -10,6 +10,7 @@
 
 use crate::real::Sym;
 use crate::wait;
+use fastwake::preload_stats::{Call, Pass};
 use std::ffi::{c_int, c_long};
 
 static SELECT: Sym = Sym::new(c"select");
@@ -183,11 +184,15 @@ pub unsafe extern "C" fn select(
     };
     // Out of the range a copy can hold, nothing to watch, or a bad
     // timeout: the real call handles (or rejects) it.
+    let passed = || {
+        crate::stats::passed(Call::Select, Pass::Other);
+        plain()
+    };
     let Ok(n) = usize::try_from(nfds) else {
-        return plain();
+        return passed();
     };
     if n == 0 || n > WORDS * 64 || sets.iter().all(|s| s.is_null()) {
-        return plain();
+        return passed();
     }
     let orig_ns = if timeout.is_null() {
         None
@@ -195,25 +200,33 @@ pub unsafe extern "C" fn select(
         // SAFETY: a non-null timeval of the caller.
         let tv = unsafe { timeout.read() };
         if tv.tv_sec < 0 || !(0..1_000_000).contains(&tv.tv_usec) {
-            return plain();
+            return passed();
         }
         Some(tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1_000)
     };
     let go = || {
         let t0 = fastwake::cpu::monotonic_ns();
-        let r = intercept(nfds, sets, n, orig_ns, std::ptr::null(), |left| {
-            if let Some(ns) = left {
-                let us = ns.div_ceil(1_000);
-                // SAFETY: non-null whenever there is time left.
-                unsafe {
-                    timeout.write(libc::timeval {
-                        tv_sec: (us / 1_000_000) as _,
-                        tv_usec: (us % 1_000_000) as _,
-                    })
-                };
-            }
-            plain()
-        });
+        let r = intercept(
+            Call::Select,
+            nfds,
+            sets,
+            n,
+            orig_ns,
+            std::ptr::null(),
+            |left| {
+                if let Some(ns) = left {
+                    let us = ns.div_ceil(1_000);
+                    // SAFETY: non-null whenever there is time left.
+                    unsafe {
+                        timeout.write(libc::timeval {
+                            tv_sec: (us / 1_000_000) as _,
+                            tv_usec: (us % 1_000_000) as _,
+                        })
+                    };
+                }
+                plain()
+            },
+        );
         // Report the time not slept, as Linux's select does (the real
         // call did too when it ran; this differs only by the return path).
         if let Some(o) = orig_ns {
@@ -235,6 +248,7 @@ pub unsafe extern "C" fn select(
 /// through the engine, the caller's sets put back before every look and
 /// before `real(left)`, the real call with what is left of the timeout.
 fn intercept(
+    call: Call,
     nfds: c_int,
     sets: [*mut libc::fd_set; 3],
     n: usize,
@@ -255,6 +269,7 @@ fn intercept(
         None
     };
     if let Some(r) = dispatched {
+        crate::stats::served(call);
         if r < 0 {
             // Like select on an error (EINTR included): the sets as the
             // caller passed them, not the last look's result. (Plain
@@ -264,6 +279,7 @@ fn intercept(
         r
     } else {
         wait::wait(
+            call,
             orig_ns,
             mask,
             |m| probe(nfds, &saved, m),
@@ -299,25 +315,36 @@ pub unsafe extern "C" fn pselect(
     // SAFETY: the caller's arguments, unchanged.
     let plain = || unsafe { real(nfds, readfds, writefds, exceptfds, timeout, sigmask) };
     let Ok(n) = usize::try_from(nfds) else {
+        crate::stats::passed(Call::Pselect, Pass::Other);
         return plain();
     };
     // SAFETY: the caller\'s timeout argument, which the real call reads too.
     let Ok(orig_ns) = (unsafe { wait::ts_to_ns(timeout) }) else {
+        crate::stats::passed(Call::Pselect, Pass::Other);
         return plain();
     };
     if n == 0 || n > WORDS * 64 || sets.iter().all(|s| s.is_null()) {
+        crate::stats::passed(Call::Pselect, Pass::Other);
         return plain();
     }
     let go = || {
-        intercept(nfds, sets, n, orig_ns, sigmask.cast(), |left| match left {
-            None => plain(),
-            Some(ns) => {
-                let ts = wait::ns_to_ts(ns);
-                // SAFETY: the caller's sets (put back) with what is left
-                // of the timeout, exact to the nanosecond.
-                unsafe { real(nfds, readfds, writefds, exceptfds, &ts, sigmask) }
-            }
-        })
+        intercept(
+            Call::Pselect,
+            nfds,
+            sets,
+            n,
+            orig_ns,
+            sigmask.cast(),
+            |left| match left {
+                None => plain(),
+                Some(ns) => {
+                    let ts = wait::ns_to_ts(ns);
+                    // SAFETY: the caller's sets (put back) with what is left
+                    // of the timeout, exact to the nanosecond.
+                    unsafe { real(nfds, readfds, writefds, exceptfds, &ts, sigmask) }
+                }
+            },
+        )
     };
     crate::guarded(go, plain)
 }

@@ -29,6 +29,7 @@
 
 use crate::real::Sym;
 use crate::wait;
+use fastwake::preload_stats::{Call, Pass};
 use fastwake::wait::{Decision, Ending, Facts, Governor, PREEMPTED_NS};
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut as null;
@@ -107,11 +108,6 @@ fn forget(fd: c_int) {
 
 // ------------------------------------------------------------ the wait
 
-/// Spinning applies in this mode (off and interrupt pass through).
-fn active() -> bool {
-    matches!(crate::config::mode(), Some(m) if m != fastwake::WaitMode::Interrupt)
-}
-
 /// A blocking socket call on `fd` with `flags` (0 for read/accept): spin
 /// before `real` when it would block, else just `real`. `now`, where the
 /// call has one, is the same call with `MSG_DONTWAIT` added (a raw
@@ -119,12 +115,21 @@ fn active() -> bool {
 /// shim, which matters for the event loops that read ready non-blocking
 /// sockets through these functions; its EAGAIN says "would block".
 fn blocking(
+    call: Call,
     fd: c_int,
     flags: c_int,
     now: Option<&dyn Fn() -> isize>,
     real: impl FnOnce() -> isize,
 ) -> isize {
-    if flags & libc::MSG_DONTWAIT != 0 || !active() || !is_socket(fd) {
+    let pass = match crate::config::mode() {
+        None => Some(Pass::ModeOff),
+        Some(fastwake::WaitMode::Interrupt) => Some(Pass::Interrupt),
+        Some(_) if flags & libc::MSG_DONTWAIT != 0 => Some(Pass::NonBlocking),
+        Some(_) if !is_socket(fd) => Some(Pass::NotSocket),
+        Some(_) => None,
+    };
+    if let Some(why) = pass {
+        crate::stats::passed(call, why);
         return real();
     }
     // MSG_WAITALL waits for the whole length, which a non-blocking try
@@ -135,7 +140,7 @@ fn blocking(
         || {
             wait::with_governor(|gov, peer| {
                 let r = real.take()?;
-                Some(engine(gov, peer, fd, now, r))
+                Some(engine(gov, peer, call, fd, now, r))
             })
             .flatten()
         },
@@ -143,7 +148,10 @@ fn blocking(
     );
     match (done, real.take()) {
         (Some(n), _) => n,
-        (None, Some(real)) => real(),
+        (None, Some(real)) => {
+            crate::stats::passed(call, Pass::Busy);
+            real()
+        }
         // The engine took `real` and then panicked (it does not): the
         // call was made or not, unknown; say interrupted, which every
         // caller of a blocking call must handle.
@@ -215,6 +223,7 @@ fn interrupts(signals: u64, has_timeout: bool) -> bool {
 fn engine(
     gov: &mut Governor,
     peer_cpu: Option<u32>,
+    call: Call,
     fd: c_int,
     now: Option<&dyn Fn() -> isize>,
     real: impl FnOnce() -> isize,
@@ -223,10 +232,12 @@ fn engine(
         Some(try_now) => {
             let n = try_now();
             if n >= 0 || wait::errno() != libc::EAGAIN {
+                crate::stats::served(call);
                 return n;
             }
             // Would block; a non-blocking socket's call returns that.
             if nonblocking(fd) {
+                crate::stats::passed(call, Pass::NonBlocking);
                 wait::set_errno(libc::EAGAIN);
                 return -1;
             }
@@ -234,11 +245,19 @@ fn engine(
         // Data (or a connection, or EOF) already there: the real call
         // returns at once. A look that handled a signal (EINTR) is a
         // signal handled just before the plain call: make the call.
-        None if look(fd) != 0 || nonblocking(fd) => return real(),
+        None if look(fd) != 0 => {
+            crate::stats::served(call);
+            return real();
+        }
+        None if nonblocking(fd) => {
+            crate::stats::passed(call, Pass::NonBlocking);
+            return real();
+        }
         None => {}
     }
+    crate::stats::served(call);
     let timeout_ns = rcvtimeo_ns(fd);
-    wait::count(&wait::STATS.waits, 1);
+    wait::count(|e| &e.waits, 1);
     let t0 = fastwake::cpu::monotonic_ns();
     let cpu = fastwake::cpu::current();
     let facts = Facts {
@@ -251,7 +270,7 @@ fn engine(
     wait::count_why(why);
     let mut ending = Ending::at(t0, 0, true);
     if let Decision::Spin(budget) = decision {
-        wait::count(&wait::STATS.spins, 1);
+        wait::count(|e| &e.spins, 1);
         let block: u64 = !wait::NEVER_BLOCK;
         let mut old: u64 = 0;
         wait::sigmask(libc::SIG_SETMASK, &block, &mut old);
@@ -281,7 +300,7 @@ fn engine(
         wait::sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         ending.now_ns = fastwake::cpu::monotonic_ns();
         ending.spun_ns = ending.now_ns.wrapping_sub(t0);
-        wait::count(&wait::STATS.spin_ns, ending.spun_ns);
+        wait::count(|e| &e.spin_ns, ending.spun_ns);
         if eintr {
             ending.slept = false;
             gov.end(ending);
@@ -289,7 +308,7 @@ fn engine(
             return -1;
         }
         if n > 0 {
-            wait::count(&wait::STATS.spin_hits, 1);
+            wait::count(|e| &e.spin_hits, 1);
             ending.slept = false;
             gov.end(ending);
             return real();
@@ -308,7 +327,7 @@ fn engine(
     // Block in the real call (for the whole SO_RCVTIMEO, if one is set:
     // the call cannot be given less, so such a wait is at most one spin
     // budget longer than without the shim).
-    wait::count(&wait::STATS.blocked, 1);
+    wait::count(|e| &e.blocked, 1);
     let asleep = gov.blocking(cpu);
     let r = real();
     drop(asleep);
@@ -401,6 +420,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_
     match real_fn!(RECV, RecvFn) {
         // SAFETY: the caller's arguments, unchanged.
         Some(f) => blocking(
+            Call::Recv,
             fd,
             flags,
             Some(&|| recvfrom_now(fd, buf, len, flags, null(), null())),
@@ -424,6 +444,7 @@ pub unsafe extern "C" fn recvfrom(
     match real_fn!(RECVFROM, RecvFromFn) {
         // SAFETY: the caller's arguments, unchanged.
         Some(f) => blocking(
+            Call::Recvfrom,
             fd,
             flags,
             Some(&|| recvfrom_now(fd, buf, len, flags, addr, addrlen)),
@@ -440,6 +461,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
     match real_fn!(RECVMSG, RecvMsgFn) {
         // SAFETY: the caller's arguments, unchanged.
         Some(f) => blocking(
+            Call::Recvmsg,
             fd,
             flags,
             Some(&|| recvmsg_now(fd, msg, flags)),
@@ -456,6 +478,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: usize) -> isiz
     match real_fn!(READ, ReadFn) {
         // SAFETY: the caller's arguments, unchanged.
         Some(f) => blocking(
+            Call::Read,
             fd,
             0,
             Some(&|| recvfrom_now(fd, buf, count, 0, null(), null())),
@@ -475,7 +498,13 @@ pub unsafe extern "C" fn accept(
 ) -> c_int {
     match real_fn!(ACCEPT, AcceptFn) {
         // SAFETY: the caller's arguments, unchanged.
-        Some(f) => blocking(fd, 0, None, || unsafe { f(fd, addr, addrlen) } as isize) as c_int,
+        Some(f) => blocking(
+            Call::Accept,
+            fd,
+            0,
+            None,
+            || unsafe { f(fd, addr, addrlen) } as isize,
+        ) as c_int,
         None => enosys() as c_int,
     }
 }
@@ -492,8 +521,13 @@ pub unsafe extern "C" fn accept4(
 ) -> c_int {
     match real_fn!(ACCEPT4, Accept4Fn) {
         // SAFETY: the caller's arguments, unchanged.
-        Some(f) => blocking(fd, 0, None, || unsafe { f(fd, addr, addrlen, flags) }
-            as isize) as c_int,
+        Some(f) => blocking(
+            Call::Accept4,
+            fd,
+            0,
+            None,
+            || unsafe { f(fd, addr, addrlen, flags) } as isize,
+        ) as c_int,
         None => enosys() as c_int,
     }
 }
@@ -511,6 +545,7 @@ pub unsafe extern "C" fn __recv_chk(
     match (real_fn!(RECV, RecvFn), real_fn!(RECV_CHK, RecvChkFn)) {
         // SAFETY: the caller's arguments, unchanged; within the buffer.
         (Some(f), _) if len <= buflen => blocking(
+            Call::Recv,
             fd,
             flags,
             Some(&|| recvfrom_now(fd, buf, len, flags, null(), null())),
@@ -542,6 +577,7 @@ pub unsafe extern "C" fn __recvfrom_chk(
         (Some(f), _) if len <= buflen => {
             // SAFETY: the caller's arguments, unchanged; within the buffer.
             blocking(
+                Call::Recvfrom,
                 fd,
                 flags,
                 Some(&|| recvfrom_now(fd, buf, len, flags, addr, addrlen)),
@@ -566,6 +602,7 @@ pub unsafe extern "C" fn __read_chk(
     match (real_fn!(READ, ReadFn), real_fn!(READ_CHK, ReadChkFn)) {
         // SAFETY: the caller's arguments, unchanged; within the buffer.
         (Some(f), _) if nbytes <= buflen => blocking(
+            Call::Read,
             fd,
             0,
             Some(&|| recvfrom_now(fd, buf, nbytes, 0, null(), null())),

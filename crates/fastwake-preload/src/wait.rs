@@ -19,10 +19,11 @@
 //!   handler that polls) passes through.
 
 use crate::config;
+use fastwake::preload_stats::{Call, Engine, Pass};
 use fastwake::wait::{Decision, Ending, Facts, Governor, PREEMPTED_NS, Why};
 use std::cell::RefCell;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 /// Sample the peer's CPU on one wait in this many.
 const SAMPLE_EVERY: u32 = 16;
@@ -98,47 +99,22 @@ fn sample(ready_fd: impl FnOnce() -> Option<c_int>) {
     });
 }
 
-/// Count what the governor decided (FASTWAKE_VERBOSE=1).
+/// Count what the governor decided.
 pub fn count_why(why: Why) {
     use fastwake::adaptive::Reason;
     match why {
-        Why::SameCpu | Why::Learned(Reason::SameCpu) => count(&STATS.same_cpu, 1),
-        Why::Siblings | Why::Learned(Reason::Siblings) => count(&STATS.siblings, 1),
-        Why::Contended | Why::Learned(Reason::Contended) => count(&STATS.contended, 1),
-        Why::Capped | Why::Learned(Reason::Cap) => count(&STATS.capped, 1),
+        Why::SameCpu | Why::Learned(Reason::SameCpu) => count(|e| &e.same_cpu, 1),
+        Why::Siblings | Why::Learned(Reason::Siblings) => count(|e| &e.siblings, 1),
+        Why::Contended | Why::Learned(Reason::Contended) => count(|e| &e.contended, 1),
+        Why::Capped | Why::Learned(Reason::Cap) => count(|e| &e.capped, 1),
         _ => {}
     }
 }
 
-/// Counters, kept only when FASTWAKE_VERBOSE=1.
-pub struct Stats {
-    pub waits: AtomicU64,
-    pub spins: AtomicU64,
-    pub spin_hits: AtomicU64,
-    pub spin_ns: AtomicU64,
-    pub same_cpu: AtomicU64,
-    pub capped: AtomicU64,
-    pub contended: AtomicU64,
-    pub blocked: AtomicU64,
-    pub siblings: AtomicU64,
-}
-
-pub static STATS: Stats = Stats {
-    waits: AtomicU64::new(0),
-    spins: AtomicU64::new(0),
-    spin_hits: AtomicU64::new(0),
-    spin_ns: AtomicU64::new(0),
-    same_cpu: AtomicU64::new(0),
-    capped: AtomicU64::new(0),
-    contended: AtomicU64::new(0),
-    blocked: AtomicU64::new(0),
-    siblings: AtomicU64::new(0),
-};
-
-pub(crate) fn count(c: &AtomicU64, n: u64) {
-    if config::verbose() {
-        c.fetch_add(n, Ordering::Relaxed);
-    }
+/// Add `n` to the engine counter `f` picks (`crate::stats`: live
+/// counters in shared memory).
+pub(crate) fn count(f: impl FnOnce(&Engine) -> &AtomicU64, n: u64) {
+    crate::stats::add(|s| f(&s.engine), n);
 }
 
 pub(crate) fn sigmask(how: c_int, set: *const u64, old: *mut u64) {
@@ -160,7 +136,8 @@ pub(crate) fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
-/// One intercepted wait.
+/// One intercepted wait of a call of kind `call` (counted as served or
+/// passed through, and why).
 ///
 /// - `probe(mask)`: the wait with a zero timeout, run with kernel sigmask
 ///   `mask` (null: leave the mask alone); returns like libc (n, or -1 with
@@ -174,6 +151,7 @@ pub(crate) fn set_errno(e: c_int) {
 ///   be a socket (for the peer-CPU sample).
 /// - `user_mask`: the sigmask the caller passed (epoll_pwait), or null.
 pub fn wait(
+    call: Call,
     timeout: Option<u64>,
     user_mask: *const u64,
     mut probe: impl FnMut(*const u64) -> c_int,
@@ -181,7 +159,14 @@ pub fn wait(
     ready_fd: impl FnOnce() -> Option<c_int>,
 ) -> c_int {
     // Interrupt mode is the kernel's own wait, and a zero timeout a look.
-    if timeout == Some(0) || matches!(config::mode(), None | Some(fastwake::WaitMode::Interrupt)) {
+    let pass = match config::mode() {
+        None => Some(Pass::ModeOff),
+        Some(fastwake::WaitMode::Interrupt) => Some(Pass::Interrupt),
+        Some(_) if timeout == Some(0) => Some(Pass::ZeroTimeout),
+        Some(_) => None,
+    };
+    if let Some(why) = pass {
+        crate::stats::passed(call, why);
         return real(None);
     }
     let mut real = Some(real);
@@ -192,10 +177,14 @@ pub fn wait(
     .flatten();
     let n = match (done, real.take()) {
         (Some(n), _) => n,
-        (None, Some(real)) => return real(None),
+        (None, Some(real)) => {
+            crate::stats::passed(call, Pass::Busy);
+            return real(None);
+        }
         // Not reachable: `real` is taken only on the way into the engine.
         (None, None) => return real_unreachable(),
     };
+    crate::stats::served(call);
     if n > 0 {
         sample(ready_fd);
     }
@@ -216,7 +205,7 @@ fn engine(
     probe: &mut impl FnMut(*const u64) -> c_int,
     real: impl FnOnce(Option<u64>) -> c_int,
 ) -> c_int {
-    count(&STATS.waits, 1);
+    count(|e| &e.waits, 1);
     // First look: exactly the plain call with a zero timeout. A signal
     // handled around it is indistinguishable from one handled just before
     // or after the plain call.
@@ -238,7 +227,7 @@ fn engine(
     let mut ending = Ending::at(t0, 0, true);
     let left = match decision {
         Decision::Spin(budget) => {
-            count(&STATS.spins, 1);
+            count(|e| &e.spins, 1);
             let block: u64 = !NEVER_BLOCK;
             let mut old: u64 = 0;
             sigmask(libc::SIG_SETMASK, &block, &mut old);
@@ -264,10 +253,10 @@ fn engine(
             set_errno(e);
             ending.now_ns = fastwake::cpu::monotonic_ns();
             ending.spun_ns = ending.now_ns.wrapping_sub(t0);
-            count(&STATS.spin_ns, ending.spun_ns);
+            count(|e| &e.spin_ns, ending.spun_ns);
             if n != 0 {
                 if n > 0 {
-                    count(&STATS.spin_hits, 1);
+                    count(|e| &e.spin_hits, 1);
                 }
                 ending.slept = false;
                 ending.failed = n < 0;
@@ -287,7 +276,7 @@ fn engine(
         }
         Decision::Dispatch | Decision::Block => None,
     };
-    count(&STATS.blocked, 1);
+    count(|e| &e.blocked, 1);
     let asleep = gov.blocking(cpu);
     let r = real(left);
     drop(asleep);
@@ -342,27 +331,4 @@ pub fn ms_left(orig: c_int, left: Option<u64>) -> c_int {
         None => orig,
         Some(ns) => ns.div_ceil(1_000_000).min(c_int::MAX as u64) as c_int,
     }
-}
-
-/// Print the counters (FASTWAKE_VERBOSE=1), at exit.
-pub fn report() {
-    let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let s = &STATS;
-    // Helper processes that never waited (shell wrappers, …) stay quiet.
-    if l(&s.waits) == 0 && l(&s.spins) == 0 {
-        return;
-    }
-    crate::diag(&format!(
-        "pid={} waits={} spins={} spin_hits={} spin_ms={:.3} blocked={} same_cpu_skips={} sibling_skips={} capped={} contended={}",
-        std::process::id(),
-        l(&s.waits),
-        l(&s.spins),
-        l(&s.spin_hits),
-        l(&s.spin_ns) as f64 / 1e6,
-        l(&s.blocked),
-        l(&s.same_cpu),
-        l(&s.siblings),
-        l(&s.capped),
-        l(&s.contended)
-    ));
 }

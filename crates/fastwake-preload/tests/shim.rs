@@ -12,7 +12,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{child, counter, pin};
+use common::{SPIN, child, counter, pin, shim};
+use std::path::PathBuf;
+use std::process::Command;
 
 const HYBRID: &[(&str, &str)] = &[("FASTWAKE_MODE", "hybrid"), ("FASTWAKE_BUDGET_US", "200")];
 
@@ -732,27 +734,52 @@ fn dispatch_mode_hands_off() {
 
 // ------------------------------------------------- threads sharing a CPU
 
-#[test]
-#[ignore = "child scenario, run by no_spin_while_a_sibling_waits_on_the_cpu"]
-fn child_siblings() {
-    // Two threads of this process wait on CPU 1; the second one to start
-    // waiting finds the first there and must not spin (when the first
-    // one's data comes, it needs the CPU).
+/// Two threads of this process wait on CPU 1, A first, then B. With
+/// `due`, A has just had short blocked waits (about 0.8 ms each), so its
+/// wait is due and B, finding it there, must not spin (A's data would
+/// need the CPU B's spin holds). Without, A sleeps as a listener does
+/// (no short waits behind it) and B spins as if alone.
+fn siblings(due: bool) {
     let (ra, wa) = pipe();
     let (rb, wb) = pipe();
     let epa = epoll_with(&[ra.as_raw_fd()]);
     let epb = epoll_with(&[rb.as_raw_fd()]);
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    // How many waits A has begun.
+    let begun = std::sync::Arc::new(AtomicUsize::new(0));
+    let b2 = begun.clone();
+    let ra2 = ra.try_clone().unwrap();
+    let short = if due { 6 } else { 0 };
     let a = std::thread::spawn(move || {
         pin(1);
+        for _ in 0..short {
+            b2.fetch_add(1, SeqCst);
+            assert_eq!(ewait(&epa, 2_000).0, 1);
+            let mut b = [0u8; 1];
+            // SAFETY: a live one-byte buffer.
+            unsafe { libc::read(ra2.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+        }
+        b2.fetch_add(1, SeqCst);
         ewait(&epa, 2_000).0
     });
-    std::thread::sleep(Duration::from_millis(20));
+    pin(0);
+    for i in 0..=short {
+        while begun.load(SeqCst) <= i {
+            std::thread::yield_now();
+        }
+        if i < short {
+            std::thread::sleep(Duration::from_micros(800));
+            write1(&wa);
+        }
+    }
+    // A spins its 200 µs budget, then blocks; B starts after that and well
+    // inside twice A's usual wait.
+    std::thread::sleep(Duration::from_micros(if due { 500 } else { 20_000 }));
     let b = std::thread::spawn(move || {
         pin(1);
         ewait(&epb, 2_000).0
     });
     std::thread::sleep(Duration::from_millis(20));
-    pin(0);
     write1(&wa);
     assert_eq!(a.join().unwrap(), 1);
     write1(&wb);
@@ -761,18 +788,55 @@ fn child_siblings() {
 }
 
 #[test]
-fn no_spin_while_a_sibling_waits_on_the_cpu() {
+#[ignore = "child scenario, run by no_spin_while_a_due_sibling_waits_on_the_cpu"]
+fn child_due_sibling() {
+    siblings(true);
+}
+
+#[test]
+#[ignore = "child scenario, run by a_long_sleeping_sibling_does_not_stop_a_spin"]
+fn child_long_sibling() {
+    siblings(false);
+}
+
+fn two_cpus(name: &str) -> bool {
     // SAFETY: sysconf has no preconditions.
-    if unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } < 2 {
-        eprintln!("SKIPPED no_spin_while_a_sibling_waits_on_the_cpu: needs 2 CPUs");
+    let ok = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } >= 2;
+    if !ok {
+        eprintln!("SKIPPED {name}: needs 2 CPUs");
+    }
+    ok
+}
+
+#[test]
+fn no_spin_while_a_due_sibling_waits_on_the_cpu() {
+    if !two_cpus("no_spin_while_a_due_sibling_waits_on_the_cpu") {
         return;
     }
-    let Some(out) = child("child_siblings", HYBRID) else {
+    let Some(out) = child("child_due_sibling", HYBRID) else {
         return;
     };
     assert!(
         counter(&out, "sibling_skips") > 0,
-        "the second waiter on CPU 1 spun:\n{}",
+        "the second waiter on CPU 1 spun next to a due sibling:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The listener case (issue 14): a thread asleep with no short waits
+/// behind it must not switch spinning off for its CPU.
+#[test]
+fn a_long_sleeping_sibling_does_not_stop_a_spin() {
+    if !two_cpus("a_long_sleeping_sibling_does_not_stop_a_spin") {
+        return;
+    }
+    let Some(out) = child("child_long_sibling", HYBRID) else {
+        return;
+    };
+    assert_eq!(
+        counter(&out, "sibling_skips"),
+        0,
+        "a waiter skipped its spin for a long-sleeping sibling:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -812,4 +876,337 @@ fn an_idle_dispatched_wait_costs_little_cpu() {
         return;
     };
     assert!(counter(&out, "dispatch_waits") >= 2);
+}
+
+// ------------------------------------------------- live counters (stats)
+
+/// A shimmed process's segment, mapped read-only as `fastwake stats` maps
+/// it.
+struct Seg {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Seg {
+    fn path(pid: u32) -> Option<PathBuf> {
+        fastwake::preload_stats::dirs()
+            .into_iter()
+            .map(|d| d.join(format!("{}{pid}", fastwake::preload_stats::PREFIX)))
+            .find(|p| p.exists())
+    }
+
+    fn open(pid: u32) -> Option<Seg> {
+        let f = std::fs::File::open(Seg::path(pid)?).ok()?;
+        let len = std::mem::size_of::<fastwake::preload_stats::Segment>();
+        if f.metadata().ok()?.len() < len as u64 {
+            return None;
+        }
+        // SAFETY: a read-only shared mapping of a file at least `len` long.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        let s = Seg { ptr, len };
+        (s.seg()
+            .header
+            .magic
+            .load(std::sync::atomic::Ordering::Acquire)
+            == fastwake::preload_stats::MAGIC
+            && s.seg().header.version == fastwake::preload_stats::VERSION)
+            .then_some(s)
+    }
+
+    fn seg(&self) -> &fastwake::preload_stats::Segment {
+        // SAFETY: a mapping of a whole Segment (checked in `open`).
+        unsafe { &*(self.ptr as *const fastwake::preload_stats::Segment) }
+    }
+
+    /// (served, seen) of `epoll_wait`.
+    fn epoll_wait(&self) -> (u64, u64) {
+        let c = self.seg().call(fastwake::preload_stats::Call::EpollWait);
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let served = l(&c.served);
+        (served, served + c.passed.iter().map(l).sum::<u64>())
+    }
+}
+
+impl Drop for Seg {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// Start scenario `name` under the shim without waiting for it.
+fn spawn_child(name: &str, env: &[(&str, &str)]) -> Option<std::process::Child> {
+    let Some(so) = shim() else {
+        eprintln!("SKIPPED {name}: libfastwake_preload.so not built next to the test binary");
+        return None;
+    };
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--ignored",
+        "--exact",
+        name,
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("LD_PRELOAD", so)
+    .env("FASTWAKE_VERBOSE", "1")
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    Some(c.spawn().expect("spawn child"))
+}
+
+/// Wait up to 5 s for `pid`'s segment.
+fn wait_for_segment(pid: u32) -> Seg {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = Seg::open(pid) {
+            return s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "no segment for pid {pid}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+#[ignore = "child scenario, run by live_counters_rise_and_the_segment_goes_at_exit"]
+fn child_stats_live() {
+    let (r, _w) = pipe();
+    let ep = epoll_with(&[r.as_raw_fd()]);
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(1500) {
+        assert_eq!(ewait(&ep, 2).0, 0);
+    }
+}
+
+#[test]
+fn live_counters_rise_and_the_segment_goes_at_exit() {
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(c) = spawn_child("child_stats_live", HYBRID) else {
+        return;
+    };
+    let pid = c.id();
+    let seg = wait_for_segment(pid);
+    assert_eq!(seg.seg().header.pid, pid);
+    assert_eq!(
+        fastwake::preload_stats::field_str(&seg.seg().header.mode),
+        "hybrid:200us"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let (a, _) = seg.epoll_wait();
+    std::thread::sleep(Duration::from_millis(300));
+    let (b, seen) = seg.epoll_wait();
+    assert!(a > 0 && b > a, "epoll_wait served {a} then {b}: not rising");
+    assert!(seen >= b);
+    let out = c.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        Seg::path(pid).is_none(),
+        "segment of {pid} left after a normal exit"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("pid={pid} mode=hybrid:200us calls:"))
+            && err.contains(" epoll_wait seen="),
+        "{err}"
+    );
+}
+
+#[test]
+#[ignore = "child scenario, run by sigterm_prints_the_report_and_still_kills"]
+fn child_sigterm_wait() {
+    let (r, _w) = pipe();
+    let ep = epoll_with(&[r.as_raw_fd()]);
+    for _ in 0..10 {
+        assert_eq!(ewait(&ep, 1).0, 0);
+    }
+    // The program still reads SIG_DFL (the shim's handler is invisible).
+    // SAFETY: a query into a zeroed sigaction.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a query into a live sigaction.
+    let r = unsafe { libc::sigaction(libc::SIGTERM, std::ptr::null(), &mut old) };
+    assert_eq!(r, 0);
+    assert_eq!(old.sa_sigaction, libc::SIG_DFL);
+    println!("ready");
+    ewait(&ep, -1);
+    unreachable!("the pipe is never written");
+}
+
+#[test]
+fn sigterm_prints_the_report_and_still_kills() {
+    use std::os::unix::process::ExitStatusExt;
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(c) = spawn_child("child_sigterm_wait", HYBRID) else {
+        return;
+    };
+    let pid = c.id();
+    let seg = wait_for_segment(pid);
+    let t = Instant::now();
+    while seg.epoll_wait().0 < 10 {
+        assert!(t.elapsed() < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    let out = c.wait_with_output().unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "pid={pid} mode=hybrid:200us calls: epoll_wait seen=10 served=10"
+        )),
+        "no exit report:\n{err}"
+    );
+    assert!(
+        Seg::path(pid).is_none(),
+        "segment of {pid} left after SIGTERM"
+    );
+}
+
+static CAUGHT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn note_signal(sig: i32) {
+    CAUGHT.store(sig, std::sync::atomic::Ordering::SeqCst);
+}
+
+#[test]
+#[ignore = "child scenario, run by the_programs_own_handlers_replace_the_shims"]
+fn child_own_handlers() {
+    let h = note_signal as extern "C" fn(i32) as libc::sighandler_t;
+    // SAFETY: signal() with a plain handler; it must report SIG_DFL.
+    assert_eq!(unsafe { libc::signal(libc::SIGINT, h) }, libc::SIG_DFL);
+    // SAFETY: raising a handled signal.
+    unsafe { libc::raise(libc::SIGINT) };
+    assert_eq!(
+        CAUGHT.load(std::sync::atomic::Ordering::SeqCst),
+        libc::SIGINT
+    );
+    // SAFETY: a zeroed sigaction naming the handler; `old` is written.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = h;
+    // SAFETY: as above.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    old.sa_sigaction = 12345;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::sigaction(libc::SIGTERM, &act, &mut old) }, 0);
+    assert_eq!(old.sa_sigaction, libc::SIG_DFL);
+    // SAFETY: raising a handled signal.
+    unsafe { libc::raise(libc::SIGTERM) };
+    assert_eq!(
+        CAUGHT.load(std::sync::atomic::Ordering::SeqCst),
+        libc::SIGTERM
+    );
+    // Now the query reports the program's own handler.
+    // SAFETY: a query into a live sigaction.
+    let r = unsafe { libc::sigaction(libc::SIGTERM, std::ptr::null(), &mut old) };
+    assert_eq!(r, 0);
+    assert_eq!(old.sa_sigaction, h);
+}
+
+#[test]
+fn the_programs_own_handlers_replace_the_shims() {
+    child("child_own_handlers", HYBRID);
+}
+
+#[test]
+fn the_exit_report_says_when_nothing_was_intercepted() {
+    let Some(so) = shim() else {
+        eprintln!("SKIPPED: libfastwake_preload.so not built next to the test binary");
+        return;
+    };
+    // `true` makes no hooked call at all.
+    let out = Command::new("true")
+        .env("LD_PRELOAD", &so)
+        .env("FASTWAKE_MODE", "hybrid")
+        .env("FASTWAKE_VERBOSE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "mode=hybrid: no waits intercepted: no hooked call was made (hooked: epoll_wait"
+        ),
+        "{err}"
+    );
+    // Mode off: the calls made are named, with why they passed through.
+    let out = child("child_zero_timeout", &[("FASTWAKE_MODE", "off")]).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("mode=off: no waits intercepted; calls seen:")
+            && err.contains("epoll_wait seen=")
+            && err.contains("(mode_off="),
+        "{err}"
+    );
+}
+
+#[test]
+#[ignore = "child scenario, run by a_forked_child_gets_its_own_segment"]
+fn child_fork_segment() {
+    let me = std::process::id();
+    let parent = Seg::open(me).expect("the parent's segment");
+    let (r, _w) = pipe();
+    let ep = epoll_with(&[r.as_raw_fd()]);
+    for _ in 0..5 {
+        ewait(&ep, 1);
+    }
+    let before = parent.epoll_wait().0;
+    assert!(before >= 5);
+    // SAFETY: fork; the child only waits, checks and exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let me = std::process::id();
+        let ok = (|| {
+            let own = Seg::open(me)?;
+            let fresh = own.seg().header.pid == me && own.epoll_wait().0 == 0;
+            for _ in 0..3 {
+                ewait(&ep, 1);
+            }
+            let counted = own.epoll_wait().0 == 3;
+            Some(fresh && counted)
+        })();
+        // exit, not _exit: the destructor removes the child's segment.
+        // SAFETY: ends the child.
+        unsafe { libc::exit(if ok == Some(true) { 0 } else { 1 }) };
+    }
+    let mut st = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "the child's own segment was missing or wrong ({st})"
+    );
+    assert_eq!(
+        parent.epoll_wait().0,
+        before,
+        "the child counted into the parent's segment"
+    );
+    assert!(
+        Seg::path(pid as u32).is_none(),
+        "the child's segment was left behind"
+    );
+}
+
+#[test]
+fn a_forked_child_gets_its_own_segment() {
+    child("child_fork_segment", HYBRID);
 }

@@ -27,6 +27,8 @@
 //! - [`affinity`]: completion-vector / IRQ placement for RDMA CQs.
 //! - [`grammar`]: the value forms (durations, CPU shares) every front end
 //!   parses options with.
+//! - [`preload_stats`]: the shared-memory layout of the preload shim's live
+//!   counters (written by the shim, read by `fastwake stats`).
 //! - [`Fail`]: the error type.
 //!
 //! Examples (`cargo run --release --example NAME`): `pingpong` (any wait
@@ -42,6 +44,7 @@ pub mod cpu;
 pub mod dispatch;
 mod error;
 pub mod grammar;
+pub mod preload_stats;
 pub mod source;
 mod sync;
 pub mod wait;

@@ -113,45 +113,82 @@ fn poll_with_deadline_returns_none() {
     assert!(r.is_none());
 }
 
-/// A hybrid wait does not spin while another thread of the process sleeps
-/// in a wait on the same CPU (its completion would need the CPU the spin
-/// holds); alone on the CPU, it spins.
-#[test]
-fn hybrid_does_not_spin_while_a_sibling_sleeps_on_its_cpu() {
+/// A on `cpu` in interrupt mode: `short` quick waits (~0.8 ms each, so
+/// its wait counts as due for the sibling rule), then one that sleeps
+/// until the caller sends once more. Returns once that last wait has
+/// begun.
+fn sleeper_on(
+    cpu: u32,
+    short: usize,
+    mut rx: channel::Receiver,
+    tx: &mut channel::Sender,
+) -> std::thread::JoinHandle<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    // How many waits A has begun.
+    let begun = std::sync::Arc::new(AtomicUsize::new(0));
+    let b = begun.clone();
+    let a = std::thread::spawn(move || {
+        fastwake::cpu::pin(cpu).unwrap();
+        let mut w = Waiter::new(WaitMode::Interrupt);
+        for _ in 0..=short {
+            b.fetch_add(1, SeqCst);
+            w.wait_timeout(&mut rx, Duration::from_secs(5))
+                .unwrap()
+                .expect("delivered");
+        }
+    });
+    for i in 0..=short {
+        while begun.load(SeqCst) <= i {
+            std::thread::yield_now();
+        }
+        if i < short {
+            // A is (about to be) asleep: wake it after ~0.8 ms.
+            std::thread::sleep(Duration::from_micros(800));
+            tx.send(1, b"").unwrap();
+        }
+    }
+    a
+}
+
+fn hybrid_wait_next_to(short: usize) -> fastwake::wait::WaitStats {
     let cpu = common::two_cpus().1;
-    let (mut tx_a, mut rx_a) = channel::channel(Config::default()).unwrap();
+    let (mut tx_a, rx_a) = channel::channel(Config::default()).unwrap();
     let (mut tx_b, mut rx_b) = channel::channel(Config::default()).unwrap();
-    let hybrid_wait = move |rx: &mut channel::Receiver| {
+    let a = sleeper_on(cpu, short, rx_a, &mut tx_a);
+    // A's last wait has begun: B plans after A is asleep, and well within
+    // twice A's usual wait.
+    std::thread::sleep(Duration::from_micros(300));
+    let b = std::thread::spawn(move || {
         fastwake::cpu::pin(cpu).unwrap();
         let mut w = Waiter::new(WaitMode::Hybrid {
             budget: Duration::from_micros(200),
         });
-        w.wait_timeout(rx, Duration::from_secs(5))
+        w.wait_timeout(&mut rx_b, Duration::from_secs(5))
             .unwrap()
             .expect("delivered");
         w.stats()
-    };
-    // A sleeps in interrupt mode on `cpu` until we send to it.
-    let a = std::thread::spawn(move || {
-        fastwake::cpu::pin(cpu).unwrap();
-        let mut w = Waiter::new(WaitMode::Interrupt);
-        w.wait_timeout(&mut rx_a, Duration::from_secs(5))
-            .unwrap()
-            .expect("delivered");
     });
     std::thread::sleep(Duration::from_millis(30));
-    let b = std::thread::spawn(move || hybrid_wait(&mut rx_b));
-    std::thread::sleep(Duration::from_millis(30));
     tx_b.send(1, b"").unwrap();
-    let with_sibling = b.join().unwrap();
+    let stats = b.join().unwrap();
     tx_a.send(1, b"").unwrap();
     a.join().unwrap();
-    assert_eq!(with_sibling.spin_skipped_siblings, 1, "{with_sibling:?}");
-    // Alone on the CPU now: the same wait spins first.
-    let (mut tx_c, mut rx_c) = channel::channel(Config::default()).unwrap();
-    let c = std::thread::spawn(move || hybrid_wait(&mut rx_c));
-    std::thread::sleep(Duration::from_millis(30));
-    tx_c.send(1, b"").unwrap();
-    let alone = c.join().unwrap();
-    assert_eq!(alone.spin_skipped_siblings, 0, "{alone:?}");
+    stats
+}
+
+/// A hybrid wait does not spin while another thread of the process sleeps
+/// on the same CPU in a wait that is due (its completion would need the
+/// CPU the spin holds).
+#[test]
+fn hybrid_does_not_spin_while_a_due_sibling_sleeps_on_its_cpu() {
+    let s = hybrid_wait_next_to(6);
+    assert_eq!(s.spin_skipped_siblings, 1, "{s:?}");
+}
+
+/// A sibling asleep with no short waits behind it (a listener between
+/// connections) does not stop the spin.
+#[test]
+fn hybrid_spins_next_to_a_long_sleeping_sibling() {
+    let s = hybrid_wait_next_to(0);
+    assert_eq!(s.spin_skipped_siblings, 0, "{s:?}");
 }

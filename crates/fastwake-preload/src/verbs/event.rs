@@ -27,11 +27,12 @@
 //!    blocking read (with the shim's vector choice at CQ creation).
 
 use super::real::{self, GetCqEventFn};
-use super::stats::{self, STATS};
+use super::stats;
 use super::table::{self, CQS, STASHED};
 use crate::config::mode;
 use crate::wait::with_governor;
 use fastwake::WaitMode;
+use fastwake::preload_stats::{Call, Pass};
 use fastwake::wait::{Decision, Ending, Facts};
 use fastwake_verbs_sys::{ibv_comp_channel, ibv_cq, ibv_wc};
 use std::ffi::{c_int, c_void};
@@ -164,7 +165,7 @@ pub unsafe fn try_event(
 /// A synthetic event for `channel` (see `synthetic`), counted.
 fn synthetic_event(channel: *mut ibv_comp_channel) -> Option<Event> {
     let cq = synthetic(channel)?;
-    stats::add(&STATS.synthetic, 1);
+    stats::add(|s| &s.synthetic, 1);
     // SAFETY: cq is live (a managed CQ just found armed).
     Some((cq, unsafe { (*cq).cq_context }))
 }
@@ -188,7 +189,7 @@ unsafe fn real_event(
     }
     match classify(ev_cq) {
         Real::Deliver => {
-            stats::add(&STATS.real, 1);
+            stats::add(|s| &s.real, 1);
             Ok(Some((ev_cq, ev_ctx)))
         }
         Real::Swallowed => Ok(None),
@@ -247,7 +248,7 @@ fn classify(cq: *mut ibv_cq) -> Real {
         return Real::Deliver;
     }
     st.swallow_next = false;
-    stats::add(&STATS.swallowed, 1);
+    stats::add(|s| &s.swallowed, 1);
     // SAFETY: the shim read this event; acking it once balances it.
     unsafe { real::ack_cq_events()(cq, 1) };
     if st.app_armed {
@@ -279,10 +280,17 @@ pub unsafe fn get_cq_event(
     let m = mode();
     let Some(m) = m.filter(|_| !channel.is_null() && !cq_out.is_null() && !ctx_out.is_null())
     else {
+        let why = if m.is_none() {
+            Pass::ModeOff
+        } else {
+            Pass::Other
+        };
+        crate::stats::passed(Call::IbvGetCqEvent, why);
         // SAFETY: forwarding unchanged.
         return unsafe { real_get(channel, cq_out, ctx_out) };
     };
-    stats::add(&STATS.waits, 1);
+    stats::add(|s| &s.waits, 1);
+    crate::stats::served(Call::IbvGetCqEvent);
     // SAFETY: a live channel (caller's contract).
     let fd = unsafe { (*channel).fd };
     // A non-blocking channel (the program waits in epoll) is looked at
@@ -344,7 +352,7 @@ pub unsafe fn get_cq_event(
         let go_real = !spinning || (spins.is_multiple_of(FD_EVERY) && fd_readable(fd));
         if go_real {
             if !spinning && !blocked {
-                stats::add(&STATS.blocked, 1);
+                stats::add(|s| &s.blocked, 1);
                 blocked = true;
                 if !nb {
                     asleep = with_governor(|g, _| g.blocking(cpu));
@@ -393,7 +401,7 @@ pub unsafe fn ack_cq_events(cq: *mut ibv_cq, n: u32) {
             k
         }
     };
-    stats::add(&STATS.acks_absorbed, (n - fwd) as u64);
+    stats::add(|s| &s.acks_absorbed, (n - fwd) as u64);
     if fwd > 0 {
         // SAFETY: forwarding at most the real events delivered for cq.
         unsafe { real_ack(cq, fwd) };

@@ -32,6 +32,7 @@ pub mod real;
 mod stats;
 pub mod table;
 
+use fastwake::preload_stats::{Call, Pass};
 use fastwake_verbs_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_device};
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -70,11 +71,6 @@ pub fn init() {
     }
 }
 
-/// At exit, when verbose.
-pub fn report() {
-    stats::report();
-}
-
 fn active() -> bool {
     crate::config::mode().is_some()
         && VECTOR.load(Ordering::Relaxed) != VEC_OFF
@@ -105,7 +101,7 @@ fn wrap(ctx: *mut ibv_context, dev: *mut ibv_device) {
     let name = device_name(dev).unwrap_or_default();
     let known = PROVIDERS.iter().any(|p| name.starts_with(p));
     if !known || !understood(ctx) {
-        stats::add(&stats::STATS.ctx_passed, 1);
+        stats::add(|s| &s.ctx_passed, 1);
         if crate::config::verbose() {
             crate::diag(&format!(
                 "verbs: {name}: {}; passed through untouched",
@@ -125,12 +121,12 @@ fn wrap(ctx: *mut ibv_context, dev: *mut ibv_device) {
         return;
     };
     if !table::add_ctx(ctx, poll, notify) {
-        stats::add(&stats::STATS.ctx_passed, 1);
+        stats::add(|s| &s.ctx_passed, 1);
         return;
     }
     ops.poll_cq = Some(ops::poll_cq);
     ops.req_notify_cq = Some(ops::req_notify_cq);
-    stats::add(&stats::STATS.ctx_wrapped, 1);
+    stats::add(|s| &s.ctx_wrapped, 1);
 }
 
 /// # Safety
@@ -214,7 +210,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         cq = unsafe { real(ctx, cqe, cq_context, channel, comp_vector) };
     }
     if !cq.is_null() && !channel.is_null() && table::add_cq(cq, channel, ctx) {
-        stats::add(&stats::STATS.cqs, 1);
+        stats::add(|s| &s.cqs, 1);
     }
     cq
 }
@@ -256,6 +252,12 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         return -1;
     };
     if !active() {
+        let why = if crate::config::mode().is_none() {
+            Pass::ModeOff
+        } else {
+            Pass::Other
+        };
+        crate::stats::passed(Call::IbvGetCqEvent, why);
         // SAFETY: forwarding unchanged.
         return unsafe { real(channel, cq, cq_context) };
     }
@@ -268,7 +270,8 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         if !event::nonblocking(fd)
             && let Some(r) = dispatched::verbs_wait(real, channel, fd)
         {
-            stats::add(&stats::STATS.waits, 1);
+            stats::add(|s| &s.waits, 1);
+            crate::stats::served(Call::IbvGetCqEvent);
             // SAFETY: out-pointers checked non-null (caller's contract).
             return unsafe { event::report(r, cq, cq_context) };
         }

@@ -8,25 +8,70 @@ use std::process::{Command, Output};
 use std::sync::Mutex;
 
 /// Children spin; run one at a time (tests in a binary run in parallel).
-static SPIN: Mutex<()> = Mutex::new(());
+pub static SPIN: Mutex<()> = Mutex::new(());
 
+/// The shim these tests run children under: the build tree's
+/// `libfastwake_preload.so`. `cargo test` does not build a cdylib for its
+/// package's integration tests, so it must have been built first
+/// (`cargo build --release -p fastwake-preload`; scripts/test does). A
+/// missing or stale library fails the test rather than skipping it: a
+/// skip printed by a passing test is swallowed by the harness, and these
+/// tests once "passed" for a whole CI run without a shim to test.
 pub fn shim() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let deps = exe.parent()?;
-    [
-        deps.join("libfastwake_preload.so"),
-        deps.parent()?.join("libfastwake_preload.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    let so = [deps.join("libfastwake_preload.so"), deps.join("../libfastwake_preload.so")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "libfastwake_preload.so is not built next to {}: run `cargo build --release -p fastwake-preload` first (scripts/test does)",
+                deps.display()
+            )
+        });
+    let built = std::fs::metadata(&so)
+        .and_then(|m| m.modified())
+        .expect("the shim's mtime");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    if let Some((newest, path)) = newest_source(std::path::Path::new(src))
+        && newest > built
+    {
+        panic!(
+            "{} is older than {} : rebuild it (`cargo build --release -p fastwake-preload`) so these tests test this code",
+            so.display(),
+            path.display()
+        );
+    }
+    Some(so)
+}
+
+/// The most recently modified source file of the shim and the library it
+/// links (`crates/fastwake-preload/src`, `crates/fastwake/src`).
+fn newest_source(crates: &std::path::Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    fn walk(dir: &std::path::Path, best: &mut Option<(std::time::SystemTime, PathBuf)>) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, best);
+            } else if let Ok(t) = e.metadata().and_then(|m| m.modified())
+                && best.as_ref().is_none_or(|(b, _)| t > *b)
+            {
+                *best = Some((t, p));
+            }
+        }
+    }
+    let mut best = None;
+    walk(&crates.join("fastwake-preload/src"), &mut best);
+    walk(&crates.join("fastwake/src"), &mut best);
+    best
 }
 
 /// Run scenario `name` under the shim with `env`; None = skipped.
 pub fn child(name: &str, env: &[(&str, &str)]) -> Option<Output> {
-    let Some(so) = shim() else {
-        eprintln!("SKIPPED {name}: libfastwake_preload.so not built next to the test binary");
-        return None;
-    };
+    let so = shim()?;
     let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args([
