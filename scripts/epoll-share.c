@@ -7,11 +7,16 @@
  * epoll_wait on one end of its own Unix stream socketpair and echo 8-byte
  * messages. One client thread on CLIENT_CPU sends one request at a time,
  * rotating over the connections, and busy-polls for the reply with
- * recv(MSG_DONTWAIT) (not a hooked call). Prints each round trip in ns
- * after WARMUP on stdout, then "cpu_us=N" (user + system CPU of the whole
- * process, dispatcher threads included) on stderr.
+ * recv(MSG_DONTWAIT) (which the shim passes through). Prints each round
+ * trip in ns after WARMUP on stdout, then "cpu_us=N" (user + system CPU of
+ * the whole process, dispatcher threads included) on stderr.
  *
- * usage: epoll-share CONNS ITERS WARMUP SERVER_CPU CLIENT_CPU */
+ * With LISTENER = 1, one more thread on SERVER_CPU blocks in epoll_wait
+ * for the whole run on a socket nothing arrives on: the listener of a
+ * server between connections (issue 14: such a sibling must not switch
+ * the workers' spinning off).
+ *
+ * usage: epoll-share CONNS ITERS WARMUP SERVER_CPU CLIENT_CPU [LISTENER] */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -66,6 +71,21 @@ static void *serve(void *p) {
     return NULL;
 }
 
+/* The listener: asleep in epoll_wait on an fd that never becomes ready. */
+static void *listen_idle(void *p) {
+    int cpu = *(int *)p, sp[2];
+    pin(cpu);
+    int ep = epoll_create1(0);
+    if (ep < 0 || socketpair(AF_UNIX, SOCK_STREAM, 0, sp)) {
+        perror("epoll-share: listener");
+        exit(2);
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = sp[0]};
+    epoll_ctl(ep, EPOLL_CTL_ADD, sp[0], &ev);
+    for (;;) epoll_wait(ep, &ev, 1, -1);
+    return NULL;
+}
+
 static long long now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -73,12 +93,18 @@ static long long now_ns(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: epoll-share CONNS ITERS WARMUP SERVER_CPU CLIENT_CPU\n");
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: epoll-share CONNS ITERS WARMUP SERVER_CPU CLIENT_CPU [LISTENER]\n");
         return 2;
     }
     int conns = atoi(argv[1]), iters = atoi(argv[2]), warm = atoi(argv[3]);
     int scpu = atoi(argv[4]), ccpu = atoi(argv[5]);
+    if (argc == 7 && atoi(argv[6])) {
+        pthread_t lt;
+        pthread_create(&lt, NULL, listen_idle, &scpu);
+        /* Let it reach its wait before the workers start theirs. */
+        usleep(20000);
+    }
     if (conns < 1 || iters < 1 || warm < 0) {
         fprintf(stderr, "epoll-share: CONNS and ITERS must be >= 1, WARMUP >= 0\n");
         return 2;
