@@ -42,6 +42,7 @@
 //! tells the peer's CPU), and one
 //! module per family of hooked calls: [`epoll`], [`poll`], [`select`],
 //! [`sockets`] (blocking `recv`/`recvfrom`/`recvmsg`/`read`/`accept`),
+//! [`uring`] (liburing's `__io_uring_get_cqe`, `io_uring_wait_cqe_timeout`),
 //! [`verbs`] (libibverbs: completion channels and the context's CQ ops).
 //!
 //! Counters: [`stats`] (one shared-memory segment per process that
@@ -58,6 +59,7 @@ pub mod real;
 pub mod select;
 pub mod sockets;
 pub mod sys;
+pub mod uring;
 pub mod verbs;
 pub mod wait;
 
@@ -141,6 +143,7 @@ fn hooks_resolve() {
     poll::resolve();
     select::resolve();
     sockets::resolve();
+    uring::resolve();
     verbs::init();
 }
 

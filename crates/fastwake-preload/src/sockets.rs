@@ -192,15 +192,6 @@ fn rcvtimeo_ns(fd: c_int) -> Option<u64> {
         .filter(|&ns| ns > 0)
 }
 
-/// Asynchronous signals pending for this thread or process that the
-/// caller's mask `old` lets through.
-fn deliverable(old: u64) -> u64 {
-    let mut set: u64 = 0;
-    // SAFETY: rt_sigpending writes 8 bytes to a live u64.
-    unsafe { libc::syscall(libc::SYS_rt_sigpending, &mut set as *mut u64, 8usize) };
-    set & !old & !wait::NEVER_BLOCK
-}
-
 /// Would one of `signals` have interrupted the plain call (-1/EINTR)
 /// rather than let the kernel restart it? signal(7): a handler without
 /// SA_RESTART interrupts it, and with a receive timeout on the socket
@@ -288,7 +279,7 @@ fn engine(
             if n != 0 || now.wrapping_sub(t0) >= budget {
                 break;
             }
-            signals = deliverable(old);
+            signals = wait::deliverable(old);
             if signals != 0 {
                 break;
             }

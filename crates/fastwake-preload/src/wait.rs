@@ -131,6 +131,15 @@ pub(crate) fn errno() -> c_int {
     unsafe { *libc::__errno_location() }
 }
 
+/// Asynchronous signals pending for this thread or process that the
+/// caller's mask `old` lets through.
+pub(crate) fn deliverable(old: u64) -> u64 {
+    let mut set: u64 = 0;
+    // SAFETY: rt_sigpending writes 8 bytes to a live u64.
+    unsafe { libc::syscall(libc::SYS_rt_sigpending, &mut set as *mut u64, 8usize) };
+    set & !old & !NEVER_BLOCK
+}
+
 pub(crate) fn set_errno(e: c_int) {
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = e }

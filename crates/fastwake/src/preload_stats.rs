@@ -146,10 +146,12 @@ pub enum Call {
     Ppoll = 11,
     Pselect = 12,
     EpollPwait2 = 13,
+    IoUringGetCqe = 14,
+    IoUringWaitCqeTimeout = 15,
 }
 
 impl Call {
-    pub const ALL: [Call; 14] = [
+    pub const ALL: [Call; 16] = [
         Call::EpollWait,
         Call::EpollPwait,
         Call::Poll,
@@ -164,6 +166,8 @@ impl Call {
         Call::Ppoll,
         Call::Pselect,
         Call::EpollPwait2,
+        Call::IoUringGetCqe,
+        Call::IoUringWaitCqeTimeout,
     ];
 
     pub fn name(self) -> &'static str {
@@ -182,6 +186,8 @@ impl Call {
             Call::Ppoll => "ppoll",
             Call::Pselect => "pselect",
             Call::EpollPwait2 => "epoll_pwait2",
+            Call::IoUringGetCqe => "__io_uring_get_cqe",
+            Call::IoUringWaitCqeTimeout => "io_uring_wait_cqe_timeout",
         }
     }
 }

@@ -63,6 +63,8 @@ pub const HOOKED: &[Call] = &[
     Call::Read,
     Call::Accept,
     Call::Accept4,
+    Call::IoUringGetCqe,
+    Call::IoUringWaitCqeTimeout,
 ];
 
 /// Fixed at load: the segment directory and the mode's name (what a forked

@@ -1,0 +1,268 @@
+//! liburing's waiting entry points, for dynamically linked liburing
+//! programs: `__io_uring_get_cqe` (what the inline `io_uring_wait_cqe`
+//! and `io_uring_wait_cqe_nr` call once their own peek found nothing) and
+//! `io_uring_wait_cqe_timeout`. liburing makes its own `io_uring_enter`
+//! syscalls, so these exported functions are where a program can be met.
+//!
+//! A wait for one completion without a signal mask spins as the thread's
+//! governor decides, peeking the CQ ring through liburing itself (the same
+//! function with nothing to wait for, which reads the ring in user space
+//! and makes no syscall), then makes the real call for what is left. The
+//! shim never reads liburing's structures itself, so it depends on no
+//! layout of `struct io_uring`.
+//!
+//! Passed through untouched: mode `off` or `interrupt`; a wait for more
+//! than one completion (`io_uring_wait_cqe_nr` with n > 1: a peek returns
+//! at the first); a signal mask (it must hold during the wait); a zero
+//! timeout. A signal during the spin ends the wait with -EINTR after its
+//! handler has run, as `io_uring_enter` does (it is never restarted).
+//! `dispatch` mode spins as `hybrid` (these waits are not dispatched).
+
+use crate::real::Sym;
+use crate::wait;
+use fastwake::preload_stats::{Call, Pass};
+use fastwake::wait::{Decision, Ending, Facts, PREEMPTED_NS};
+use std::ffi::{c_int, c_uint, c_void};
+
+static GET_CQE: Sym = Sym::new(c"__io_uring_get_cqe");
+static WAIT_CQE_TIMEOUT: Sym = Sym::new(c"io_uring_wait_cqe_timeout");
+
+/// liburing's `struct __kernel_timespec`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct KernelTimespec {
+    pub tv_sec: i64,
+    pub tv_nsec: i64,
+}
+
+type GetCqeFn = unsafe extern "C" fn(
+    *mut c_void,
+    *mut *mut c_void,
+    c_uint,
+    c_uint,
+    *mut libc::sigset_t,
+) -> c_int;
+type WaitCqeTimeoutFn =
+    unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut KernelTimespec) -> c_int;
+
+/// Resolve the real functions (from the library constructor).
+pub fn resolve() {
+    GET_CQE.get();
+    WAIT_CQE_TIMEOUT.get();
+}
+
+/// Wait for one completion on `ring`: spin with `peek` (0: a completion,
+/// -EAGAIN: none, else an error to return) as the governor decides, then
+/// `real(left_ns)`. Returns liburing's code (0 or -errno).
+fn serve(
+    call: Call,
+    timeout_ns: Option<u64>,
+    mut peek: impl FnMut() -> c_int,
+    real: impl FnOnce(Option<u64>) -> c_int,
+) -> c_int {
+    let mut real = Some(real);
+    let done = crate::guarded(
+        || {
+            wait::with_governor(|gov, peer| {
+                let real = real.take()?;
+                crate::stats::served(call);
+                wait::count(|e| &e.waits, 1);
+                let t0 = fastwake::cpu::monotonic_ns();
+                let cpu = fastwake::cpu::current();
+                let facts = Facts {
+                    cpu,
+                    peer_cpu: peer,
+                    dispatchable: false,
+                    ..Facts::at(t0, timeout_ns)
+                };
+                let (decision, why) = gov.plan(&facts);
+                wait::count_why(why);
+                let mut ending = Ending::at(t0, 0, true);
+                if let Decision::Spin(budget) = decision {
+                    wait::count(|e| &e.spins, 1);
+                    let block: u64 = !wait::NEVER_BLOCK;
+                    let mut old: u64 = 0;
+                    wait::sigmask(libc::SIG_SETMASK, &block, &mut old);
+                    let mut r;
+                    let mut signals = 0;
+                    let mut prev = t0;
+                    loop {
+                        r = peek();
+                        let now = fastwake::cpu::monotonic_ns();
+                        if now.wrapping_sub(prev) > PREEMPTED_NS {
+                            ending.preempted = true;
+                            break;
+                        }
+                        prev = now;
+                        if r != -libc::EAGAIN || now.wrapping_sub(t0) >= budget {
+                            break;
+                        }
+                        signals = wait::deliverable(old);
+                        if signals != 0 {
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    wait::sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+                    ending.now_ns = fastwake::cpu::monotonic_ns();
+                    ending.spun_ns = ending.now_ns.wrapping_sub(t0);
+                    wait::count(|e| &e.spin_ns, ending.spun_ns);
+                    if signals != 0 || r != -libc::EAGAIN {
+                        // A completion (0), an error, or a signal whose
+                        // handler has just run: io_uring_enter would have
+                        // returned -EINTR for it.
+                        if r == 0 {
+                            wait::count(|e| &e.spin_hits, 1);
+                        }
+                        ending.slept = false;
+                        ending.failed = r != 0;
+                        gov.end(ending);
+                        return Some(if signals != 0 && r == -libc::EAGAIN {
+                            -libc::EINTR
+                        } else {
+                            r
+                        });
+                    }
+                    if let Some(t) = timeout_ns
+                        && ending.spun_ns >= t
+                    {
+                        ending.slept = false;
+                        gov.end(ending);
+                        return Some(-libc::ETIME);
+                    }
+                }
+                wait::count(|e| &e.blocked, 1);
+                let left = timeout_ns.map(|t| t.saturating_sub(ending.spun_ns).max(1));
+                let asleep = gov.blocking(cpu);
+                let r = real(left);
+                drop(asleep);
+                ending.now_ns = fastwake::cpu::monotonic_ns();
+                ending.failed = r != 0;
+                gov.end(ending);
+                Some(r)
+            })
+            .flatten()
+        },
+        || None,
+    );
+    match (done, real.take()) {
+        (Some(r), _) => r,
+        (None, Some(real)) => {
+            crate::stats::passed(call, Pass::Busy);
+            real(None)
+        }
+        (None, None) => -libc::EINTR,
+    }
+}
+
+/// Why the mode passes every call through, if it does.
+fn pass() -> Option<Pass> {
+    match crate::config::mode() {
+        None => Some(Pass::ModeOff),
+        Some(fastwake::WaitMode::Interrupt) => Some(Pass::Interrupt),
+        Some(_) => None,
+    }
+}
+
+/// # Safety
+/// liburing's contract of `__io_uring_get_cqe`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __io_uring_get_cqe(
+    ring: *mut c_void,
+    cqe_ptr: *mut *mut c_void,
+    submit: c_uint,
+    wait_nr: c_uint,
+    sigmask: *mut libc::sigset_t,
+) -> c_int {
+    let a = GET_CQE.get();
+    if a == 0 {
+        return -libc::ENOSYS;
+    }
+    // SAFETY: `a` is the address dlsym returned for this very symbol.
+    let real: GetCqeFn = unsafe { std::mem::transmute(a) };
+    // SAFETY: the caller's arguments, unchanged.
+    let plain = || unsafe { real(ring, cqe_ptr, submit, wait_nr, sigmask) };
+    let call = Call::IoUringGetCqe;
+    if let Some(why) = pass() {
+        crate::stats::passed(call, why);
+        return plain();
+    }
+    if wait_nr != 1 || !sigmask.is_null() {
+        crate::stats::passed(call, Pass::Other);
+        return plain();
+    }
+    // Submit what is asked and look, as one call with nothing to wait for.
+    // SAFETY: the caller's ring and result pointer.
+    let first = unsafe { real(ring, cqe_ptr, submit, 0, std::ptr::null_mut()) };
+    if first != -libc::EAGAIN {
+        crate::stats::served(call);
+        return first;
+    }
+    serve(
+        call,
+        None,
+        // SAFETY: as above; nothing to submit, nothing to wait for.
+        || unsafe { real(ring, cqe_ptr, 0, 0, std::ptr::null_mut()) },
+        // SAFETY: the caller's call, less what was already submitted.
+        |_| unsafe { real(ring, cqe_ptr, 0, 1, std::ptr::null_mut()) },
+    )
+}
+
+/// # Safety
+/// liburing's contract of `io_uring_wait_cqe_timeout`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn io_uring_wait_cqe_timeout(
+    ring: *mut c_void,
+    cqe_ptr: *mut *mut c_void,
+    ts: *mut KernelTimespec,
+) -> c_int {
+    let a = WAIT_CQE_TIMEOUT.get();
+    let g = GET_CQE.get();
+    if a == 0 || g == 0 {
+        return -libc::ENOSYS;
+    }
+    // SAFETY: `a` and `g` are dlsym's addresses for these symbols.
+    let real: WaitCqeTimeoutFn = unsafe { std::mem::transmute(a) };
+    // SAFETY: as above.
+    let get: GetCqeFn = unsafe { std::mem::transmute(g) };
+    // SAFETY: the caller's arguments, unchanged.
+    let plain = || unsafe { real(ring, cqe_ptr, ts) };
+    let call = Call::IoUringWaitCqeTimeout;
+    if let Some(why) = pass() {
+        crate::stats::passed(call, why);
+        return plain();
+    }
+    let timeout_ns = if ts.is_null() {
+        None
+    } else {
+        // SAFETY: a non-null timespec of the caller.
+        let t = unsafe { ts.read() };
+        if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
+            crate::stats::passed(call, Pass::Other);
+            return plain();
+        }
+        Some((t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64)
+    };
+    if timeout_ns == Some(0) {
+        crate::stats::passed(call, Pass::ZeroTimeout);
+        return plain();
+    }
+    // SAFETY: the caller's ring; a look with nothing to wait for.
+    let look = || unsafe { get(ring, cqe_ptr, 0, 0, std::ptr::null_mut()) };
+    let first = look();
+    if first != -libc::EAGAIN {
+        crate::stats::served(call);
+        return first;
+    }
+    serve(call, timeout_ns, look, |left| match left {
+        None => plain(),
+        Some(ns) => {
+            let mut t = KernelTimespec {
+                tv_sec: (ns / 1_000_000_000) as i64,
+                tv_nsec: (ns % 1_000_000_000) as i64,
+            };
+            // SAFETY: the caller's ring with what is left of the timeout.
+            unsafe { real(ring, cqe_ptr, &mut t) }
+        }
+    })
+}
