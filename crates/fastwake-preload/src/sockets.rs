@@ -30,7 +30,7 @@
 use crate::real::Sym;
 use crate::wait;
 use fastwake::preload_stats::{Call, Pass};
-use fastwake::wait::{Decision, Ending, Facts, Governor, PREEMPTED_NS};
+use fastwake::wait::{Decision, Ending, Facts, Governor};
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut as null;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -261,37 +261,16 @@ fn engine(
     wait::count_why(why);
     let mut ending = Ending::at(t0, 0, true);
     if let Decision::Spin(budget) = decision {
-        wait::count(|e| &e.spins, 1);
-        let block: u64 = !wait::NEVER_BLOCK;
-        let mut old: u64 = 0;
-        wait::sigmask(libc::SIG_SETMASK, &block, &mut old);
-        let mut n;
-        let mut signals = 0;
-        let mut prev = t0;
-        loop {
-            n = look(fd);
-            let now = fastwake::cpu::monotonic_ns();
-            if now.wrapping_sub(prev) > PREEMPTED_NS {
-                ending.preempted = true;
-                break;
-            }
-            prev = now;
-            if n != 0 || now.wrapping_sub(t0) >= budget {
-                break;
-            }
-            signals = wait::deliverable(old);
-            if signals != 0 {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-        // Decide before the mask comes back: the handler may change the
-        // disposition it runs under.
-        let eintr = signals != 0 && interrupts(signals, timeout_ns.is_some());
-        wait::sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        ending.now_ns = fastwake::cpu::monotonic_ns();
-        ending.spun_ns = ending.now_ns.wrapping_sub(t0);
-        wait::count(|e| &e.spin_ns, ending.spun_ns);
+        let spin = wait::spin_holding_signals(
+            t0,
+            budget,
+            || look(fd),
+            |&n| n != 0,
+            |signals| interrupts(signals, timeout_ns.is_some()),
+            ending,
+        );
+        ending = spin.ending;
+        let (n, eintr) = (spin.last, spin.interrupted);
         if eintr {
             ending.slept = false;
             gov.end(ending);

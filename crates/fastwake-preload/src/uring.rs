@@ -21,7 +21,7 @@
 use crate::real::Sym;
 use crate::wait;
 use fastwake::preload_stats::{Call, Pass};
-use fastwake::wait::{Decision, Ending, Facts, PREEMPTED_NS};
+use fastwake::wait::{Decision, Ending, Facts};
 use std::ffi::{c_int, c_uint, c_void};
 
 static GET_CQE: Sym = Sym::new(c"__io_uring_get_cqe");
@@ -79,35 +79,19 @@ fn serve(
                 wait::count_why(why);
                 let mut ending = Ending::at(t0, 0, true);
                 if let Decision::Spin(budget) = decision {
-                    wait::count(|e| &e.spins, 1);
-                    let block: u64 = !wait::NEVER_BLOCK;
-                    let mut old: u64 = 0;
-                    wait::sigmask(libc::SIG_SETMASK, &block, &mut old);
-                    let mut r;
-                    let mut signals = 0;
-                    let mut prev = t0;
-                    loop {
-                        r = peek();
-                        let now = fastwake::cpu::monotonic_ns();
-                        if now.wrapping_sub(prev) > PREEMPTED_NS {
-                            ending.preempted = true;
-                            break;
-                        }
-                        prev = now;
-                        if r != -libc::EAGAIN || now.wrapping_sub(t0) >= budget {
-                            break;
-                        }
-                        signals = wait::deliverable(old);
-                        if signals != 0 {
-                            break;
-                        }
-                        std::hint::spin_loop();
-                    }
-                    wait::sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-                    ending.now_ns = fastwake::cpu::monotonic_ns();
-                    ending.spun_ns = ending.now_ns.wrapping_sub(t0);
-                    wait::count(|e| &e.spin_ns, ending.spun_ns);
-                    if signals != 0 || r != -libc::EAGAIN {
+                    // io_uring_enter is never restarted: any signal would
+                    // have interrupted the plain wait.
+                    let spin = wait::spin_holding_signals(
+                        t0,
+                        budget,
+                        &mut peek,
+                        |&r| r != -libc::EAGAIN,
+                        |_| true,
+                        ending,
+                    );
+                    ending = spin.ending;
+                    let (r, signals) = (spin.last, spin.signalled);
+                    if signals || r != -libc::EAGAIN {
                         // A completion (0), an error, or a signal whose
                         // handler has just run: io_uring_enter would have
                         // returned -EINTR for it.
@@ -117,7 +101,7 @@ fn serve(
                         ending.slept = false;
                         ending.failed = r != 0;
                         gov.end(ending);
-                        return Some(if signals != 0 && r == -libc::EAGAIN {
+                        return Some(if signals && r == -libc::EAGAIN {
                             -libc::EINTR
                         } else {
                             r

@@ -140,6 +140,70 @@ pub(crate) fn deliverable(old: u64) -> u64 {
     set & !old & !NEVER_BLOCK
 }
 
+/// How a spin with signals held ended ([`spin_holding_signals`]).
+pub(crate) struct HeldSpin<R> {
+    /// The last look's result.
+    pub last: R,
+    /// A signal the caller's mask lets through became pending (it is
+    /// delivered as the mask comes back, before this returns).
+    pub signalled: bool,
+    /// `interrupts(pending)`'s answer, asked before the mask came back.
+    pub interrupted: bool,
+    /// `now_ns`, `spun_ns` and `preempted` filled in; `slept` as given.
+    pub ending: Ending,
+}
+
+/// The spin of the calls whose plain form the kernel interrupts or
+/// restarts as a signal's disposition says (the blocking socket calls,
+/// liburing's waits): asynchronous signals held, `look()` until `done`,
+/// the budget is spent, the thread lost its CPU, or a signal the caller's
+/// mask lets through is pending. `interrupts(pending)` decides, before the
+/// mask comes back (a handler may change the disposition it runs under),
+/// whether the plain call would have been interrupted. Counts the spin.
+pub(crate) fn spin_holding_signals<R>(
+    t0: u64,
+    budget: u64,
+    mut look: impl FnMut() -> R,
+    done: impl Fn(&R) -> bool,
+    interrupts: impl FnOnce(u64) -> bool,
+    mut ending: Ending,
+) -> HeldSpin<R> {
+    count(|e| &e.spins, 1);
+    let block: u64 = !NEVER_BLOCK;
+    let mut old: u64 = 0;
+    sigmask(libc::SIG_SETMASK, &block, &mut old);
+    let mut signals = 0;
+    let mut prev = t0;
+    let last = loop {
+        let r = look();
+        let now = fastwake::cpu::monotonic_ns();
+        if now.wrapping_sub(prev) > PREEMPTED_NS {
+            ending.preempted = true;
+            break r;
+        }
+        prev = now;
+        if done(&r) || now.wrapping_sub(t0) >= budget {
+            break r;
+        }
+        signals = deliverable(old);
+        if signals != 0 {
+            break r;
+        }
+        std::hint::spin_loop();
+    };
+    let interrupted = signals != 0 && interrupts(signals);
+    sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    ending.now_ns = fastwake::cpu::monotonic_ns();
+    ending.spun_ns = ending.now_ns.wrapping_sub(t0);
+    count(|e| &e.spin_ns, ending.spun_ns);
+    HeldSpin {
+        last,
+        signalled: signals != 0,
+        interrupted,
+        ending,
+    }
+}
+
 pub(crate) fn set_errno(e: c_int) {
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = e }

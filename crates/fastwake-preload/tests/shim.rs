@@ -735,7 +735,7 @@ fn dispatch_mode_hands_off() {
 // ------------------------------------------------- threads sharing a CPU
 
 /// Two threads of this process wait on CPU 1, A first, then B. With
-/// `due`, A has just had short blocked waits (about 0.8 ms each), so its
+/// `due`, A has just had short blocked waits (about 0.4 ms each), so its
 /// wait is due and B, finding it there, must not spin (A's data would
 /// need the CPU B's spin holds). Without, A sleeps as a listener does
 /// (no short waits behind it) and B spins as if alone.
@@ -752,15 +752,18 @@ fn siblings(due: bool) {
     let short = if due { 6 } else { 0 };
     let a = std::thread::spawn(move || {
         pin(1);
+        let mut longest = Duration::ZERO;
         for _ in 0..short {
             b2.fetch_add(1, SeqCst);
+            let t = Instant::now();
             assert_eq!(ewait(&epa, 2_000).0, 1);
+            longest = longest.max(t.elapsed());
             let mut b = [0u8; 1];
             // SAFETY: a live one-byte buffer.
             unsafe { libc::read(ra2.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
         }
         b2.fetch_add(1, SeqCst);
-        ewait(&epa, 2_000).0
+        (ewait(&epa, 2_000).0, longest)
     });
     pin(0);
     for i in 0..=short {
@@ -768,23 +771,37 @@ fn siblings(due: bool) {
             std::thread::yield_now();
         }
         if i < short {
-            std::thread::sleep(Duration::from_micros(800));
+            std::thread::sleep(Duration::from_micros(400));
             write1(&wa);
         }
     }
-    // A spins its 200 µs budget, then blocks; B starts after that and well
-    // inside twice A's usual wait.
-    std::thread::sleep(Duration::from_micros(if due { 500 } else { 20_000 }));
+    // A spins its 200 µs budget, then blocks. B waits on CPU 1 already
+    // (yielding, so it runs the moment A blocks) for the go, given 300 µs
+    // after A began: its plan lands just after A blocked, well inside
+    // twice A's usual wait, even when this host is slow to wake a sleeper.
+    let go = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let g2 = go.clone();
     let b = std::thread::spawn(move || {
         pin(1);
+        while !g2.load(SeqCst) {
+            std::thread::yield_now();
+        }
         ewait(&epb, 2_000).0
     });
+    std::thread::sleep(Duration::from_micros(if due { 300 } else { 20_000 }));
+    go.store(true, SeqCst);
     std::thread::sleep(Duration::from_millis(20));
     write1(&wa);
-    assert_eq!(a.join().unwrap(), 1);
+    let (n, longest) = a.join().unwrap();
+    assert_eq!(n, 1);
     write1(&wb);
     assert_eq!(b.join().unwrap(), 1);
     drop((ra, rb));
+    // A loaded host stretched A's "short" waits past the 1 ms the rule
+    // calls short: the scenario tested nothing; the parent runs it again.
+    if due && longest > Duration::from_micros(950) {
+        std::process::exit(common::RETRY);
+    }
 }
 
 #[test]
@@ -813,7 +830,7 @@ fn no_spin_while_a_due_sibling_waits_on_the_cpu() {
     if !two_cpus("no_spin_while_a_due_sibling_waits_on_the_cpu") {
         return;
     }
-    let Some(out) = child("child_due_sibling", HYBRID) else {
+    let Some(out) = common::child_retrying("child_due_sibling", HYBRID) else {
         return;
     };
     assert!(
