@@ -8,9 +8,17 @@
  *
  * A writer thread fills a pipe after a delay; the main thread reads it
  * through io_uring (IORING_OP_READ). Prints one line per check; exit 0 when
- * all hold. usage: uring-wait [ROUNDS] */
+ * all hold. usage: uring-wait [ROUNDS]
+ *
+ * uring-wait bench N: a ping-pong for latency instead. The main thread
+ * (CPU 1) reads requests from a pipe through io_uring, waiting in
+ * io_uring_wait_cqe, and answers on another pipe; a client thread (CPU 0)
+ * busy-polls the answer with non-blocking reads (passed through by the
+ * shim). Prints the round trip's p50 and p99 in ns. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <liburing.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -58,7 +66,63 @@ static int one(struct io_uring *ring, int fd, int after_us, int timeout_ms, char
     return res;
 }
 
+static int req[2], rsp[2];
+static int bench_n;
+static long long *rtts;
+
+static void pin(int cpu) {
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    CPU_SET(cpu, &s);
+    sched_setaffinity(0, sizeof s, &s);
+}
+
+static void *client(void *p) {
+    (void)p;
+    pin(0);
+    char b[8];
+    for (int i = 0; i < bench_n + 1000; i++) {
+        long long t0 = now_ns();
+        if (write(req[1], "ping", 4) != 4) exit(3);
+        while (read(rsp[0], b, sizeof b) != 4) {
+        }
+        if (i >= 1000) rtts[i - 1000] = now_ns() - t0;
+    }
+    return NULL;
+}
+
+static int cmp(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int bench(int n) {
+    bench_n = n;
+    rtts = calloc(n, sizeof *rtts);
+    if (pipe(req) || pipe2(rsp, O_NONBLOCK)) return 2;
+    struct io_uring ring;
+    if (io_uring_queue_init(8, &ring, 0)) return 2;
+    pin(1);
+    pthread_t t;
+    pthread_create(&t, NULL, client, NULL);
+    char buf[16];
+    for (int i = 0; i < n + 1000; i++) {
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+        io_uring_prep_read(sqe, req[0], buf, 4, 0);
+        io_uring_submit(&ring);
+        struct io_uring_cqe *cqe;
+        if (io_uring_wait_cqe(&ring, &cqe) || cqe->res != 4) return 1;
+        io_uring_cqe_seen(&ring, cqe);
+        if (write(rsp[1], "pong", 4) != 4) return 1;
+    }
+    pthread_join(t, NULL);
+    qsort(rtts, n, sizeof *rtts, cmp);
+    printf("p50_ns=%lld p99_ns=%lld\n", rtts[n / 2], rtts[n * 99 / 100]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "bench")) return bench(atoi(argv[2]));
     int rounds = argc > 1 ? atoi(argv[1]) : 20;
     struct io_uring ring;
     if (io_uring_queue_init(8, &ring, 0)) {
