@@ -30,7 +30,7 @@
 use crate::real::Sym;
 use crate::wait;
 use fastwake::preload_stats::{Call, Pass};
-use fastwake::wait::{Decision, Ending, Facts, Governor};
+use fastwake::wait::{Decision, Governor};
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut as null;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -249,17 +249,12 @@ fn engine(
     crate::stats::served(call);
     let timeout_ns = rcvtimeo_ns(fd);
     wait::count(|e| &e.waits, 1);
-    let t0 = fastwake::cpu::monotonic_ns();
-    let cpu = fastwake::cpu::current();
-    let facts = Facts {
+    let wait::Planned {
+        t0,
         cpu,
-        peer_cpu,
-        dispatchable: false,
-        ..Facts::at(t0, timeout_ns)
-    };
-    let (decision, why) = gov.plan(&facts);
-    wait::count_why(why);
-    let mut ending = Ending::at(t0, 0, true);
+        decision,
+        mut ending,
+    } = wait::plan(gov, peer_cpu, timeout_ns);
     if let Decision::Spin(budget) = decision {
         let spin = wait::spin_holding_signals(
             t0,
@@ -297,14 +292,7 @@ fn engine(
     // Block in the real call (for the whole SO_RCVTIMEO, if one is set:
     // the call cannot be given less, so such a wait is at most one spin
     // budget longer than without the shim).
-    wait::count(|e| &e.blocked, 1);
-    let asleep = gov.blocking(cpu);
-    let r = real();
-    drop(asleep);
-    ending.now_ns = fastwake::cpu::monotonic_ns();
-    ending.failed = r < 0;
-    gov.end(ending);
-    r
+    wait::block(gov, cpu, ending, real, |&r| r < 0)
 }
 
 // ------------------------------------------------------------ the hooks
@@ -512,20 +500,16 @@ pub unsafe extern "C" fn __recv_chk(
     buflen: usize,
     flags: c_int,
 ) -> isize {
-    match (real_fn!(RECV, RecvFn), real_fn!(RECV_CHK, RecvChkFn)) {
-        // SAFETY: the caller's arguments, unchanged; within the buffer.
-        (Some(f), _) if len <= buflen => blocking(
-            Call::Recv,
-            fd,
-            flags,
-            Some(&|| recvfrom_now(fd, buf, len, flags, null(), null())),
-            || unsafe { f(fd, buf, len, flags) },
-        ),
+    if len > buflen {
         // Let glibc's own check abort the program, as without the shim.
-        // SAFETY: the caller's arguments, unchanged.
-        (_, Some(chk)) => unsafe { chk(fd, buf, len, buflen, flags) },
-        _ => enosys(),
+        return match real_fn!(RECV_CHK, RecvChkFn) {
+            // SAFETY: the caller's arguments, unchanged.
+            Some(chk) => unsafe { chk(fd, buf, len, buflen, flags) },
+            None => enosys(),
+        };
     }
+    // SAFETY: within the buffer, `recv`'s contract holds: it is `recv`.
+    unsafe { recv(fd, buf, len, flags) }
 }
 
 /// # Safety
@@ -540,24 +524,17 @@ pub unsafe extern "C" fn __recvfrom_chk(
     addr: *mut libc::sockaddr,
     addrlen: *mut libc::socklen_t,
 ) -> isize {
-    match (
-        real_fn!(RECVFROM, RecvFromFn),
-        real_fn!(RECVFROM_CHK, RecvFromChkFn),
-    ) {
-        (Some(f), _) if len <= buflen => {
-            // SAFETY: the caller's arguments, unchanged; within the buffer.
-            blocking(
-                Call::Recvfrom,
-                fd,
-                flags,
-                Some(&|| recvfrom_now(fd, buf, len, flags, addr, addrlen)),
-                || unsafe { f(fd, buf, len, flags, addr, addrlen) },
-            )
-        }
-        // SAFETY: the caller's arguments, unchanged (glibc's check aborts).
-        (_, Some(chk)) => unsafe { chk(fd, buf, len, buflen, flags, addr, addrlen) },
-        _ => enosys(),
+    if len > buflen {
+        // Let glibc's own check abort the program, as without the shim.
+        return match real_fn!(RECVFROM_CHK, RecvFromChkFn) {
+            // SAFETY: the caller's arguments, unchanged.
+            Some(chk) => unsafe { chk(fd, buf, len, buflen, flags, addr, addrlen) },
+            None => enosys(),
+        };
     }
+    // SAFETY: within the buffer, `recvfrom`'s contract holds: it is
+    // `recvfrom`.
+    unsafe { recvfrom(fd, buf, len, flags, addr, addrlen) }
 }
 
 /// # Safety
@@ -569,19 +546,16 @@ pub unsafe extern "C" fn __read_chk(
     nbytes: usize,
     buflen: usize,
 ) -> isize {
-    match (real_fn!(READ, ReadFn), real_fn!(READ_CHK, ReadChkFn)) {
-        // SAFETY: the caller's arguments, unchanged; within the buffer.
-        (Some(f), _) if nbytes <= buflen => blocking(
-            Call::Read,
-            fd,
-            0,
-            Some(&|| recvfrom_now(fd, buf, nbytes, 0, null(), null())),
-            || unsafe { f(fd, buf, nbytes) },
-        ),
-        // SAFETY: the caller's arguments, unchanged (glibc's check aborts).
-        (_, Some(chk)) => unsafe { chk(fd, buf, nbytes, buflen) },
-        _ => enosys(),
+    if nbytes > buflen {
+        // Let glibc's own check abort the program, as without the shim.
+        return match real_fn!(READ_CHK, ReadChkFn) {
+            // SAFETY: the caller's arguments, unchanged.
+            Some(chk) => unsafe { chk(fd, buf, nbytes, buflen) },
+            None => enosys(),
+        };
     }
+    // SAFETY: within the buffer, `read`'s contract holds: it is `read`.
+    unsafe { read(fd, buf, nbytes) }
 }
 
 /// # Safety

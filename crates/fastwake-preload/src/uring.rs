@@ -21,7 +21,7 @@
 use crate::real::Sym;
 use crate::wait;
 use fastwake::preload_stats::{Call, Pass};
-use fastwake::wait::{Decision, Ending, Facts};
+use fastwake::wait::Decision;
 use std::ffi::{c_int, c_uint, c_void};
 
 static GET_CQE: Sym = Sym::new(c"__io_uring_get_cqe");
@@ -67,17 +67,12 @@ fn serve(
                 let real = real.take()?;
                 crate::stats::served(call);
                 wait::count(|e| &e.waits, 1);
-                let t0 = fastwake::cpu::monotonic_ns();
-                let cpu = fastwake::cpu::current();
-                let facts = Facts {
+                let wait::Planned {
+                    t0,
                     cpu,
-                    peer_cpu: peer,
-                    dispatchable: false,
-                    ..Facts::at(t0, timeout_ns)
-                };
-                let (decision, why) = gov.plan(&facts);
-                wait::count_why(why);
-                let mut ending = Ending::at(t0, 0, true);
+                    decision,
+                    mut ending,
+                } = wait::plan(gov, peer, timeout_ns);
                 if let Decision::Spin(budget) = decision {
                     // io_uring_enter is never restarted: any signal would
                     // have interrupted the plain wait.
@@ -115,15 +110,8 @@ fn serve(
                         return Some(-libc::ETIME);
                     }
                 }
-                wait::count(|e| &e.blocked, 1);
                 let left = timeout_ns.map(|t| t.saturating_sub(ending.spun_ns).max(1));
-                let asleep = gov.blocking(cpu);
-                let r = real(left);
-                drop(asleep);
-                ending.now_ns = fastwake::cpu::monotonic_ns();
-                ending.failed = r != 0;
-                gov.end(ending);
-                Some(r)
+                Some(wait::block(gov, cpu, ending, || real(left), |&r| r != 0))
             })
             .flatten()
         },
@@ -221,11 +209,11 @@ pub unsafe extern "C" fn io_uring_wait_cqe_timeout(
     } else {
         // SAFETY: a non-null timespec of the caller.
         let t = unsafe { ts.read() };
-        if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
+        let Ok(ns) = wait::secs_nsecs_to_ns(t.tv_sec, t.tv_nsec) else {
             crate::stats::passed(call, Pass::Other);
             return plain();
-        }
-        Some((t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64)
+        };
+        Some(ns)
     };
     if timeout_ns == Some(0) {
         crate::stats::passed(call, Pass::ZeroTimeout);
@@ -241,9 +229,10 @@ pub unsafe extern "C" fn io_uring_wait_cqe_timeout(
     serve(call, timeout_ns, look, |left| match left {
         None => plain(),
         Some(ns) => {
+            let left = wait::ns_to_ts(ns);
             let mut t = KernelTimespec {
-                tv_sec: (ns / 1_000_000_000) as i64,
-                tv_nsec: (ns % 1_000_000_000) as i64,
+                tv_sec: left.tv_sec,
+                tv_nsec: left.tv_nsec,
             };
             // SAFETY: the caller's ring with what is left of the timeout.
             unsafe { real(ring, cqe_ptr, &mut t) }

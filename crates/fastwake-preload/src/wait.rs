@@ -286,18 +286,12 @@ fn engine(
     if r != 0 {
         return r;
     }
-    let t0 = fastwake::cpu::monotonic_ns();
-    let cpu = fastwake::cpu::current();
-    let facts = Facts {
+    let Planned {
+        t0,
         cpu,
-        peer_cpu,
-        // This engine serves what dispatch mode could not dispatch.
-        dispatchable: false,
-        ..Facts::at(t0, timeout_ns)
-    };
-    let (decision, why) = gov.plan(&facts);
-    count_why(why);
-    let mut ending = Ending::at(t0, 0, true);
+        decision,
+        mut ending,
+    } = plan(gov, peer_cpu, timeout_ns);
     let left = match decision {
         Decision::Spin(budget) => {
             count(|e| &e.spins, 1);
@@ -349,12 +343,56 @@ fn engine(
         }
         Decision::Dispatch | Decision::Block => None,
     };
+    block(gov, cpu, ending, || real(left), |&r| r < 0)
+}
+
+/// A wait the engines ([`engine`], the socket calls, liburing) plan after
+/// their first look found nothing.
+pub(crate) struct Planned {
+    pub t0: u64,
+    pub cpu: Option<u32>,
+    pub decision: Decision,
+    /// Started at `t0`, as if it will sleep; the spin fills in the rest.
+    pub ending: Ending,
+}
+
+/// Read the clock and the CPU and ask the thread's governor, counting why
+/// it said what it said. These waits are never dispatched: they are what
+/// dispatch mode could not dispatch, or calls it does not serve.
+pub(crate) fn plan(gov: &mut Governor, peer_cpu: Option<u32>, timeout_ns: Option<u64>) -> Planned {
+    let t0 = fastwake::cpu::monotonic_ns();
+    let cpu = fastwake::cpu::current();
+    let facts = Facts {
+        cpu,
+        peer_cpu,
+        dispatchable: false,
+        ..Facts::at(t0, timeout_ns)
+    };
+    let (decision, why) = gov.plan(&facts);
+    count_why(why);
+    Planned {
+        t0,
+        cpu,
+        decision,
+        ending: Ending::at(t0, 0, true),
+    }
+}
+
+/// Make the real, blocking call, counted as blocked on `cpu` while it
+/// lasts (the sibling rule), and end the wait with the governor.
+pub(crate) fn block<R>(
+    gov: &mut Governor,
+    cpu: Option<u32>,
+    mut ending: Ending,
+    real: impl FnOnce() -> R,
+    failed: impl FnOnce(&R) -> bool,
+) -> R {
     count(|e| &e.blocked, 1);
     let asleep = gov.blocking(cpu);
-    let r = real(left);
+    let r = real();
     drop(asleep);
     ending.now_ns = fastwake::cpu::monotonic_ns();
-    ending.failed = r < 0;
+    ending.failed = failed(&r);
     gov.end(ending);
     r
 }
@@ -372,12 +410,16 @@ pub unsafe fn ts_to_ns(ts: *const libc::timespec) -> Result<Option<u64>, BadTime
     }
     // SAFETY: non-null, readable by the contract above.
     let t = unsafe { ts.read() };
-    if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
+    secs_nsecs_to_ns(t.tv_sec, t.tv_nsec).map(Some)
+}
+
+/// A timeout of `sec` s and `nsec` ns in ns, or `Err` where the kernel
+/// says EINVAL (negative, or nanoseconds out of range).
+pub fn secs_nsecs_to_ns(sec: i64, nsec: i64) -> Result<u64, BadTimeout> {
+    if sec < 0 || !(0..1_000_000_000).contains(&nsec) {
         return Err(BadTimeout);
     }
-    Ok(Some(
-        (t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64,
-    ))
+    Ok((sec as u64).saturating_mul(1_000_000_000) + nsec as u64)
 }
 
 /// A timeout the kernel would reject with EINVAL.

@@ -47,26 +47,6 @@ static MAPPED: AtomicBool = AtomicBool::new(false);
 /// The report was printed (by a signal handler, or the destructor).
 static REPORTED: AtomicBool = AtomicBool::new(false);
 
-/// The calls the shim hooks today, for the report's "none was made".
-pub const HOOKED: &[Call] = &[
-    Call::EpollWait,
-    Call::EpollPwait,
-    Call::EpollPwait2,
-    Call::Poll,
-    Call::Ppoll,
-    Call::Select,
-    Call::Pselect,
-    Call::IbvGetCqEvent,
-    Call::Recv,
-    Call::Recvfrom,
-    Call::Recvmsg,
-    Call::Read,
-    Call::Accept,
-    Call::Accept4,
-    Call::IoUringGetCqe,
-    Call::IoUringWaitCqeTimeout,
-];
-
 /// Fixed at load: the segment directory and the mode's name (what a forked
 /// child and the signal handler need, without allocating).
 struct Info {
@@ -461,7 +441,8 @@ pub fn report() {
             w,
             "pid={pid} mode={mode}: no waits intercepted: no hooked call was made (hooked:"
         );
-        for (i, c) in HOOKED.iter().enumerate() {
+        // Every call the counters name is a hooked call.
+        for (i, c) in fastwake::preload_stats::Call::ALL.iter().enumerate() {
             let _ = write!(w, "{}{}", if i == 0 { " " } else { ", " }, c.name());
         }
         let _ = write!(w, ")");

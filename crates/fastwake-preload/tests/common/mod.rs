@@ -71,16 +71,7 @@ fn newest_source(crates: &std::path::Path) -> Option<(std::time::SystemTime, Pat
 
 /// Run scenario `name` under the shim with `env`; None = skipped.
 pub fn child(name: &str, env: &[(&str, &str)]) -> Option<Output> {
-    let out = child_unchecked(name, env)?;
-    if !out.status.success() {
-        panic!(
-            "child {name} failed ({}):\n{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Some(out)
+    child_check(name, child_unchecked(name, env)?)
 }
 
 /// A scenario's exit code that says "this host was too slow for the
