@@ -43,11 +43,11 @@ pub struct Args {
     /// kernel's blocking waits, no spinning), poll (spin up to the call's
     /// timeout), hybrid[:DURATION] (spin, then block; e.g. hybrid:30us),
     /// adaptive[:OPTIONS] (spin for a learned budget, at most --budget;
-    /// e.g. adaptive:cap=20%), dispatch (epoll_wait, epoll_pwait without a
-    /// signal mask, poll and select on up to 8 fds, and blocking
-    /// ibv_get_cq_event sleep until a per-CPU dispatcher hands off; larger
-    /// fd sets and masked epoll_pwait as hybrid). Default: hybrid, or the
-    /// --profile's mode.
+    /// e.g. adaptive:cap=20%), dispatch (epoll_wait, poll and select of
+    /// any size, their forms without a signal mask, and blocking
+    /// ibv_get_cq_event sleep until a per-CPU dispatcher hands off, also
+    /// in workers forked without exec; waits with a signal mask as
+    /// hybrid). Default: hybrid, or the --profile's mode.
     #[arg(long, value_parser = parse_run_mode)]
     pub mode: Option<String>,
     /// Named settings; --mode, --budget and --cpu-cap given beside it win.

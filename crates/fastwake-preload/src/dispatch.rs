@@ -1,8 +1,9 @@
 //! `FASTWAKE_MODE=dispatch`: serving any hooked wait, expressed as a
 //! library [`Source`], by the library's per-CPU dispatcher (FastWake
 //! approach 1 for kernel threads, docs/dispatch.md). The hooks' sources
-//! live with their hooks: `crate::fds` (`epoll_wait`, and `poll` and
-//! `select` on up to `fds::MAX_FDS` fds) and `crate::verbs::dispatched`
+//! live with their hooks: `crate::fds` (`epoll_wait` and `poll` and
+//! `select` sets of any size, with their unmasked `epoll_pwait`,
+//! `epoll_pwait2`, `ppoll` and `pselect` forms) and `crate::verbs::dispatched`
 //! (a blocking `ibv_get_cq_event`); this module knows neither.
 //!
 //! The first wait on a CPU starts a `SCHED_IDLE` dispatcher for that CPU.
@@ -26,17 +27,19 @@
 //! A `poll` or `select` is dispatched the same way, the dispatcher
 //! peeking a copy of its fd set, and so is a blocking `ibv_get_cq_event`,
 //! the dispatcher peeking the channel's armed CQs (see `verbs::dispatched`). What
-//! stays as in `hybrid`: sets of more than `fds::MAX_FDS` fds and
-//! `epoll_pwait` with a mask. No dispatcher for the thread's CPU (it failed to
+//! stays as in `hybrid`: the waits with a signal mask (`epoll_pwait`,
+//! `epoll_pwait2`, `ppoll`, `pselect`), whose mask must hold during the
+//! sleep, which the futex sleep cannot give atomically. No dispatcher for the thread's CPU (it failed to
 //! start, or is starved: a `SCHED_IDLE` thread next to a busy one) means
 //! the library's interrupt-mode fallback, which here is a `poll` on the
 //! epoll fd.
 //!
-//! fork: dispatcher threads do not survive it. A child stops dispatching
-//! (its waits behave as in `hybrid`), and the forking thread's waiter,
-//! copied into the child and registered with the parent's dispatcher, is
-//! leaked there rather than dropped (dropping takes the dispatcher's lock,
-//! which another parent thread may have held at the fork).
+//! fork without exec (pre-fork servers): dispatcher threads do not
+//! survive it, so a child starts its own, lazily as the parent did, one
+//! for each CPU on which its threads wait. The forking thread's waiter,
+//! copied into the child, is still registered with a parent's dispatcher;
+//! the library counts that one as dead in the child (`fastwake::dispatch`
+//! is fork-aware), so the waiter's next wait registers with the child's.
 
 use fastwake::source::Source;
 use fastwake::{WaitMode, Waiter};
@@ -46,8 +49,6 @@ use std::time::Duration;
 
 /// Dispatch mode is on in this process (set by the constructor).
 static STARTED: AtomicBool = AtomicBool::new(false);
-/// This process is a fork of the one that started them.
-static FORKED: AtomicBool = AtomicBool::new(false);
 
 /// Per CPU (mod the table size): 0 no dispatcher yet, 1 started, 2 failed
 /// to start (reported once; waits there fall back).
@@ -61,7 +62,7 @@ static CPU_STATE: [AtomicU8; CPUS] = [const { AtomicU8::new(0) }; CPUS];
 /// process, most never used).
 pub fn start() {
     // SAFETY: registers a plain function; it runs in the child only,
-    // where it touches atomics and this thread's own cell.
+    // where it touches atomics.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
     STARTED.store(true, Ordering::Release);
 }
@@ -99,20 +100,18 @@ fn ensure_dispatcher(cpu: u32) {
     }
 }
 
+/// In a forked child: none of the parent's dispatchers runs here, so each
+/// CPU starts its own on its first wait. (A CPU whose start failed in the
+/// parent is tried again: the child's limits may differ.)
 extern "C" fn after_fork_child() {
-    FORKED.store(true, Ordering::Release);
-    let _ = STATE.try_with(|s| {
-        if let Ok(mut s) = s.try_borrow_mut()
-            && let Some(st) = s.take()
-        {
-            std::mem::forget(st);
-        }
-    });
+    for st in &CPU_STATE {
+        st.store(0, Ordering::Relaxed);
+    }
 }
 
 /// Will `epoll_wait` be dispatched in this process?
 pub fn active() -> bool {
-    STARTED.load(Ordering::Acquire) && !FORKED.load(Ordering::Acquire)
+    STARTED.load(Ordering::Acquire)
 }
 
 /// A thread's dispatch-mode waiter.

@@ -1,8 +1,10 @@
 //! epoll interposition: `epoll_wait`, `epoll_pwait`, `epoll_pwait2`
 //! (through the wait engine) and `epoll_ctl` (passed through, noting which
 //! registrations use the data.fd convention, for the peer-CPU sample).
-//! `epoll_pwait2` (a nanosecond timeout) is not dispatched; in `dispatch`
-//! mode it spins as in `hybrid`, like a masked `epoll_pwait`.
+//! In `dispatch` mode a masked wait (`epoll_pwait`, `epoll_pwait2`) is not
+//! dispatched: the mask must hold during the sleep, which the
+//! dispatcher's futex sleep cannot give atomically; it spins as in
+//! `hybrid`.
 
 use crate::real::Sym;
 use crate::{peer, wait};
@@ -90,7 +92,7 @@ pub unsafe extern "C" fn epoll_wait(
     }
     let go = || {
         if crate::config::dispatch()
-            && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, timeout)
+            && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, wait::ms(timeout))
         {
             crate::stats::served(Call::EpollWait);
             return n;
@@ -136,7 +138,7 @@ pub unsafe extern "C" fn epoll_pwait(
         // With a mask the wait must run under it; the futex sleep cannot.
         if sigmask.is_null()
             && crate::config::dispatch()
-            && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, timeout)
+            && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, wait::ms(timeout))
         {
             crate::stats::served(Call::EpollPwait);
             return n;
@@ -218,6 +220,18 @@ pub unsafe extern "C" fn epoll_pwait2(
         return plain();
     }
     let go = || {
+        if sigmask.is_null()
+            && crate::config::dispatch()
+            && let Some(n) = crate::fds::epoll_wait(
+                epfd,
+                events,
+                maxevents,
+                timeout_ns.map(std::time::Duration::from_nanos),
+            )
+        {
+            crate::stats::served(Call::EpollPwait2);
+            return n;
+        }
         wait::wait(
             Call::EpollPwait2,
             timeout_ns,

@@ -1,7 +1,6 @@
 //! The fd hooks' waits as library sources, for dispatch mode: an
-//! `epoll_wait` (its epoll fd), or a `poll`/`select` set of up to
-//! [`MAX_FDS`] fds, peeked by a dispatcher with a zero-timeout `poll` on a
-//! copy of the set. See `crate::dispatch` for what the program sees.
+//! `epoll_wait` (its epoll fd), or a `poll`/`select` set of any size,
+//! peeked by a dispatcher with a zero-timeout `poll` on a copy of the set. See `crate::dispatch` for what the program sees.
 
 use fastwake::Fail;
 use fastwake::source::{Peek, Rechecked, Source};
@@ -15,72 +14,97 @@ thread_local! {
     // so the dispatcher registration is reused while the set stays the
     // same (a new handle, one allocation, only when it changes). Has a
     // destructor; only touched in dispatch mode.
-    static LAST: RefCell<Option<(FdsPeek, Arc<dyn Peek>)>> = const { RefCell::new(None) };
+    static LAST: RefCell<Option<Handle>> = const { RefCell::new(None) };
 }
 
-/// Most fds a dispatched `poll` may watch; more and the call behaves as in
-/// `hybrid` (the set is copied into the peek handle, inline).
-pub const MAX_FDS: usize = 8;
+/// A set's peek handle, and the same allocation as the dispatcher
+/// registers it (its identity is the registration's).
+type Handle = (Arc<FdsPeek>, Arc<dyn Peek>);
 
-/// What a dispatcher peeks: a small set of fds with the events waited for
-/// (one epoll fd with `POLLIN`, or a `poll` call's set), tested with a
-/// zero-timeout `poll` on a copy, so nothing is consumed (edge-triggered
-/// epoll registrations included) and the caller's `revents` are not
-/// touched. A closed fd reads as ready (`POLLNVAL`): the owner then learns
-/// the error from its own zero-timeout call.
-#[derive(Clone)]
+/// Largest set peeked with one `ppoll` on a stack copy. A larger set is
+/// peeked in chunks of this size (a ppoll each, stopping at the first
+/// ready one), so a dispatcher's peek never allocates; its cost grows with
+/// the set, 35-64 ns per fd here (docs/preload.md).
+const CHUNK: usize = 64;
+
+/// What a dispatcher peeks: a set of fds with the events waited for (one
+/// epoll fd with `POLLIN`, or a `poll`/`select` call's set, any size),
+/// tested with a zero-timeout `poll` on a copy, so nothing is consumed
+/// (edge-triggered epoll registrations included) and the caller's
+/// `revents` are not touched. A closed fd reads as ready (`POLLNVAL`): the
+/// owner then learns the error from its own zero-timeout call.
 pub(crate) struct FdsPeek {
-    fds: [libc::pollfd; MAX_FDS],
-    n: usize,
+    fds: Box<[libc::pollfd]>,
 }
 
 impl FdsPeek {
-    pub(crate) fn new(set: &[libc::pollfd]) -> Option<FdsPeek> {
-        if set.is_empty() || set.len() > MAX_FDS {
-            return None;
-        }
-        let mut fds = [libc::pollfd {
-            fd: -1,
-            events: 0,
-            revents: 0,
-        }; MAX_FDS];
-        for (d, s) in fds.iter_mut().zip(set) {
-            *d = libc::pollfd {
-                fd: s.fd,
-                events: s.events,
+    pub(crate) fn new(set: impl Iterator<Item = libc::pollfd>) -> FdsPeek {
+        let fds = set
+            .map(|p| libc::pollfd {
+                fd: p.fd,
+                events: p.events,
                 revents: 0,
-            };
-        }
-        Some(FdsPeek { fds, n: set.len() })
+            })
+            .collect();
+        FdsPeek { fds }
     }
 
-    /// Same fds and events as `set`?
-    fn watches(&self, set: &[libc::pollfd]) -> bool {
-        set.len() == self.n
-            && self.fds[..self.n]
-                .iter()
-                .zip(set)
-                .all(|(a, b)| a.fd == b.fd && a.events == b.events)
+    /// Same fds and events, in the same order, as `set`?
+    fn watches(&self, mut set: impl Iterator<Item = libc::pollfd>) -> bool {
+        self.fds.iter().all(|a| {
+            set.next()
+                .is_some_and(|b| a.fd == b.fd && a.events == b.events)
+        }) && set.next().is_none()
     }
 
     /// `poll` on a copy: >0 some fd ready (or invalid), 0 none, -errno.
     fn poll(&self, timeout_ms: c_int) -> c_int {
-        let mut fds = self.fds;
-        // SAFETY: `n` initialised pollfds on our stack, the thread's mask.
-        let r = unsafe {
-            crate::sys::ppoll(
-                fds.as_mut_ptr(),
-                self.n as libc::nfds_t,
-                timeout_ms,
-                std::ptr::null(),
-            )
-        };
-        if r < 0 {
-            // SAFETY: the thread's errno slot.
-            -(unsafe { *libc::__errno_location() })
-        } else {
-            r as c_int
+        if self.fds.len() <= CHUNK {
+            let mut buf = [libc::pollfd {
+                fd: -1,
+                events: 0,
+                revents: 0,
+            }; CHUNK];
+            buf[..self.fds.len()].copy_from_slice(&self.fds);
+            return ppoll(&mut buf[..self.fds.len()], timeout_ms);
         }
+        if timeout_ms != 0 {
+            // A sleep: the whole set in one call; the copy's allocation is
+            // small beside the sleep.
+            return ppoll(&mut self.fds.to_vec(), timeout_ms);
+        }
+        let mut buf = [libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }; CHUNK];
+        for chunk in self.fds.chunks(CHUNK) {
+            buf[..chunk.len()].copy_from_slice(chunk);
+            let r = ppoll(&mut buf[..chunk.len()], 0);
+            if r != 0 {
+                return r;
+            }
+        }
+        0
+    }
+}
+
+/// One `ppoll` with a ms timeout and the thread's mask: n, or -errno.
+fn ppoll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> c_int {
+    // SAFETY: `fds.len()` initialised pollfds we own, the thread's mask.
+    let r = unsafe {
+        crate::sys::ppoll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            timeout_ms,
+            std::ptr::null(),
+        )
+    };
+    if r < 0 {
+        // SAFETY: the thread's errno slot.
+        -(unsafe { *libc::__errno_location() })
+    } else {
+        r as c_int
     }
 }
 
@@ -126,7 +150,7 @@ impl<F: FnMut() -> c_int> Source for HookWait<'_, F> {
     }
 
     fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> fastwake::Result<()> {
-        sleep_poll(self.set, timeout, true)
+        slept(self.set.poll(poll_ms(timeout)), true)
     }
 
     fn peek(&self) -> Option<&Arc<dyn Peek>> {
@@ -134,48 +158,64 @@ impl<F: FnMut() -> c_int> Source for HookWait<'_, F> {
     }
 }
 
-/// Sleep in `poll` on `p`'s fds until one is ready or `timeout` passes
-/// (rounded up to whole ms: never before the deadline). `eintr_ends`: a
-/// signal ends the wait with EINTR, else it is a spurious wake-up.
-pub(crate) fn sleep_poll(
-    p: &FdsPeek,
+/// Sleep in `poll` until `fd` is readable or `timeout` passes (see
+/// [`slept`] for the result).
+pub(crate) fn sleep_readable(
+    fd: c_int,
     timeout: Option<Duration>,
     eintr_ends: bool,
 ) -> fastwake::Result<()> {
-    let ms = match timeout {
+    let mut one = [libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    slept(ppoll(&mut one, poll_ms(timeout)), eintr_ends)
+}
+
+/// A sleep's timeout for `poll`: rounded up to whole ms (never before the
+/// deadline); -1 forever.
+fn poll_ms(timeout: Option<Duration>) -> c_int {
+    match timeout {
         None => -1,
         Some(d) => d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as c_int,
-    };
-    match p.poll(ms) {
+    }
+}
+
+/// A sleeping `poll`'s result as a source's sleep: `eintr_ends`: a signal
+/// ends the wait with EINTR, else it is a spurious wake-up.
+fn slept(r: c_int, eintr_ends: bool) -> fastwake::Result<()> {
+    match r {
         e if e == -libc::EINTR && eintr_ends => Err(Fail::new(libc::EINTR, "wait interrupted")),
         e if e < 0 && e != -libc::EINTR => Err(Fail::new(-e, "poll")),
         _ => Ok(()),
     }
 }
 
-/// A wait for `set` (fds and events) in dispatch mode, taking with `take`
-/// (the hooked call with a zero timeout), or `None` when this call cannot
-/// be dispatched (the caller then uses the engine): a zero timeout,
-/// dispatch inactive, more than [`MAX_FDS`] fds, or the thread's state
-/// busy (a hook entered from a signal handler during a wait).
-pub(crate) fn dispatched(
-    set: &[libc::pollfd],
+/// A wait for `set` (fds and events; called once or twice, before any
+/// `take`) in dispatch mode, taking with `take` (the hooked call with a
+/// zero timeout), or `None` when this call cannot be dispatched (the
+/// caller then uses the engine): a zero timeout, an empty set, dispatch
+/// inactive, or the thread's state busy (a hook entered from a signal
+/// handler during a wait).
+pub(crate) fn dispatched<I: Iterator<Item = libc::pollfd>>(
+    set: impl Fn() -> I,
     timeout: Option<Duration>,
     take: impl FnMut() -> c_int,
 ) -> Option<c_int> {
-    if timeout.is_some_and(|t| t.is_zero()) || set.is_empty() || set.len() > MAX_FDS {
+    if timeout.is_some_and(|t| t.is_zero()) || set().next().is_none() {
         return None;
     }
-    let fresh = FdsPeek::new(set)?;
-    let peek = LAST
+    let (fds, peek) = LAST
         .try_with(|l| {
             let mut l = l.try_borrow_mut().ok()?;
             match &*l {
-                Some((s, p)) if s.watches(set) => Some(p.clone()),
+                Some(h) if h.0.watches(set()) => Some(h.clone()),
                 _ => {
-                    let p: Arc<dyn Peek> = Arc::new(fresh.clone());
-                    *l = Some((fresh.clone(), p.clone()));
-                    Some(p)
+                    let f = Arc::new(FdsPeek::new(set()));
+                    let h: Handle = (f.clone(), f);
+                    *l = Some(h.clone());
+                    Some(h)
                 }
             }
         })
@@ -183,7 +223,7 @@ pub(crate) fn dispatched(
         .flatten()?;
     let mut src = HookWait {
         peek: &peek,
-        set: &fresh,
+        set: &fds,
         take,
     };
     Some(match crate::dispatch::serve(&mut src, timeout, true)? {
@@ -197,20 +237,22 @@ pub(crate) fn dispatched(
     })
 }
 
-/// `epoll_wait(epfd, events, max, timeout_ms)` in dispatch mode (see
+/// `epoll_wait(epfd, events, max, timeout)` in dispatch mode (see
 /// [`dispatched`] for `None`).
 pub(crate) fn epoll_wait(
     epfd: c_int,
     events: *mut libc::epoll_event,
     max: c_int,
-    timeout_ms: c_int,
+    timeout: Option<Duration>,
 ) -> Option<c_int> {
-    let set = [libc::pollfd {
-        fd: epfd,
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    dispatched(&set, ms(timeout_ms), || {
+    let set = || {
+        std::iter::once(libc::pollfd {
+            fd: epfd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+    };
+    dispatched(set, timeout, || {
         // SAFETY: the caller's epoll_wait arguments (checked non-null and
         // positive by the hook); a raw syscall, not our hook.
         unsafe {
@@ -227,30 +269,23 @@ pub(crate) fn epoll_wait(
     })
 }
 
-/// `poll(fds, nfds, timeout_ms)` in dispatch mode (see [`dispatched`] for
+/// `poll(fds, nfds, timeout)` in dispatch mode (see [`dispatched`] for
 /// `None`); `take` is the hook's zero-timeout probe.
 pub(crate) fn poll(
     fds: *mut libc::pollfd,
     nfds: libc::nfds_t,
-    timeout_ms: c_int,
+    timeout: Option<Duration>,
     take: impl FnMut() -> c_int,
 ) -> Option<c_int> {
-    if fds.is_null() || nfds == 0 || nfds as usize > MAX_FDS {
+    if fds.is_null() || nfds == 0 {
         return None;
     }
-    // SAFETY: the caller passed `nfds` pollfds at `fds` (non-null).
-    let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
-    // A copy: the probe writes the caller's revents.
-    let mut copy = [libc::pollfd {
-        fd: -1,
-        events: 0,
-        revents: 0,
-    }; MAX_FDS];
-    copy[..set.len()].copy_from_slice(set);
-    dispatched(&copy[..set.len()], ms(timeout_ms), take)
-}
-
-/// A millisecond timeout as the hooks get it: negative = forever.
-fn ms(timeout_ms: c_int) -> Option<Duration> {
-    crate::wait::ms_to_ns(timeout_ms).map(Duration::from_nanos)
+    // Read through the pointer (no reference held): `take` writes the
+    // caller's revents.
+    let set = || {
+        // SAFETY: the caller passed `nfds` pollfds at `fds` (non-null);
+        // only read, before any `take`.
+        (0..nfds as usize).map(move |i| unsafe { fds.add(i).read() })
+    };
+    dispatched(set, timeout, take)
 }

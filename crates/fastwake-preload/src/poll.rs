@@ -1,8 +1,8 @@
 //! poll interposition: `poll`, its fortified form `__poll_chk`, and
 //! `ppoll` (with its signal mask and nanosecond timeout), through the wait
-//! engine. `ppoll` is not dispatched: its mask must hold during the sleep,
-//! which the dispatcher's futex sleep cannot give; in `dispatch` mode it
-//! spins as in `hybrid`.
+//! engine. A `ppoll` with a mask is not dispatched: the mask must hold
+//! during the sleep, which the dispatcher's futex sleep cannot give
+//! atomically; in `dispatch` mode it spins as in `hybrid`.
 
 use crate::real::Sym;
 use crate::wait;
@@ -55,8 +55,9 @@ fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_
     }
     let go = || {
         if crate::config::dispatch()
-            && let Some(n) =
-                crate::fds::poll(fds, nfds, timeout, || probe(fds, nfds, std::ptr::null()))
+            && let Some(n) = crate::fds::poll(fds, nfds, wait::ms(timeout), || {
+                probe(fds, nfds, std::ptr::null())
+            })
         {
             crate::stats::served(Call::Poll);
             return n;
@@ -152,6 +153,18 @@ pub unsafe extern "C" fn ppoll(
         return plain();
     }
     let go = || {
+        if sigmask.is_null()
+            && crate::config::dispatch()
+            && let Some(n) = crate::fds::poll(
+                fds,
+                nfds,
+                timeout_ns.map(std::time::Duration::from_nanos),
+                || probe(fds, nfds, std::ptr::null()),
+            )
+        {
+            crate::stats::served(Call::Ppoll);
+            return n;
+        }
         wait::wait(
             Call::Ppoll,
             timeout_ns,

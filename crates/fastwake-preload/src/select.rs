@@ -1,7 +1,7 @@
 //! select and pselect interposition (through the wait engine). `pselect`
 //! with a signal mask is not dispatched (the mask must hold during the
-//! sleep, which the dispatcher's futex sleep cannot give): in `dispatch`
-//! mode it spins as in `hybrid`.
+//! sleep, which the dispatcher's futex sleep cannot give atomically): in
+//! `dispatch` mode it spins as in `hybrid`.
 //!
 //! select rewrites its fd sets in place, and a zero-timeout look that finds
 //! nothing clears them, so the hook keeps a copy of the caller's sets and
@@ -77,43 +77,25 @@ impl Saved {
     }
 
     /// The sets as `poll` entries (read: `POLLIN`, write: `POLLOUT`,
-    /// except: `POLLPRI`), for a dispatcher to peek; `None` past
-    /// [`crate::fds::MAX_FDS`] fds.
-    fn as_pollfds(&self) -> Option<([libc::pollfd; crate::fds::MAX_FDS], usize)> {
-        let mut out = [libc::pollfd {
-            fd: -1,
-            events: 0,
-            revents: 0,
-        }; crate::fds::MAX_FDS];
-        let mut n = 0;
-        for w in 0..self.words {
-            let mut bits = self.copy[0][w] | self.copy[1][w] | self.copy[2][w];
-            while bits != 0 {
-                let b = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let bit = 1u64 << b;
-                let mut events = 0;
-                if self.copy[0][w] & bit != 0 {
-                    events |= libc::POLLIN;
-                }
-                if self.copy[1][w] & bit != 0 {
-                    events |= libc::POLLOUT;
-                }
-                if self.copy[2][w] & bit != 0 {
-                    events |= libc::POLLPRI;
-                }
-                if n == out.len() {
+    /// except: `POLLPRI`), in fd order, for a dispatcher to peek.
+    fn as_pollfds(&self) -> impl Iterator<Item = libc::pollfd> + '_ {
+        (0..self.words).flat_map(move |w| {
+            let [r, wr, x] = [self.copy[0][w], self.copy[1][w], self.copy[2][w]];
+            let mut bits = r | wr | x;
+            std::iter::from_fn(move || {
+                if bits == 0 {
                     return None;
                 }
-                out[n] = libc::pollfd {
-                    fd: (w * 64 + b) as c_int,
-                    events,
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                let on = |set: u64, ev: libc::c_short| if set >> b & 1 != 0 { ev } else { 0 };
+                Some(libc::pollfd {
+                    fd: (w * 64) as c_int + b as c_int,
+                    events: on(r, libc::POLLIN) | on(wr, libc::POLLOUT) | on(x, libc::POLLPRI),
                     revents: 0,
-                };
-                n += 1;
-            }
-        }
-        Some((out, n))
+                })
+            })
+        })
     }
 
     /// A readable fd among the results, for the peer-CPU sample.
@@ -258,13 +240,11 @@ fn intercept(
 ) -> c_int {
     let saved = Saved::new(sets, n);
     let dispatched = if crate::config::dispatch() && mask.is_null() {
-        saved.as_pollfds().and_then(|(fds, k)| {
-            crate::fds::dispatched(
-                &fds[..k],
-                orig_ns.map(std::time::Duration::from_nanos),
-                || probe(nfds, &saved, std::ptr::null()),
-            )
-        })
+        crate::fds::dispatched(
+            || saved.as_pollfds(),
+            orig_ns.map(std::time::Duration::from_nanos),
+            || probe(nfds, &saved, std::ptr::null()),
+        )
     } else {
         None
     };

@@ -439,6 +439,11 @@ pub fn ms_to_ns(ms: c_int) -> Option<u64> {
     u64::try_from(ms).ok().map(|m| m * 1_000_000)
 }
 
+/// A ms timeout as a duration: negative = forever.
+pub fn ms(ms: c_int) -> Option<std::time::Duration> {
+    ms_to_ns(ms).map(std::time::Duration::from_nanos)
+}
+
 /// The ms timeout for the real call: the caller's own, or what is left
 /// rounded up (never shorter than asked).
 pub fn ms_left(orig: c_int, left: Option<u64>) -> c_int {

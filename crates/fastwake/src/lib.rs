@@ -43,6 +43,7 @@ pub mod affinity;
 pub mod cpu;
 pub mod dispatch;
 mod error;
+mod fork;
 pub mod grammar;
 pub mod preload_stats;
 pub mod source;

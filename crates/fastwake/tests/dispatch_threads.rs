@@ -752,3 +752,82 @@ fn signals_racing_hand_offs_lose_nothing() {
     // `withdrawal_racing_a_hand_off_settles_once`: the window is too
     // narrow for a timed run to hit reliably.
 }
+
+/// Five times: send one completion from another thread after 300 µs
+/// (the waiter is asleep by then, unless the host is slow; the dispatcher
+/// is not yet idle) and take it with `w` on `cpu`. The waits' stats.
+fn wait_five(w: &mut Waiter, cpu: u32, pcpu: u32) -> fastwake::wait::WaitStats {
+    fastwake::cpu::pin(cpu).unwrap();
+    let before = w.stats();
+    for tag in 0..5 {
+        let (mut tx, mut rx) = chan();
+        let h = std::thread::spawn(move || {
+            fastwake::cpu::pin(pcpu).unwrap();
+            std::thread::sleep(Duration::from_micros(300));
+            tx.send(tag, b"x").unwrap();
+        });
+        let m = w
+            .wait_timeout(&mut rx, WAIT)
+            .unwrap()
+            .expect("no completion");
+        assert_eq!(m.tag, tag);
+        h.join().unwrap();
+    }
+    let mut s = w.stats();
+    s.handoffs -= before.handoffs;
+    s
+}
+
+/// fork without exec (a pre-fork server's workers): the parent's
+/// dispatcher has no thread in the child, so a waiter registered with it
+/// must not wait for it there (it falls back), the child may start its
+/// own dispatcher for the same CPU (not refused as busy) and be handed
+/// off by it, and dropping the parent's handle in the child returns.
+#[test]
+fn a_forked_child_starts_its_own_dispatcher() {
+    let _g = spin_lock();
+    let (wcpu, pcpu) = cpus();
+    let parent_d = Dispatcher::start(Config::new(wcpu)).unwrap();
+    let mut w = Waiter::new(WaitMode::Dispatch);
+    let s = wait_five(&mut w, wcpu, pcpu);
+    assert!(s.handoffs >= 1, "no hand-off in the parent: {s:?}");
+    // SAFETY: the child only runs the checks below and leaves with
+    // _exit, never returning into the test harness.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let s = wait_five(&mut w, wcpu, pcpu);
+            assert_eq!(
+                s.handoffs, 0,
+                "handed off by a dispatcher with no thread: {s:?}"
+            );
+            let d = Dispatcher::start(Config::new(wcpu)).expect("the child's own dispatcher");
+            let s = wait_five(&mut w, wcpu, pcpu);
+            assert!(
+                s.handoffs >= 1,
+                "the child's dispatcher did not hand off: {s:?}"
+            );
+            drop(d);
+            drop(parent_d);
+        }))
+        .map_or(1, |_| 0);
+        // SAFETY: leave the child without running the parent's exit work.
+        unsafe { libc::_exit(code) };
+    }
+    assert!(pid > 0, "fork failed");
+    let t0 = Instant::now();
+    let mut st = 0;
+    // SAFETY: our own child, polled so a hang fails instead of blocking.
+    while unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == 0 {
+        if t0.elapsed() > Duration::from_secs(20) {
+            // SAFETY: our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the forked child hung");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "the forked child failed ({st:#x})"
+    );
+}

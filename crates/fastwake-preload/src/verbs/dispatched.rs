@@ -3,7 +3,7 @@
 //! shim's stash, which the program cannot tell) and its fd; the thread
 //! then reports the event as the spinning modes do.
 
-use crate::fds::{FdsPeek, sleep_poll};
+use crate::fds::sleep_readable;
 use fastwake::Fail;
 use fastwake::source::{Peek, Rechecked, Source};
 use std::cell::RefCell;
@@ -42,8 +42,6 @@ struct VerbsWait<'a> {
     channel: *mut fastwake_verbs_sys::ibv_comp_channel,
     fd: c_int,
     peek: &'a Arc<dyn Peek>,
-    /// The channel fd, to sleep on.
-    wake: FdsPeek,
 }
 
 impl Source for VerbsWait<'_> {
@@ -73,7 +71,7 @@ impl Source for VerbsWait<'_> {
         // EINTR is a spurious wake-up here: the blocking read the program
         // asked for is restarted after a handler installed with
         // SA_RESTART, so a signal must not end this wait.
-        sleep_poll(&self.wake, timeout, false)
+        sleep_readable(self.fd, timeout, false)
     }
 
     fn peek(&self) -> Option<&Arc<dyn Peek>> {
@@ -111,17 +109,11 @@ pub(crate) fn verbs_wait(
             p
         }
     };
-    let wake = FdsPeek::new(&[libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    }])?;
     let mut src = VerbsWait {
         real_get,
         channel,
         fd,
         peek: &peek,
-        wake,
     };
     // Signals do not end it (see `VerbsWait::sleep`).
     Some(

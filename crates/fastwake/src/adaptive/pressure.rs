@@ -128,11 +128,19 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     started: false,
 });
 
+// A forked child has neither the sampler thread nor the parent's idle
+// threads: it starts its own sampler on its first waiter.
+crate::fork::hold_across_fork!(hold_across_fork, REGISTRY, Registry, |r| {
+    r.idle_threads.clear();
+    r.started = false;
+});
+
 /// Declare the calling thread, pinned to `cpu`, as one that only runs on
 /// idle CPU (`SCHED_IDLE`): the sampler does not count it as contention.
 /// Undo with [`forget_idle_thread`] before the thread exits.
 pub(crate) fn declare_idle_thread(cpu: u32) -> i32 {
     let tid = rustix::thread::gettid().as_raw_nonzero().get();
+    hold_across_fork();
     let mut r = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
     r.idle_threads.push((tid, cpu));
     tid
@@ -160,6 +168,8 @@ pub(crate) fn register(sh: &Arc<Shared>) {
         rustix::thread::gettid().as_raw_nonzero().get(),
         Ordering::Relaxed,
     );
+    // Before the sampler starts, no thread can hold the lock at a fork.
+    hold_across_fork();
     let mut r = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
     if !r.waiters.iter().any(|w| w.as_ptr() == Arc::as_ptr(sh)) {
         r.waiters.push(Arc::downgrade(sh));

@@ -68,6 +68,9 @@ pub(crate) struct Hub {
     pub(super) awake: FutexWord,
     pub(super) rescued: AtomicU64,
     pub(super) relayed: AtomicU64,
+    /// `crate::fork::generation` when made: in a forked child, which has
+    /// none of its threads, the hub is dead.
+    generation: u32,
 }
 
 impl Hub {
@@ -99,6 +102,7 @@ impl Hub {
             awake: FutexWord::new(0),
             rescued: AtomicU64::new(0),
             relayed: AtomicU64::new(0),
+            generation: crate::fork::generation(),
         }
     }
 
@@ -128,8 +132,17 @@ impl Hub {
         );
     }
 
+    /// Dead: its thread exited, or this is a forked child, where the
+    /// thread never was (its waits then fall back or find the child's own
+    /// dispatcher; nothing here touches the hub's locks, which the
+    /// parent's threads may have held at the fork).
     pub(crate) fn is_dead(&self) -> bool {
-        self.mode.load(Ordering::SeqCst) == MODE_DEAD
+        self.mode.load(Ordering::SeqCst) == MODE_DEAD || self.made_before_fork()
+    }
+
+    /// Made in the parent of this forked child.
+    pub(super) fn made_before_fork(&self) -> bool {
+        self.generation != crate::fork::current()
     }
 
     /// Register a waiter's source; `None` when dead or full.

@@ -223,6 +223,12 @@ impl Dispatcher {
 
 impl Drop for Dispatcher {
     fn drop(&mut self) {
+        if self.hub.made_before_fork() {
+            // A forked child has none of the threads to stop or join.
+            std::mem::forget(self.thread.take());
+            std::mem::forget(self.watchdog.take());
+            return;
+        }
         self.hub.request_exit();
         self.join_threads();
     }

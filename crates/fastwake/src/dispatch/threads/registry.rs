@@ -1,5 +1,6 @@
 //! Which dispatcher serves which CPU: how a waiter finds its core's
-//! [`Hub`].
+//! [`Hub`]. Held across `fork` (`crate::fork`): a forked child finds it
+//! free and empty, and its hubs from before the fork count as dead there.
 
 use super::{Hub, lock};
 use crate::{Fail, Result};
@@ -7,6 +8,9 @@ use std::sync::{Arc, Mutex, Weak};
 
 /// Dispatchers by served CPU. Weak: a dispatcher's lifetime is its handle's.
 static REGISTRY: Mutex<Vec<(u32, Weak<Hub>)>> = Mutex::new(Vec::new());
+
+crate::fork::hold_across_fork!(hold_across_fork, REGISTRY, Vec<(u32, Weak<Hub>)>, |reg| reg
+    .clear());
 
 /// The live dispatcher serving `cpu`, if any.
 pub(crate) fn lookup(cpu: u32) -> Option<Arc<Hub>> {
@@ -19,6 +23,9 @@ pub(crate) fn lookup(cpu: u32) -> Option<Arc<Hub>> {
 
 /// Make `hub` the dispatcher of `cpu`; `EBUSY` if a live one serves it.
 pub(super) fn insert(cpu: u32, hub: &Arc<Hub>) -> Result<()> {
+    // Before the first dispatcher exists, no thread can hold the lock at
+    // a fork.
+    hold_across_fork();
     let mut reg = lock(&REGISTRY);
     reg.retain(|(_, w)| w.upgrade().is_some_and(|c| !c.is_dead()));
     if reg.iter().any(|(c, _)| *c == cpu) {
