@@ -16,7 +16,15 @@
 //! at the first); a signal mask (it must hold during the wait); a zero
 //! timeout. A signal during the spin ends the wait with -EINTR after its
 //! handler has run, as `io_uring_enter` does (it is never restarted).
-//! `dispatch` mode spins as `hybrid` (these waits are not dispatched).
+//!
+//! `dispatch` mode: the dispatcher of the thread's CPU peeks the ring's fd
+//! (an io_uring fd polls readable while its CQ holds a completion, or
+//! has task work that will post one), and the woken thread takes the
+//! completion with the same look. The fd is the one place the shim reads
+//! `struct io_uring` ([`ring_fd`]): its offset has been the same since
+//! liburing 2.0 (the struct keeps its size with pads), and the fd found
+//! there is used only if the kernel says it is an io_uring; otherwise the
+//! wait spins as in `hybrid`.
 
 use crate::real::Sym;
 use crate::wait;
@@ -127,6 +135,80 @@ fn serve(
     }
 }
 
+/// `offsetof(struct io_uring, ring_fd)` on LP64 since liburing 2.0: after
+/// `struct io_uring_sq` (104 bytes), `struct io_uring_cq` (88) and
+/// `unsigned flags`. scripts/uring-test compiles the check against the
+/// installed header.
+const RING_FD_OFFSET: usize = 196;
+
+thread_local! {
+    // The last ring this thread waited on and its verified fd (-1: not an
+    // io_uring there), so the check runs once per ring.
+    static LAST_RING: std::cell::Cell<(usize, c_int)> = const { std::cell::Cell::new((0, -1)) };
+}
+
+/// The io_uring fd of liburing's `ring`, if the int at [`RING_FD_OFFSET`]
+/// is an fd the kernel calls an io_uring.
+fn ring_fd(ring: *mut c_void) -> Option<c_int> {
+    let (last, fd) = LAST_RING.try_with(|c| c.get()).ok()?;
+    if last == ring as usize {
+        return (fd >= 0).then_some(fd);
+    }
+    // SAFETY: `ring` is the caller's `struct io_uring`, which is larger
+    // than the offset plus an int; read unaligned to assume nothing.
+    let fd = unsafe {
+        ring.cast::<u8>()
+            .add(RING_FD_OFFSET)
+            .cast::<c_int>()
+            .read_unaligned()
+    };
+    let ok = fd >= 0
+        && std::fs::read_link(format!("/proc/self/fd/{fd}"))
+            .is_ok_and(|l| l.as_os_str() == "anon_inode:[io_uring]");
+    let fd = if ok { fd } else { -1 };
+    let _ = LAST_RING.try_with(|c| c.set((ring as usize, fd)));
+    ok.then_some(fd)
+}
+
+/// The wait in dispatch mode, taking with `look` (liburing's code: 0 a
+/// completion, -EAGAIN none, -errno); `None`: not dispatched (see
+/// `crate::fds::dispatched`, and a ring whose fd cannot be found).
+/// Returns liburing's code, -ETIME after the timeout.
+fn dispatched(
+    call: Call,
+    ring: *mut c_void,
+    timeout_ns: Option<u64>,
+    mut look: impl FnMut() -> c_int,
+) -> Option<c_int> {
+    if !crate::config::dispatch() {
+        return None;
+    }
+    let fd = ring_fd(ring)?;
+    let set = || {
+        std::iter::once(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+    };
+    let take = || match look() {
+        0 => 1,
+        e if e == -libc::EAGAIN => 0,
+        e => {
+            // SAFETY: the thread's errno slot.
+            unsafe { *libc::__errno_location() = -e };
+            -1
+        }
+    };
+    let n = crate::fds::dispatched(set, timeout_ns.map(std::time::Duration::from_nanos), take)?;
+    crate::stats::served(call);
+    Some(match n {
+        1.. => 0,
+        0 => -libc::ETIME,
+        _ => -wait::errno(),
+    })
+}
+
 /// Why the mode passes every call through, if it does.
 fn pass() -> Option<Pass> {
     match crate::config::mode() {
@@ -170,11 +252,15 @@ pub unsafe extern "C" fn __io_uring_get_cqe(
         crate::stats::served(call);
         return first;
     }
+    // SAFETY: as above; nothing to submit, nothing to wait for.
+    let look = || unsafe { real(ring, cqe_ptr, 0, 0, std::ptr::null_mut()) };
+    if let Some(r) = dispatched(call, ring, None, look) {
+        return r;
+    }
     serve(
         call,
         None,
-        // SAFETY: as above; nothing to submit, nothing to wait for.
-        || unsafe { real(ring, cqe_ptr, 0, 0, std::ptr::null_mut()) },
+        look,
         // SAFETY: the caller's call, less what was already submitted.
         |_| unsafe { real(ring, cqe_ptr, 0, 1, std::ptr::null_mut()) },
     )
@@ -225,6 +311,9 @@ pub unsafe extern "C" fn io_uring_wait_cqe_timeout(
     if first != -libc::EAGAIN {
         crate::stats::served(call);
         return first;
+    }
+    if let Some(r) = dispatched(call, ring, timeout_ns, look) {
+        return r;
     }
     serve(call, timeout_ns, look, |left| match left {
         None => plain(),
