@@ -192,3 +192,42 @@ fn a_missing_shim_is_one_line() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
     assert!(err.contains("FASTWAKE_PRELOAD"), "{err:?}");
 }
+
+/// A program that waits in none of the hooked calls (it computes, reads
+/// files and pipes, forks and execs) gives byte-for-byte the same output
+/// and exit status under the shim in every mode, and the shim says
+/// nothing unless asked; with --verbose its report says that nothing was
+/// intercepted and names what the program did call.
+#[test]
+fn a_program_without_hooked_waits_is_unchanged() {
+    let Some(_) = shim() else { return };
+    let script = "seq 1 30000 | sort -r | sha256sum; \
+                  awk 'BEGIN { s = 0; for (i = 0; i < 200000; i++) s += i * i; print s }'; \
+                  cat /proc/self/status | grep -c '^Cpus_allowed'; \
+                  printf 'a\\nb\\n' | wc -l; exit 3";
+    let plain = Command::new("sh")
+        .args(["-c", script])
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("sh");
+    assert_eq!(plain.status.code(), Some(3));
+    for mode in ["poll", "interrupt", "hybrid", "adaptive", "dispatch"] {
+        let o = run(&["--mode", mode, "--", "sh", "-c", script], &[]);
+        assert_eq!(o.stdout, plain.stdout, "{mode}: output differs");
+        assert_eq!(o.status.code(), plain.status.code(), "{mode}: exit differs");
+        assert!(
+            o.stderr.is_empty(),
+            "{mode}: the shim spoke unasked: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let o = run(
+        &["--mode", "hybrid", "--verbose", "--", "sh", "-c", "exit 0"],
+        &[],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.lines().any(|l| l.contains("no waits intercepted")),
+        "no 'no waits intercepted' in the report:\n{err}"
+    );
+}

@@ -144,6 +144,7 @@ fn hooks_resolve() {
     select::resolve();
     sockets::resolve();
     uring::resolve();
+    stats::leave::resolve();
     verbs::init();
 }
 

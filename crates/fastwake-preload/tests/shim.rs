@@ -1227,3 +1227,71 @@ fn child_fork_segment() {
 fn a_forked_child_gets_its_own_segment() {
     child("child_fork_segment", HYBRID);
 }
+
+/// `_exit` skips the destructor: the shim's hook reports and removes the
+/// segment first; a `vfork` child's `_exit` (which shares the parent's
+/// memory) must leave the parent's segment and counters alone.
+#[test]
+#[ignore = "child scenario, run by exit_through_underscore_exit_reports_and_cleans_up"]
+fn child_underscore_exit() {
+    let me = std::process::id();
+    let (r, _w) = pipe();
+    let ep = epoll_with(&[r.as_raw_fd()]);
+    ewait(&ep, 1);
+    // What vfork does (the child shares our memory and we wait until it
+    // leaves), as clone with a function of its own on a stack of its own,
+    // so no code returns twice. The child only calls _exit (the shim's
+    // hook, which must do nothing in it), as a failed exec would.
+    extern "C" fn vfork_child(_: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: ends the child.
+        unsafe { libc::_exit(0) }
+    }
+    let mut stack = vec![0u8; 64 * 1024];
+    // SAFETY: the stack top of a live buffer (16-byte aligned), a plain
+    // function; CLONE_VFORK keeps us (and the buffer) until it exits.
+    let pid = unsafe {
+        let top = stack.as_mut_ptr().add(stack.len()) as usize & !15;
+        libc::clone(
+            vfork_child,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::null_mut(),
+        )
+    };
+    assert!(pid > 0, "clone failed");
+    let mut st = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(
+        Seg::path(me).is_some(),
+        "the vfork child's _exit removed the parent's segment"
+    );
+    eprintln!("child_underscore_exit: pid {me} leaves by _exit");
+    // SAFETY: ends the process without the destructor (stdout is empty).
+    unsafe { libc::_exit(0) };
+}
+
+#[test]
+fn exit_through_underscore_exit_reports_and_cleans_up() {
+    let Some(out) = child("child_underscore_exit", HYBRID) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    let pid: u32 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("child_underscore_exit: pid "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("the scenario did not run:\n{err}"));
+    assert!(
+        err.lines()
+            .filter(|l| l.contains(&format!("pid={pid} ")) && l.contains("waits="))
+            .count()
+            == 1,
+        "no exit report (or two) for pid {pid}:\n{err}"
+    );
+    assert!(
+        Seg::path(pid).is_none(),
+        "pid {pid}'s segment was left behind"
+    );
+}

@@ -26,10 +26,12 @@
 //!
 //! Exit: the library's destructor ([`exit`]) prints the report when
 //! verbose and unlinks the file (never unmaps: other threads may still count
-//! until the process is gone). `_exit`, `exec` of an unshimmed program and
-//! SIGKILL leave the file behind; `fastwake stats` removes such stale
-//! segments when it lists. SIGTERM and SIGINT with verbose: [`signals`].
+//! until the process is gone); so do the `_exit` and `_Exit` hooks
+//! ([`leave`]). `exec` of an unshimmed program and SIGKILL leave the file
+//! behind; `fastwake stats` removes such stale segments when it lists.
+//! SIGTERM and SIGINT with verbose: [`signals`].
 
+pub mod leave;
 pub mod signals;
 
 use fastwake::preload_stats::{Call, Pass, Segment};
@@ -289,17 +291,27 @@ extern "C" fn after_fork_child() {
     }
 }
 
+/// Is the segment this process's own (not its parent's, as in a `vfork`
+/// child, which shares the parent's memory)? True without a file (the
+/// static fallback, or nothing counted).
+pub fn owned() -> bool {
+    if !MAPPED.load(Ordering::Acquire) {
+        return true;
+    }
+    counters()
+        .is_none_or(|s| s.header.pid == rustix::process::getpid().as_raw_nonzero().get() as u32)
+}
+
 /// Unlink this process's file (if it has one). Async-signal-safe.
 pub fn remove() {
     if !MAPPED.load(Ordering::Acquire) {
         return;
     }
-    let Some(s) = counters() else { return };
-    let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
     // A segment inherited from the parent is the parent's to remove.
-    if s.header.pid != pid {
+    if !owned() {
         return;
     }
+    let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
     let mut buf = [0u8; 256];
     if let Some(path) = path_of(pid, &mut buf) {
         let _ = rustix::fs::unlink(path);
