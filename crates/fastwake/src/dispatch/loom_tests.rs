@@ -34,7 +34,7 @@ fn hub(capacity: usize, summary: bool) -> Arc<Hub> {
 
 /// The dispatcher thread's own watch, as `Hub::run` makes it.
 fn watch(hub: &Hub, summary: bool) -> Watch {
-    Watch::new(hub.slots.len(), summary, 0, false)
+    Watch::new(hub.slots.len(), summary, 0, false, hub.notices.clone())
 }
 
 /// A watch made on one thread for the dispatcher thread.

@@ -262,11 +262,20 @@ pub(crate) fn wait<S: Source + ?Sized>(
         }
         let reg = link.reg.as_ref().expect("registered above");
         let (hub, slot) = (&reg.hub, &reg.hub.slots[reg.index]);
+        // The re-check after announcing. A source that offers notices is
+        // asked for one here, and the request reads the source in the same
+        // atomic step: the producer either sees it (and pushes a notice the
+        // dispatcher pops) or the re-check sees the completion.
+        let notices = link.peek.as_ref().filter(|_| hub.takes_notices());
+        let recheck = || match notices.and_then(|p| p.arm_notice()) {
+            Some(ready) => ready,
+            None => src.ready(),
+        };
         let Some(end) = slot.wait_hand_off(
             &hub.waitset,
             reg.index,
             || hub.kick(),
-            || src.ready(),
+            recheck,
             deadline,
             interruptible,
         ) else {

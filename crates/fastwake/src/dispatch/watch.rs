@@ -1,6 +1,13 @@
 //! The set of sources one dispatcher watches, and how a pass finds the ready
-//! ones: sources whose producer raises a [`Summary`] flag are visited only
-//! when flagged; the rest ("plain") are peeked every pass.
+//! ones: sources whose producer pushes ready notices ([`NoticeRing`]) are
+//! visited only when a notice names them ("noticed": O(ready), whatever
+//! their number); sources whose producer raises a [`Summary`] flag are
+//! visited only when flagged; the rest ("plain") are peeked every pass.
+//!
+//! A notice lost to a bug would leave its waiter asleep, so noticed
+//! sources are also peeked by a safety net, a few per call
+//! ([`Watch::safety_step`]), which the dispatchers call now and then and
+//! count what it finds: expected zero.
 //!
 //! The summary is not free: the producer's flag write and the dispatcher's
 //! read-and-clear move one more cache line between cores on every
@@ -10,6 +17,8 @@
 //! source to the summary when it grows past that (see `docs/dispatch.md`
 //! for the measurements behind the default).
 
+use crate::source::bell::Bell;
+use crate::source::notice::NoticeRing;
 use crate::source::summary::Summary;
 use crate::source::{NextAt, Peek};
 use crate::sync::{AtomicU64, Ordering};
@@ -37,6 +46,12 @@ struct Fast {
 /// Default switch-over point to the summary, in sources.
 pub(crate) const SUMMARY_ABOVE: usize = 32;
 
+/// Noticed sources the safety net peeks per [`Watch::safety_step`]: with
+/// a step every few hundred empty passes, a full round over 1024 sources
+/// takes ~0.1 ms, and one step (a complete peek each, ~10 ns) stays far
+/// below the latency it could add to a hand-off it delays.
+const SAFETY_STEP: usize = 8;
+
 pub(crate) struct Watch {
     entries: Vec<Option<Arc<dyn Peek>>>,
     /// Per entry, when its peek offers counters; valid while `entries[i]`
@@ -58,6 +73,14 @@ pub(crate) struct Watch {
     words: usize,
     /// Prefetch a ready entry's next slot (see [`NextAt`]).
     prefetch: bool,
+    /// Where producers push ready notices, for sources that can.
+    notices: Option<Arc<NoticeRing>>,
+    /// Entries served by notices, one bit each (neither plain nor
+    /// summarised).
+    noticed: Vec<u64>,
+    noticed_count: usize,
+    /// Where the next safety-net step starts.
+    safety_at: Cell<usize>,
 }
 
 impl Watch {
@@ -66,11 +89,16 @@ impl Watch {
         use_summary: bool,
         summary_above: usize,
         prefetch: bool,
+        notices: Option<Arc<NoticeRing>>,
     ) -> Watch {
+        // One bell for both, so an idle runtime arms one.
+        let bell = notices
+            .as_ref()
+            .map_or_else(|| Arc::new(Bell::new()), |r| r.bell().clone());
         Watch {
             entries: (0..capacity).map(|_| None).collect(),
             fast: vec![None; capacity],
-            summary: use_summary.then(|| Summary::new(capacity)),
+            summary: use_summary.then(|| Summary::with_bell(capacity, bell)),
             plain: vec![0; capacity.div_ceil(64)],
             plain_count: 0,
             count: 0,
@@ -79,11 +107,34 @@ impl Watch {
             summarising: false,
             words: 0,
             prefetch,
+            notices,
+            noticed: vec![0; capacity.div_ceil(64)],
+            noticed_count: 0,
+            safety_at: Cell::new(0),
         }
     }
 
-    pub(crate) fn summary(&self) -> Option<&Arc<Summary>> {
-        self.summary.as_ref()
+    /// The bell an idle watcher arms: rung by notices and summary flags.
+    pub(crate) fn bell(&self) -> Option<&Arc<Bell>> {
+        self.notices
+            .as_ref()
+            .map(|r| r.bell())
+            .or_else(|| self.summary.as_ref().map(|s| s.bell()))
+    }
+
+    /// Is entry `i` served by notices?
+    #[inline]
+    pub(crate) fn noticed(&self, i: usize) -> bool {
+        self.noticed[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// Owner side (a task runtime arms for its tasks): ask entry `i`'s
+    /// producer for a notice of its next completion. True when the entry
+    /// is ready now (then no notice will come for what is there).
+    pub(crate) fn arm_notice(&self, i: usize) -> bool {
+        self.entries[i]
+            .as_ref()
+            .is_some_and(|p| p.arm_notice() == Some(true))
     }
 
     /// Watch `peek` as entry `i` (replacing what was there). The caller
@@ -91,11 +142,19 @@ impl Watch {
     /// before the summary flag was attached raised no flag.
     pub(crate) fn insert(&mut self, i: usize, peek: Arc<dyn Peek>) {
         self.remove(i);
+        let noticed = self
+            .notices
+            .as_ref()
+            .is_some_and(|r| peek.attach_notices(r.notifier(i)));
         let summarised = match &self.summary {
+            _ if noticed => false,
             Some(s) if self.summarising => peek.attach_summary(s.flag(i)),
             _ => false,
         };
-        if !summarised {
+        if noticed {
+            self.noticed[i / 64] |= 1 << (i % 64);
+            self.noticed_count += 1;
+        } else if !summarised {
             self.plain[i / 64] |= 1 << (i % 64);
             self.plain_count += 1;
         }
@@ -114,14 +173,15 @@ impl Watch {
         }
     }
 
-    /// Idle: put every source on the summary so one armed summary can wake
-    /// the sleeper. True when every source accepted (else some must still be
+    /// Idle: put every plain source on the summary so that one armed bell
+    /// ([`Watch::bell`]) can wake the sleeper, with the noticed ones. True
+    /// when every source is noticed or summarised (else some must still be
     /// peeked). Undo with [`Watch::unarm`].
     pub(crate) fn arm_all(&mut self) -> bool {
         if !self.summarising {
             self.switch_to_summary();
         }
-        self.summary.is_some() && self.plain_count == 0
+        self.plain_count == 0 && (self.summary.is_some() || self.noticed_count > 0)
     }
 
     /// After an idle period: back to plain peeks if the watch is small.
@@ -133,6 +193,7 @@ impl Watch {
         for (i, e) in self.entries.iter().enumerate() {
             if let Some(p) = e
                 && self.plain[i / 64] & (1 << (i % 64)) == 0
+                && !self.noticed(i)
             {
                 p.detach_summary();
                 self.plain[i / 64] |= 1 << (i % 64);
@@ -158,10 +219,15 @@ impl Watch {
 
     pub(crate) fn remove(&mut self, i: usize) {
         self.fast[i] = None;
-        if self.entries[i].take().is_none() {
+        let Some(p) = self.entries[i].take() else {
             return;
-        }
+        };
         self.count -= 1;
+        if self.noticed(i) {
+            self.noticed[i / 64] &= !(1 << (i % 64));
+            self.noticed_count -= 1;
+            p.detach_notices();
+        }
         if self.plain[i / 64] & (1 << (i % 64)) != 0 {
             self.plain[i / 64] &= !(1 << (i % 64));
             self.plain_count -= 1;
@@ -210,9 +276,10 @@ impl Watch {
     /// Visit every entry with its bit set in `interest(word)` whose full
     /// readiness test passes: the periodic slow pass that catches what the
     /// fast path does not report (closed sources).
+    /// Noticed entries are left to notices and the safety net.
     pub(crate) fn slow_pass(&self, interest: impl Fn(usize) -> u64, mut visit: impl FnMut(usize)) {
         for w in 0..self.words {
-            let mut bits = interest(w);
+            let mut bits = interest(w) & !self.noticed[w];
             while bits != 0 {
                 let i = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
@@ -236,7 +303,7 @@ impl Watch {
     #[inline]
     pub(crate) fn next_plain_ready(&self, interest: &[u64], from: usize) -> Option<usize> {
         let n = self.words * 64;
-        if n == 0 {
+        if n == 0 || self.plain_count == 0 {
             return None;
         }
         // `from` is at most one past the last entry: a compare, not a
@@ -280,7 +347,7 @@ impl Watch {
         if self.full_pass.replace(false) {
             let n = (self.words * 64).min(self.entries.len());
             for (i, e) in self.entries[..n].iter().enumerate() {
-                if e.is_some() && interest(i / 64) & (1 << (i % 64)) != 0 {
+                if e.is_some() && !self.noticed(i) && interest(i / 64) & (1 << (i % 64)) != 0 {
                     visit(i);
                 }
             }
@@ -304,5 +371,77 @@ impl Watch {
                 }
             }
         }
+    }
+
+    /// Noticed entries that may be ready: every entry a notice names, and
+    /// after the ring overflowed every noticed entry whose bit is set in
+    /// `interest(word)`. Visited entries still need
+    /// [`Watch::ready_noticed`]: a notice may be stale.
+    #[inline]
+    pub(crate) fn noticed_candidates(
+        &self,
+        interest: impl Fn(usize) -> u64,
+        mut visit: impl FnMut(usize),
+    ) {
+        let Some(r) = &self.notices else { return };
+        while let Some(i) = r.pop() {
+            visit(i);
+        }
+        if r.take_overflow() {
+            for w in 0..self.words {
+                let mut bits = self.noticed[w] & interest(w);
+                while bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    visit(i);
+                }
+            }
+        }
+    }
+
+    /// Is noticed entry `i` ready? The counters, and when they say no the
+    /// complete test: a closing producer notifies too.
+    #[inline]
+    pub(crate) fn ready_noticed(&self, i: usize) -> bool {
+        self.ready(i) || self.ready_full(i)
+    }
+
+    /// The safety net: peek the next few noticed entries whose bit is set
+    /// in `interest(word)` (round robin) with the complete test, and push
+    /// the ready ones onto `found`. A waiting entry found here got no
+    /// notice: the caller drains the ring once more (a notice may be on
+    /// its way), hands off whatever is still waiting, and counts it.
+    pub(crate) fn safety_step(&self, interest: impl Fn(usize) -> u64, found: &mut Vec<usize>) {
+        if self.noticed_count == 0 || self.words == 0 {
+            return;
+        }
+        let at = self.safety_at.get();
+        let (mut w, mut from) = if at >= self.words * 64 {
+            (0, 0)
+        } else {
+            (at / 64, at % 64)
+        };
+        let mut checked = 0;
+        for _ in 0..=self.words {
+            let mut bits = self.noticed[w] & interest(w) & (!0u64 << from);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if self.ready_full(i) {
+                    found.push(i);
+                }
+                checked += 1;
+                if checked == SAFETY_STEP {
+                    self.safety_at.set(i + 1);
+                    return;
+                }
+            }
+            w += 1;
+            if w == self.words {
+                w = 0;
+            }
+            from = 0;
+        }
+        self.safety_at.set(0);
     }
 }
