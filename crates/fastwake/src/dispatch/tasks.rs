@@ -22,13 +22,14 @@
 //! finds ([`TaskStats::scan_found`], expected 0).
 //!
 //! Idle policy: after `idle_after` without any task resumed, the runtime
-//! arms its bell (one store covers every noticed and summarised source)
-//! and sleeps on it; the first producer that pushes a notice or raises a
-//! flag wakes it. If some source is neither (no support, e.g. a producer
-//! in another process), nothing could wake it, so it naps in steps of
-//! `idle_nap` instead, peeking between naps: still ~0 CPU, at the cost of
-//! up to one nap of extra latency for the first completion after an idle
-//! period.
+//! attaches every source to its readiness summary (noticed ones too, for
+//! the idle period), arms the summary (one store covers every summarised
+//! source) and sleeps on it; the first producer that raises a flag wakes
+//! it. If some source is not summarised (no summary support, e.g. a
+//! producer in another process), nothing could wake it, so it naps in
+//! steps of `idle_nap` instead, peeking between naps: still ~0 CPU, at the
+//! cost of up to one nap of extra latency for the first completion after
+//! an idle period.
 
 use super::watch::Watch;
 use super::{DEFAULT_IDLE_AFTER, State};
@@ -497,8 +498,8 @@ impl Runtime {
         Ok(self.stats)
     }
 
-    /// Idle: sleep on the bell if every waiting source is noticed or
-    /// summarised, else nap. Returns when something may be ready.
+    /// Idle: sleep on the summary if every waiting source is summarised,
+    /// else nap. Returns when something may be ready.
     fn sleep_idle(&mut self) {
         // Tasks that poll their own sources need passes: no sleep.
         if self.tasks.iter().any(|t| t.state == TState::Polling) {
@@ -507,28 +508,29 @@ impl Runtime {
         self.stats.idle_sleeps += 1;
         self.state.set(State::Sleeping);
         let all = self.watch.arm_all();
-        let bell = self.watch.bell().cloned();
+        let summary = self.watch.summary().cloned();
         loop {
-            let token = match &bell {
-                Some(b) if all => Some(b.arm()),
+            let token = match &summary {
+                Some(s) if all => Some(s.arm()),
                 _ => None,
             };
             // The re-check after arming: collect what is ready now. For
             // noticed sources that is the ring: their tasks asked for
             // notices when they began to wait, so a completion since then
-            // is in the ring, or its notice rings the bell.
+            // is in the ring (pushed before the producer raises the flag
+            // that rings the summary).
             self.collect_noticed();
             self.collect_ready(true);
             if !self.ready.is_empty() {
-                if let Some(b) = &bell {
-                    b.disarm();
+                if let Some(s) = &summary {
+                    s.disarm();
                 }
                 break;
             }
-            match (&bell, token) {
-                (Some(b), Some(tok)) => {
-                    b.sleep(tok, None);
-                    b.disarm();
+            match (&summary, token) {
+                (Some(s), Some(tok)) => {
+                    s.sleep(tok, None);
+                    s.disarm();
                 }
                 _ => std::thread::sleep(self.cfg.idle_nap),
             }

@@ -17,7 +17,6 @@
 //! source to the summary when it grows past that (see `docs/dispatch.md`
 //! for the measurements behind the default).
 
-use crate::source::bell::Bell;
 use crate::source::notice::NoticeRing;
 use crate::source::summary::Summary;
 use crate::source::{NextAt, Peek};
@@ -91,14 +90,10 @@ impl Watch {
         prefetch: bool,
         notices: Option<Arc<NoticeRing>>,
     ) -> Watch {
-        // One bell for both, so an idle runtime arms one.
-        let bell = notices
-            .as_ref()
-            .map_or_else(|| Arc::new(Bell::new()), |r| r.bell().clone());
         Watch {
             entries: (0..capacity).map(|_| None).collect(),
             fast: vec![None; capacity],
-            summary: use_summary.then(|| Summary::with_bell(capacity, bell)),
+            summary: use_summary.then(|| Summary::new(capacity)),
             plain: vec![0; capacity.div_ceil(64)],
             plain_count: 0,
             count: 0,
@@ -114,12 +109,8 @@ impl Watch {
         }
     }
 
-    /// The bell an idle watcher arms: rung by notices and summary flags.
-    pub(crate) fn bell(&self) -> Option<&Arc<Bell>> {
-        self.notices
-            .as_ref()
-            .map(|r| r.bell())
-            .or_else(|| self.summary.as_ref().map(|s| s.bell()))
+    pub(crate) fn summary(&self) -> Option<&Arc<Summary>> {
+        self.summary.as_ref()
     }
 
     /// Is entry `i` served by notices?
@@ -173,19 +164,39 @@ impl Watch {
         }
     }
 
-    /// Idle: put every plain source on the summary so that one armed bell
-    /// ([`Watch::bell`]) can wake the sleeper, with the noticed ones. True
-    /// when every source is noticed or summarised (else some must still be
+    /// Idle: put every source on the summary so one armed summary can wake
+    /// the sleeper; noticed sources too, for the idle period only (their
+    /// notices go to a ring, which nobody watches while the watcher
+    /// sleeps). True when every source accepted (else some must still be
     /// peeked). Undo with [`Watch::unarm`].
     pub(crate) fn arm_all(&mut self) -> bool {
         if !self.summarising {
             self.switch_to_summary();
         }
-        self.plain_count == 0 && (self.summary.is_some() || self.noticed_count > 0)
+        let Some(s) = &self.summary else {
+            return false;
+        };
+        let mut all = self.plain_count == 0;
+        for (i, e) in self.entries.iter().enumerate() {
+            if let Some(p) = e
+                && self.noticed(i)
+            {
+                all &= p.attach_summary(s.flag(i));
+            }
+        }
+        all
     }
 
-    /// After an idle period: back to plain peeks if the watch is small.
+    /// After an idle period: noticed sources off the summary again, and
+    /// back to plain peeks if the watch is small.
     pub(crate) fn unarm(&mut self) {
+        for (i, e) in self.entries.iter().enumerate() {
+            if let Some(p) = e
+                && self.noticed(i)
+            {
+                p.detach_summary();
+            }
+        }
         if !self.summarising || self.count > self.summary_above {
             return;
         }
@@ -401,9 +412,33 @@ impl Watch {
 
     /// Is noticed entry `i` ready? The counters, and when they say no the
     /// complete test: a closing producer notifies too.
+    ///
+    /// Unlike [`Watch::ready`], the next slot is prefetched *before* the
+    /// producer's counter is read: a notice says the slot was just
+    /// written, so both lines come over from the producer's core at once
+    /// instead of one after the other.
     #[inline]
     pub(crate) fn ready_noticed(&self, i: usize) -> bool {
-        self.ready(i) || self.ready_full(i)
+        if let Some(f) = &self.fast[i] {
+            // SAFETY: as in `ready`: the pointers come from the live
+            // handle in `entries[i]`.
+            let ready = unsafe {
+                // The consumer's count first: it only grows up to the
+                // producer's, so this order never reports a completion
+                // that is not there.
+                let consumed = (*f.consumed).load(Ordering::Acquire);
+                if self.prefetch
+                    && let Some(n) = &f.next_at
+                {
+                    n.prefetch(consumed);
+                }
+                ((*f.produced).load(Ordering::Acquire) >> f.shift) > consumed
+            };
+            if ready {
+                return true;
+            }
+        }
+        self.ready_full(i)
     }
 
     /// The safety net: peek the next few noticed entries whose bit is set

@@ -417,11 +417,11 @@ impl Region {
 
     /// The consumer asked for a notice and a publish (or the close)
     /// answered it: push the notice, if a dispatcher attached a notifier.
+    ///
+    /// No fence: the publish that saw the request is a read-modify-write
+    /// of the publish word, and so is the attach's (`attach_notices`), so
+    /// one of the two comes second and sees the other.
     fn notify(&self) {
-        // Dekker with `ChannelPeek::attach_notices` (store the notifier,
-        // fence, peek): either we see the notifier or its peek sees our
-        // publish. Paid per notice only.
-        crate::sync::fence(Ordering::SeqCst);
         if let Some(n) = self.notifier.get() {
             n.notify();
         }
@@ -924,9 +924,15 @@ impl Peek for ChannelPeek {
             return false;
         }
         self.r.notifier.attach(notifier, Notifier::same_as);
-        // Dekker with `Region::notify`: the caller's peek after this sees
-        // any publish that missed the notifier.
-        crate::sync::fence(Ordering::SeqCst);
+        // A read-modify-write of the publish word after the store: a
+        // publish ordered before it is seen by the caller's peek after
+        // this; one ordered after it sees the notifier (`Region::notify`).
+        self.r
+            .header()
+            .prod
+            .0
+            .head_armed
+            .fetch_or(0, Ordering::AcqRel);
         true
     }
 

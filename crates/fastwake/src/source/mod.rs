@@ -82,7 +82,6 @@
 //! syscall above, [`socket`]).
 
 mod attached;
-pub mod bell;
 pub mod channel;
 pub mod notice;
 pub mod ring;

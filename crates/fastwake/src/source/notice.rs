@@ -17,13 +17,17 @@
 //!
 //! # The ring
 //!
-//! A bounded multi-producer, multi-consumer ring of `u32` indices (D.
-//! Vyukov's: each cell carries the lap it is valid for, so a push or pop
-//! is one compare-exchange on a shared counter and one access to the
-//! cell). Multi-consumer because a dispatch-mode thread about to sleep
-//! relays for its core, popping notices next to the dispatcher. A cell is
-//! one 64-bit word, `lap << 32 | index`, so a notice is written and read
-//! in one access.
+//! A bounded multi-producer, multi-consumer ring of `u32` indices.
+//! Multi-consumer because a dispatch-mode thread about to sleep relays for
+//! its core, popping notices next to the dispatcher. A cell is one 64-bit
+//! word, `lap << 32 | index`, written once per notice by its producer and
+//! never by a consumer, so a notice moves one cache line between the two
+//! cores, twice (the producer's write, the consumer's read): the least a
+//! message between cores can cost. Producers claim tickets on `tail`; a
+//! consumer takes ticket `head` when its cell carries the ticket's lap and
+//! claims it on `head`. Producers learn that cells are free from `limit`
+//! (in their own line), refreshed from `head` only once per ring's worth
+//! of notices, so a notice does not read the consumers' line either.
 //!
 //! A full ring drops the notice and raises `overflow`; the consumer then
 //! peeks every source once ([`NoticeRing::take_overflow`]). Each wait
@@ -33,22 +37,29 @@
 //! Notices are hints: one may be stale (the owner took the completion
 //! itself meanwhile, or waits again for a later one), so the consumer
 //! peeks the named source before it hands off.
+//!
+//! No sleeping consumer: a task runtime going idle attaches its readiness
+//! summary to its noticed sources and sleeps on that (`dispatch::tasks`),
+//! so a notice needs no fence and no check of a sleeper.
 
-use super::bell::Bell;
-use crate::sync::{AtomicU64, LineWords, Ordering, fence};
+use crate::sync::{AtomicU64, LineWords, Ordering};
 use std::sync::Arc;
 
 /// See the [module docs](self).
 pub struct NoticeRing {
-    // Each counter in a line of its own: producers share `tail`, the
-    // consumers `head`.
-    head: LineWords,
+    // The producers' line: next ticket, and the first ticket whose cell
+    // may still hold an unread notice.
     tail: LineWords,
+    // The consumers' line: next ticket to take.
+    head: LineWords,
     overflow: LineWords,
     cells: LineWords,
     mask: u64,
-    bell: Arc<Bell>,
 }
+
+/// Word indices in the producers' line.
+const TAIL: usize = 0;
+const LIMIT: usize = 1;
 
 impl std::fmt::Debug for NoticeRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -60,32 +71,24 @@ impl std::fmt::Debug for NoticeRing {
 
 impl NoticeRing {
     /// A ring for notices about `sources` sources (room for twice as many
-    /// notices, at least 64), with a bell of its own.
+    /// notices, at least 64).
     pub fn new(sources: usize) -> Arc<NoticeRing> {
-        NoticeRing::with_bell(sources, Arc::new(Bell::new()))
-    }
-
-    /// As [`NoticeRing::new`], ringing `bell` for a sleeping consumer.
-    pub fn with_bell(sources: usize, bell: Arc<Bell>) -> Arc<NoticeRing> {
-        let n = (sources.saturating_mul(2)).clamp(64, 1 << 24).next_power_of_two();
-        let mut i = 0u64;
+        let n = (sources.saturating_mul(2))
+            .clamp(64, 1 << 24)
+            .next_power_of_two();
+        let mut w = 0;
         Arc::new(NoticeRing {
-            head: LineWords::new(1, || AtomicU64::new(0)),
-            tail: LineWords::new(1, || AtomicU64::new(0)),
-            overflow: LineWords::new(1, || AtomicU64::new(0)),
-            // Cell i starts valid for the push of ticket i (lap = i).
-            cells: LineWords::new(n, || {
-                i += 1;
-                AtomicU64::new((i - 1) << 32)
+            tail: LineWords::new(2, || {
+                w += 1;
+                // TAIL = 0; LIMIT = n: every cell is free.
+                AtomicU64::new(if w == 1 { 0 } else { n as u64 })
             }),
+            head: LineWords::new(1, || AtomicU64::new(0)),
+            overflow: LineWords::new(1, || AtomicU64::new(0)),
+            // Lap 0: no ticket's (ticket t's notice carries lap t + 1).
+            cells: LineWords::new(n, || AtomicU64::new(0)),
             mask: n as u64 - 1,
-            bell,
         })
-    }
-
-    /// The bell a sleeping consumer arms.
-    pub fn bell(&self) -> &Arc<Bell> {
-        &self.bell
     }
 
     /// The handle a source's producer uses to notify about source `index`.
@@ -100,57 +103,53 @@ impl NoticeRing {
         self.cells.get((ticket & self.mask) as usize)
     }
 
+    /// The lap a cell carries for ticket `t` (32 bits, wrapping: a ring
+    /// holds far fewer than 2^32 cells).
+    fn lap(t: u64) -> u64 {
+        (t as u32).wrapping_add(1) as u64
+    }
+
     /// Append `index`; false when the ring is full.
     fn push(&self, index: u32) -> bool {
-        let tail = self.tail.get(0);
-        let mut pos = tail.load(Ordering::Relaxed);
+        let (tail, limit) = (self.tail.get(TAIL), self.tail.get(LIMIT));
+        let mut t = tail.load(Ordering::Relaxed);
         loop {
-            let c = self.cell(pos).load(Ordering::Acquire);
-            // Laps are compared in 32 bits, wrapping: a ring holds far
-            // fewer than 2^31 cells.
-            let lag = ((c >> 32) as u32).wrapping_sub(pos as u32) as i32;
-            if lag == 0 {
-                match tail.compare_exchange(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => {
-                        // Valid for the pop of ticket `pos` (lap pos + 1).
-                        let lap = (pos as u32).wrapping_add(1) as u64;
-                        self.cell(pos)
-                            .store(lap << 32 | index as u64, Ordering::Release);
-                        return true;
-                    }
-                    Err(now) => pos = now,
+            if t >= limit.load(Ordering::Relaxed) {
+                // Acquire: the consumers read the cells below `head` before
+                // they moved it, so those cells may be written again.
+                let free = self.head.get(0).load(Ordering::Acquire) + self.mask + 1;
+                limit.fetch_max(free, Ordering::Relaxed);
+                if t >= free {
+                    return false;
                 }
-            } else if lag < 0 {
-                // The cell still holds a notice from the previous lap.
-                return false;
-            } else {
-                pos = tail.load(Ordering::Relaxed);
+            }
+            match tail.compare_exchange(t, t + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(now) => t = now,
             }
         }
+        self.cell(t)
+            .store(Self::lap(t) << 32 | index as u64, Ordering::Release);
+        true
     }
 
     /// Take the oldest notice: the index of a source that may be ready.
     #[inline]
     pub fn pop(&self) -> Option<usize> {
         let head = self.head.get(0);
-        let mut pos = head.load(Ordering::Relaxed);
+        let mut h = head.load(Ordering::Relaxed);
         loop {
-            let c = self.cell(pos).load(Ordering::Acquire);
-            let lag = ((c >> 32) as u32).wrapping_sub((pos as u32).wrapping_add(1)) as i32;
-            if lag == 0 {
-                match head.compare_exchange(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => {
-                        // Free for the push one lap on.
-                        let lap = (pos.wrapping_add(self.mask + 1) as u32) as u64;
-                        self.cell(pos).store(lap << 32, Ordering::Release);
-                        return Some(c as u32 as usize);
-                    }
-                    Err(now) => pos = now,
-                }
-            } else if lag < 0 {
+            let c = self.cell(h).load(Ordering::Acquire);
+            if c >> 32 != Self::lap(h) {
+                // Still the notice of the previous lap (or none): empty, or
+                // a producer that claimed ticket `h` has not written it.
                 return None;
-            } else {
-                pos = head.load(Ordering::Relaxed);
+            }
+            // Release: a producer that sees the new head (to reuse the
+            // cell) comes after our read of it.
+            match head.compare_exchange(h, h + 1, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return Some(c as u32 as usize),
+                Err(now) => h = now,
             }
         }
     }
@@ -180,10 +179,6 @@ impl Notifier {
         if !r.push(self.index) {
             r.overflow.get(0).store(1, Ordering::Release);
         }
-        // Orders the notice before the read of `sleeping` (Dekker with
-        // `Bell::arm`). Paid once per notice, not per publish.
-        fence(Ordering::SeqCst);
-        r.bell.ring_if_armed();
     }
 
     /// Is this the same notifier as `other`?

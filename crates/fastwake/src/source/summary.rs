@@ -17,14 +17,12 @@
 //! the way the channel's `armed` flag is for one: a dispatcher that found
 //! nothing for a while calls [`Summary::arm`], re-checks (drains and peeks),
 //! and sleeps with [`Summary::sleep`]; a producer that raises a flag while
-//! the summary is armed rings its futex (a [`Bell`], which a dispatcher may share with its
-//! [`super::notice::NoticeRing`]). Same Dekker handshake as the
+//! the summary is armed rings its futex. Same Dekker handshake as the
 //! channel: the producer's group `swap` (a full barrier) precedes its read
-//! of the bell; the dispatcher's arm precedes its
+//! of `sleeping`; the dispatcher's store of `sleeping` precedes its
 //! re-check with a fence.
 
-use super::bell::Bell;
-use crate::sync::{AtomicU8, LineBytes, Ordering};
+use crate::sync::{AtomicU8, AtomicU32, FutexWord, LineBytes, Ordering, fence};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +34,8 @@ pub struct Summary {
     // Lines of their own: producers on other CPUs write them.
     groups: LineBytes,
     flags: LineBytes,
-    bell: Arc<Bell>,
+    sleeping: AtomicU32,
+    bell: FutexWord,
 }
 
 impl std::fmt::Debug for Summary {
@@ -50,41 +49,35 @@ impl std::fmt::Debug for Summary {
 impl Summary {
     /// A summary with room for `capacity` sources, all flags lowered.
     pub fn new(capacity: usize) -> Arc<Summary> {
-        Summary::with_bell(capacity, Arc::new(Bell::new()))
-    }
-
-    /// As [`Summary::new`], ringing `bell` (shared with a notice ring).
-    pub fn with_bell(capacity: usize, bell: Arc<Bell>) -> Arc<Summary> {
         let groups = capacity.div_ceil(GROUP).max(1);
         Arc::new(Summary {
             groups: LineBytes::new(groups, || AtomicU8::new(0)),
             flags: LineBytes::new(groups * GROUP, || AtomicU8::new(0)),
-            bell,
+            sleeping: AtomicU32::new(0),
+            bell: FutexWord::new(0),
         })
-    }
-
-    /// The bell a raised flag rings while armed.
-    pub fn bell(&self) -> &Arc<Bell> {
-        &self.bell
     }
 
     /// Announce that the watcher is about to sleep: the next raised flag
     /// rings. Returns the token for [`Summary::sleep`]. The caller must
     /// drain/peek once more after this and sleep only if that found nothing.
     pub fn arm(&self) -> u32 {
-        self.bell.arm()
+        let seq = self.bell.load();
+        self.sleeping.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        seq
     }
 
     /// Withdraw an [`Summary::arm`] (the re-check found work, or after
     /// waking).
     pub fn disarm(&self) {
-        self.bell.disarm();
+        self.sleeping.store(0, Ordering::Relaxed);
     }
 
     /// Sleep until a producer rings after [`Summary::arm`], `timeout`
     /// passes, or spuriously.
     pub fn sleep(&self, token: u32, timeout: Option<Duration>) {
-        self.bell.sleep(token, timeout);
+        self.bell.wait_private(token, timeout);
     }
 
     /// Number of flags.
@@ -140,9 +133,11 @@ impl Flag {
         let s = &*self.summary;
         s.flags.get(self.index).store(1, Ordering::Release);
         // A swap, not a store: it is a full barrier, ordering the flags
-        // before the bell's read of `sleeping` (Dekker with `Bell::arm`).
+        // before the read of `sleeping` (Dekker with `Summary::arm`).
         s.groups.get(self.index / GROUP).swap(1, Ordering::SeqCst);
-        s.bell.ring_if_armed();
+        if s.sleeping.load(Ordering::SeqCst) != 0 && s.sleeping.swap(0, Ordering::SeqCst) != 0 {
+            s.bell.bump_and_wake_private();
+        }
     }
 
     /// Is this the same flag as `other`?
