@@ -126,9 +126,13 @@ pub struct TaskStats {
     /// Hand-offs found through a ready notice.
     pub notices: u64,
     /// Waiting tasks the safety net found ready although no notice named
-    /// them: each is a lost notice (expected 0; they are handed off
-    /// anyway, up to a safety-net round late).
+    /// them yet: each is a lost or a late notice (expected 0; they are
+    /// handed off anyway, up to a safety-net round late).
     pub scan_found: u64,
+    /// Of `scan_found`, notices that came after all (their producer was
+    /// held up between its publish and its notice): `scan_found -
+    /// late_notices` were lost.
+    pub late_notices: u64,
 }
 
 /// The handle a task gets to wait and yield.
@@ -288,7 +292,10 @@ impl Runtime {
 
     /// Counters so far.
     pub fn stats(&self) -> TaskStats {
-        self.stats
+        TaskStats {
+            late_notices: self.watch.late_notices(),
+            ..self.stats
+        }
     }
 
     /// A handle to watch the runtime's state from another thread.
@@ -335,8 +342,9 @@ impl Runtime {
                     ready = self.watch.ready(i);
                 }
                 // The task's wait starts here, so here is where its
-                // producer is asked for a notice; the arm re-checks.
-                if !ready && self.watch.noticed(i) {
+                // producer is asked for a notice (unless the source is hot:
+                // peeked every pass); the arm re-checks.
+                if !ready && self.watch.noticed(i) && !self.watch.hot(i) {
                     ready = self.watch.arm_notice(i);
                 }
                 if ready {
@@ -386,6 +394,24 @@ impl Runtime {
         );
     }
 
+    /// Task `i`'s noticed source was found ready: keep it hot (peeked,
+    /// no notices) while it is busy, and arm the notice of the entry that
+    /// cools down to make room.
+    fn promote(&mut self, i: usize) {
+        if let Some(j) = self.watch.promote(i) {
+            self.arm_cooled(j);
+        }
+    }
+
+    /// Entry `j` is no longer peeked every pass: if its task waits, ask
+    /// its producer for a notice (and take it now if the arm finds it
+    /// ready).
+    fn arm_cooled(&mut self, j: usize) {
+        if self.tasks[j].state == TState::Waiting && self.watch.arm_notice(j) {
+            self.ready.push(j);
+        }
+    }
+
     /// One step of the safety net (see `Watch::safety_step`): waiting
     /// tasks whose noticed source is ready although no notice came.
     fn safety_step(&mut self) {
@@ -397,6 +423,7 @@ impl Runtime {
             for &i in &found {
                 if self.tasks[i].state == TState::Waiting && !self.ready.contains(&i) {
                     self.stats.scan_found += 1;
+                    self.watch.mark_scanned(i);
                     self.ready.push(i);
                 }
             }
@@ -465,6 +492,7 @@ impl Runtime {
             while let Some(i) = self.ready.pop() {
                 if self.tasks[i].state == TState::Waiting {
                     self.stats.handoffs += 1;
+                    self.promote(i);
                     self.resume(i);
                     worked = true;
                 }
@@ -495,7 +523,7 @@ impl Runtime {
                 }
             }
         }
-        Ok(self.stats)
+        Ok(self.stats())
     }
 
     /// Idle: sleep on the summary if every waiting source is summarised,
@@ -507,7 +535,11 @@ impl Runtime {
         }
         self.stats.idle_sleeps += 1;
         self.state.set(State::Sleeping);
-        let all = self.watch.arm_all();
+        let mut cooled = Vec::new();
+        let all = self.watch.arm_all(&mut cooled);
+        for j in cooled {
+            self.arm_cooled(j);
+        }
         let summary = self.watch.summary().cloned();
         loop {
             let token = match &summary {

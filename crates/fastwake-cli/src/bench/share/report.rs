@@ -104,19 +104,20 @@ pub(super) fn print_sweep(title: &str, modes: &[Mode], all: &[(usize, Vec<Row>)]
     }
     println!("{head}");
     let count = |r: &Row, k: &str| r.extra.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-    let (mut notices, mut found) = (0, 0);
+    let (mut notices, mut found, mut late) = (0, 0, 0);
     for (conns, rows) in all {
         let mut line = format!(" {:>7}", conns);
         for r in rows {
             line += &format!(" {:>22}", format!("{:.3} / {:.3}", r.t_typical, r.p99));
             notices += count(r, "notices");
             found += count(r, "scan_found");
+            late += count(r, "late_notices");
         }
         println!("{line}");
     }
     // The safety net of the ready notices: every wait it found ready had
     // lost its notice.
     println!(
-        " over the whole sweep: {notices} hand-offs found through ready notices; the safety-net scan found {found} waits whose notice was missing"
+        " over the whole sweep: {notices} hand-offs found through ready notices; the safety-net scan found {found} waits whose notice had not come, of which {late} came later (late, not lost)"
     );
 }

@@ -24,6 +24,8 @@ pub(super) struct Counts {
     /// Waits the notices' safety net found ready without a notice
     /// (expected 0).
     pub(super) scan_found: u64,
+    /// Of those, notices that came late rather than never.
+    pub(super) late_notices: u64,
 }
 
 impl Counts {
@@ -42,6 +44,7 @@ impl Counts {
         self.fallbacks += o.fallbacks;
         self.notices += o.notices;
         self.scan_found += o.scan_found;
+        self.late_notices += o.late_notices;
     }
 }
 
@@ -83,6 +86,7 @@ impl Servers {
             let s = d.stats();
             c.notices += s.notices;
             c.scan_found += s.scan_found;
+            c.late_notices += s.late_notices;
         }
         drop(self.dispatchers);
         first.map(|_| c)
@@ -244,6 +248,7 @@ pub(super) fn start(
                             handoffs: st.handoffs,
                             notices: st.notices,
                             scan_found: st.scan_found,
+                            late_notices: st.late_notices,
                             ..Counts::default()
                         }),
                     }

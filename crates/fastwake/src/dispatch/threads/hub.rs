@@ -77,6 +77,7 @@ pub(crate) struct Hub {
     pub(super) noticed: LineWords,
     pub(super) notice_handoffs: AtomicU64,
     pub(super) scan_found: AtomicU64,
+    pub(super) late_notices: AtomicU64,
 }
 
 impl Hub {
@@ -112,6 +113,7 @@ impl Hub {
             noticed: LineWords::new(cfg.capacity.div_ceil(64), || AtomicU64::new(0)),
             notice_handoffs: AtomicU64::new(0),
             scan_found: AtomicU64::new(0),
+            late_notices: AtomicU64::new(0),
         }
     }
 
@@ -230,6 +232,7 @@ impl Hub {
             passes: self.passes.load(Ordering::Relaxed),
             notices: self.notice_handoffs.load(Ordering::Relaxed),
             scan_found: self.scan_found.load(Ordering::Relaxed),
+            late_notices: self.late_notices.load(Ordering::Relaxed),
             idle_sleeps: self.idle_sleeps.load(Ordering::Relaxed),
             paused: self.paused.load(Ordering::Relaxed),
             registered: self.registered.load(Ordering::Relaxed),

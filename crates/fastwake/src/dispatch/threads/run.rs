@@ -57,6 +57,8 @@ impl Hub {
             empty = empty.wrapping_add(1);
             if empty.is_multiple_of(PASSES_PER_CLOCK) {
                 self.passes.store(passes, Ordering::Relaxed);
+                self.late_notices
+                    .store(watch.late_notices(), Ordering::Relaxed);
                 self.beat(Instant::now());
                 // Now and then the complete test, for closed sources, and
                 // a step of the notices' safety net.
@@ -84,6 +86,8 @@ impl Hub {
             }
         }
         self.passes.store(passes, Ordering::Relaxed);
+        self.late_notices
+            .store(watch.late_notices(), Ordering::Relaxed);
     }
 
     /// One turn of the loop: take in queued (un)registrations, then one
@@ -152,6 +156,7 @@ impl Hub {
             if s.state() == WAITING && watch.ready_full(i) && s.hand(HANDED) {
                 self.handoffs.fetch_add(1, Ordering::Relaxed);
                 self.scan_found.fetch_add(1, Ordering::Relaxed);
+                watch.mark_scanned(i);
             }
         }
     }
