@@ -523,6 +523,10 @@ impl Runtime {
                 }
             }
         }
+        // Notices still in the ring: a late one (its wait served by the
+        // safety net) is counted as late here, not left looking lost.
+        self.collect_noticed();
+        self.ready.clear();
         Ok(self.stats())
     }
 

@@ -656,14 +656,17 @@ impl Drop for Sender {
         self.flush();
         let h = self.r.header();
         h.prod.0.producer_closed.store(1, Ordering::Release);
+        // A consumer waiting for a notice gets one for the close, first:
+        // the ring below is a syscall (a microsecond or more), and a
+        // dispatcher's safety net would find the closed source meanwhile
+        // and count the notice as missing.
+        if h.prod.0.head_armed.fetch_and(!NOTICE, Ordering::AcqRel) & NOTICE != 0 {
+            self.r.notify();
+        }
         // Ring unconditionally: a consumer asleep must learn of the close.
         self.r.ring();
         // A dispatcher must learn of the close too (its peek reports it).
         self.r.raise_summary();
-        // And a consumer waiting for a notice gets one for the close.
-        if h.prod.0.head_armed.fetch_and(!NOTICE, Ordering::AcqRel) & NOTICE != 0 {
-            self.r.notify();
-        }
     }
 }
 

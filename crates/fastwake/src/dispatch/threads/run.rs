@@ -86,6 +86,8 @@ impl Hub {
             }
         }
         self.passes.store(passes, Ordering::Relaxed);
+        // Notices still in the ring, so a late one is counted as late.
+        watch.noticed_candidates(|_| 0, |_| {});
         self.late_notices
             .store(watch.late_notices(), Ordering::Relaxed);
     }
