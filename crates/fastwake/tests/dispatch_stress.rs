@@ -21,18 +21,6 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
-fn seed() -> u64 {
-    std::env::var("FW_STRESS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        })
-}
-
 /// Send `per` tags (0..per) to every sender in random ready patterns:
 /// a burst picks a random set of sources (one, a few, or many), sends one
 /// completion to each, and now and then pauses (spinning or sleeping) so
@@ -183,7 +171,7 @@ fn threads_run(sources: usize, per: u64, seed: u64) {
 #[test]
 fn many_sources_random_ready_patterns_tasks() {
     let _g = common::spin_lock();
-    let seed = seed();
+    let seed = common::stress_seed();
     eprintln!("dispatch stress seed {seed} (FW_STRESS_SEED to replay)");
     tasks_run(16, 5_000, seed);
     tasks_run(300, 600, seed ^ 1);
@@ -192,7 +180,7 @@ fn many_sources_random_ready_patterns_tasks() {
 #[test]
 fn many_sources_random_ready_patterns_threads() {
     let _g = common::spin_lock();
-    let seed = seed();
+    let seed = common::stress_seed();
     eprintln!("dispatch stress seed {seed} (FW_STRESS_SEED to replay)");
     threads_run(64, 600, seed);
 }
