@@ -22,18 +22,6 @@ fn events() -> u64 {
         .unwrap_or(1_000_000)
 }
 
-fn seed() -> u64 {
-    std::env::var("FW_STRESS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        })
-}
-
 fn run(mode: WaitMode, doorbell: Doorbell, seed: u64) {
     let n = events();
     let ncpu = fastwake::cpu::online();
@@ -122,7 +110,7 @@ fn run(mode: WaitMode, doorbell: Doorbell, seed: u64) {
 #[test]
 fn stress_every_mode() {
     let _g = common::spin_lock();
-    let seed = seed();
+    let seed = common::stress_seed();
     eprintln!("stress seed {seed} (FW_STRESS_SEED to replay)");
     run(WaitMode::Poll, Doorbell::Futex, seed);
     run(WaitMode::Interrupt, Doorbell::Futex, seed);

@@ -23,18 +23,29 @@ use crate::sync::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A hub for `capacity` waiters; `summary`: the watch puts every source
-/// on the readiness summary from the first one on.
+/// on the readiness summary from the first one on. No ready notices (see
+/// `notice_hub`).
 fn hub(capacity: usize, summary: bool) -> Arc<Hub> {
     let mut cfg = Config::new(0);
     cfg.capacity = capacity;
     cfg.summary = summary;
     cfg.summary_above = 0;
+    cfg.notices = false;
+    Arc::new(Hub::new(cfg))
+}
+
+/// A hub that takes ready notices (sources that offer them are served
+/// only through them: never peeked by a pass).
+fn notice_hub(capacity: usize) -> Arc<Hub> {
+    let mut cfg = Config::new(0);
+    cfg.capacity = capacity;
+    cfg.summary = false;
     Arc::new(Hub::new(cfg))
 }
 
 /// The dispatcher thread's own watch, as `Hub::run` makes it.
 fn watch(hub: &Hub, summary: bool) -> Watch {
-    Watch::new(hub.slots.len(), summary, 0, false)
+    Watch::new(hub.slots.len(), summary, 0, false, hub.notices.clone())
 }
 
 /// A watch made on one thread for the dispatcher thread.
@@ -265,8 +276,17 @@ fn wait_channel(hub: &Hub, index: usize, rx: &mut Receiver) -> Msg {
             return m;
         }
         let kick = || hub.kick();
+        // As `waiter::wait`: ask for a notice when the hub takes them.
+        let notices = rx.peek().filter(|_| hub.takes_notices()).cloned();
         let end = slot
-            .wait_hand_off(&hub.waitset, index, kick, || rx.ready(), None, false)
+            .wait_hand_off(
+                &hub.waitset,
+                index,
+                kick,
+                || super::waiter::recheck(rx, notices.as_ref()),
+                None,
+                false,
+            )
             .expect("the dispatcher does not die here");
         match end.state {
             RUNNING | HANDED => {}
@@ -290,8 +310,17 @@ fn wait_channel(hub: &Hub, index: usize, rx: &mut Receiver) -> Msg {
 /// (its re-check, a hand-off, or the doorbell after the dispatcher handed
 /// the wait back), and nobody sleeps for ever.
 fn channel_meets_dispatch_wait(summary: bool, idle_after: Option<u32>, n: u64) {
+    channel_meets_dispatch_wait_on(move || hub(1, summary), summary, idle_after, n);
+}
+
+fn channel_meets_dispatch_wait_on(
+    make: impl Fn() -> Arc<Hub> + Send + Sync + 'static,
+    summary: bool,
+    idle_after: Option<u32>,
+    n: u64,
+) {
     loom::model(move || {
-        let hub = hub(1, summary);
+        let hub = make();
         let (mut tx, mut rx) = channel::channel(channel::Config {
             capacity: 2,
             slot_size: 8,
@@ -356,4 +385,101 @@ fn channel_publish_meets_dispatch_wait_summarised() {
 #[test]
 fn channel_publish_meets_dispatch_wait_summarised_busy() {
     channel_meets_dispatch_wait(true, None, 1);
+}
+
+/// Ready notices, the dispatcher never idle, so a notice is the only way
+/// the hand-off can happen (the channel is noticed: no pass peeks it):
+/// the producer's publish (a compare-exchange that clears the request
+/// bit and pushes the notice) against the owner's announce (`WAITING`,
+/// then the request, an atomic OR that also re-checks) against the
+/// dispatcher popping the notice and reading the slot. Two completions:
+/// the second wait's request may meet the first one's notice still in the
+/// ring.
+#[test]
+fn notice_meets_dispatch_wait() {
+    channel_meets_dispatch_wait_on(|| notice_hub(1), false, None, 2);
+}
+
+/// As above, with a dispatcher that goes idle once (its waiter is handed
+/// back to interrupt mode with its notice request still set) and wakes.
+#[test]
+fn notice_meets_dispatch_wait_idle() {
+    channel_meets_dispatch_wait_on(|| notice_hub(1), false, Some(1), 1);
+}
+
+/// A relaying thread popping notices next to the dispatcher: a notice is
+/// taken by one of them, the completion handed off at most once, and the
+/// owner gets it once.
+#[test]
+fn relay_and_dispatcher_pop_notices_once() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(b.preemption_bound.map_or(2, |n| n.min(2)));
+    b.check(|| {
+        let hub = notice_hub(2);
+        let (mut tx, mut rx) = channel::channel(channel::Config {
+            capacity: 2,
+            slot_size: 8,
+            doorbell: channel::Doorbell::Futex,
+        })
+        .unwrap();
+        let i = hub.register(rx.peek().unwrap().clone()).unwrap();
+        let mut w = watch(&hub, false);
+        hub.turn(&mut w);
+        let d = {
+            let hub = hub.clone();
+            let w = Handover(w);
+            loom::thread::spawn(move || dispatch_with(&hub, w, None))
+        };
+        let r = {
+            let hub = hub.clone();
+            loom::thread::spawn(move || {
+                for _ in 0..2 {
+                    hub.relay_pass(1 - i);
+                    loom::thread::yield_now();
+                }
+            })
+        };
+        let p = loom::thread::spawn(move || {
+            tx.send(7, b"").unwrap();
+            tx
+        });
+        assert_eq!(wait_channel(&hub, i, &mut rx).tag, 7);
+        hub.request_exit();
+        drop(p.join().unwrap());
+        d.join().unwrap();
+        r.join().unwrap();
+        let s = hub.stats();
+        assert!(s.handoffs + s.relayed <= 1, "{s:?}");
+    });
+}
+
+/// The notice ring itself: two producers, two consumers (a dispatcher and
+/// a relay), each notice popped exactly once.
+#[test]
+fn notice_ring_delivers_each_notice_once() {
+    loom::model(|| {
+        let ring = crate::source::notice::NoticeRing::new(1);
+        let producers: Vec<_> = (0..2)
+            .map(|k| {
+                let n = ring.notifier(k);
+                loom::thread::spawn(move || n.notify())
+            })
+            .collect();
+        let consumer = {
+            let ring = ring.clone();
+            loom::thread::spawn(move || ring.pop())
+        };
+        let mut got: Vec<usize> = Vec::new();
+        got.extend(ring.pop());
+        for p in producers {
+            p.join().unwrap();
+        }
+        got.extend(consumer.join().unwrap());
+        while let Some(i) = ring.pop() {
+            got.push(i);
+        }
+        got.sort();
+        assert_eq!(got, vec![0, 1]);
+        assert!(!ring.take_overflow());
+    });
 }

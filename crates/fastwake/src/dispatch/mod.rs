@@ -70,6 +70,16 @@ pub struct DispatchStats {
     pub relayed: u64,
     /// Passes over the waiting sources (updated every few hundred passes).
     pub passes: u64,
+    /// Hand-offs (by the dispatcher or a relay) found through a ready
+    /// notice.
+    pub notices: u64,
+    /// Waits the notices' safety net found ready although no notice named
+    /// them yet: each is a lost or a late notice (expected 0; they are
+    /// handed off anyway, up to a safety-net round late).
+    pub scan_found: u64,
+    /// Of `scan_found`, notices the dispatcher popped after all (their
+    /// producer was held up between its publish and its notice).
+    pub late_notices: u64,
     /// Times it went to sleep under the idle policy.
     pub idle_sleeps: u64,
     /// Waits handed back to interrupt mode when going to sleep.

@@ -13,16 +13,27 @@
 //! A task whose source has no [`Peek`] handle is resumed on every pass and
 //! peeks its own source (two switches per pass).
 //!
+//! Ready notices: when a task waits on a source that offers them (the
+//! channel), the runtime asks the source's producer for a notice of the
+//! next completion on the task's behalf ([`Peek::arm_notice`]), and a pass
+//! pops the runtime's [`crate::source::notice::NoticeRing`] instead of
+//! peeking such sources: its cost does not grow with the number of idle
+//! ones. A safety net peeks a few of them now and then and counts what it
+//! finds ([`TaskStats::scan_found`], expected 0).
+//!
 //! Idle policy: after `idle_after` without any task resumed, the runtime
-//! arms its readiness summary (one store covers every summarised source)
-//! and sleeps on it; the first producer that raises a flag wakes it. If some
-//! source is not summarised (no summary support, e.g. a producer in another
-//! process), nothing could wake it, so it naps in steps of `idle_nap`
-//! instead, peeking between naps: still ~0 CPU, at the cost of up to one
-//! nap of extra latency for the first completion after an idle period.
+//! attaches every source to its readiness summary (noticed ones too, for
+//! the idle period), arms the summary (one store covers every summarised
+//! source) and sleeps on it; the first producer that raises a flag wakes
+//! it. If some source is not summarised (no summary support, e.g. a
+//! producer in another process), nothing could wake it, so it naps in
+//! steps of `idle_nap` instead, peeking between naps: still ~0 CPU, at the
+//! cost of up to one nap of extra latency for the first completion after
+//! an idle period.
 
 use super::watch::Watch;
 use super::{DEFAULT_IDLE_AFTER, State};
+use crate::source::notice::NoticeRing;
 use crate::source::{Peek, Source};
 use crate::{Fail, Result};
 use corosensei::stack::DefaultStack;
@@ -54,6 +65,9 @@ pub struct TaskConfig {
     /// into its task (see [`crate::source::NextAt`]); off only to measure
     /// what it saves.
     pub prefetch: bool,
+    /// Serve sources that offer ready notices through them instead of
+    /// peeking them every pass; off only to measure what they save.
+    pub notices: bool,
 }
 
 impl Default for TaskConfig {
@@ -66,6 +80,7 @@ impl Default for TaskConfig {
             summary: true,
             summary_above: super::watch::SUMMARY_ABOVE,
             prefetch: true,
+            notices: true,
         }
     }
 }
@@ -108,6 +123,16 @@ pub struct TaskStats {
     pub idle_sleeps: u64,
     /// Tasks that returned an error or panicked.
     pub failed: u64,
+    /// Hand-offs found through a ready notice.
+    pub notices: u64,
+    /// Waiting tasks the safety net found ready although no notice named
+    /// them yet: each is a lost or a late notice (expected 0; they are
+    /// handed off anyway, up to a safety-net round late).
+    pub scan_found: u64,
+    /// Of `scan_found`, notices that came after all (their producer was
+    /// held up between its publish and its notice): `scan_found -
+    /// late_notices` were lost.
+    pub late_notices: u64,
 }
 
 /// The handle a task gets to wait and yield.
@@ -169,6 +194,8 @@ pub struct Runtime {
     active: usize,
     /// Where the next plain scan starts (round-robin).
     cursor: usize,
+    /// The safety net's finds, reused.
+    found: Vec<usize>,
 }
 
 /// A runtime's state, readable from other threads (the runtime itself runs
@@ -214,7 +241,13 @@ impl Runtime {
         Ok(Runtime {
             cfg,
             tasks: Vec::new(),
-            watch: Watch::new(cfg.capacity, cfg.summary, cfg.summary_above, cfg.prefetch),
+            watch: Watch::new(
+                cfg.capacity,
+                cfg.summary,
+                cfg.summary_above,
+                cfg.prefetch,
+                cfg.notices.then(|| NoticeRing::new(cfg.capacity)),
+            ),
             waiting: vec![0; cfg.capacity.div_ceil(64)],
             ready: Vec::new(),
             stats: TaskStats::default(),
@@ -223,6 +256,7 @@ impl Runtime {
             live: 0,
             active: 0,
             cursor: 0,
+            found: Vec::new(),
         })
     }
 
@@ -258,7 +292,10 @@ impl Runtime {
 
     /// Counters so far.
     pub fn stats(&self) -> TaskStats {
-        self.stats
+        TaskStats {
+            late_notices: self.watch.late_notices(),
+            ..self.stats
+        }
     }
 
     /// A handle to watch the runtime's state from another thread.
@@ -298,12 +335,20 @@ impl Runtime {
         match r {
             Ok(CoroutineResult::Yield(Ask::Wait(p))) => {
                 self.set_state(i, TState::Waiting);
+                let mut ready = false;
                 if let Some(p) = p {
                     self.watch.insert(i, p);
                     // The attach may have missed a completion: peek once.
-                    if self.watch.ready(i) {
-                        self.ready.push(i);
-                    }
+                    ready = self.watch.ready(i);
+                }
+                // The task's wait starts here, so here is where its
+                // producer is asked for a notice (unless the source is hot:
+                // peeked every pass); the arm re-checks.
+                if !ready && self.watch.noticed(i) && !self.watch.hot(i) {
+                    ready = self.watch.arm_notice(i);
+                }
+                if ready {
+                    self.ready.push(i);
                 }
             }
             Ok(CoroutineResult::Yield(Ask::Poll)) => {
@@ -330,7 +375,65 @@ impl Runtime {
         }
     }
 
-    /// Push the waiting tasks whose sources are ready onto `ready`.
+    /// Push the waiting tasks whose noticed sources are ready onto
+    /// `ready`: the notices popped.
+    #[inline]
+    fn collect_noticed(&mut self) {
+        let waiting = &self.waiting;
+        let ready = &mut self.ready;
+        let watch = &self.watch;
+        let stats = &mut self.stats;
+        watch.noticed_candidates(
+            |w| waiting[w],
+            |i| {
+                if waiting[i / 64] & (1 << (i % 64)) != 0 && watch.ready_noticed(i) {
+                    stats.notices += 1;
+                    ready.push(i);
+                }
+            },
+        );
+    }
+
+    /// Task `i`'s noticed source was found ready: keep it hot (peeked,
+    /// no notices) while it is busy, and arm the notice of the entry that
+    /// cools down to make room.
+    fn promote(&mut self, i: usize) {
+        if let Some(j) = self.watch.promote(i) {
+            self.arm_cooled(j);
+        }
+    }
+
+    /// Entry `j` is no longer peeked every pass: if its task waits, ask
+    /// its producer for a notice (and take it now if the arm finds it
+    /// ready).
+    fn arm_cooled(&mut self, j: usize) {
+        if self.tasks[j].state == TState::Waiting && self.watch.arm_notice(j) {
+            self.ready.push(j);
+        }
+    }
+
+    /// One step of the safety net (see `Watch::safety_step`): waiting
+    /// tasks whose noticed source is ready although no notice came.
+    fn safety_step(&mut self) {
+        let mut found = std::mem::take(&mut self.found);
+        self.watch.safety_step(|w| self.waiting[w], &mut found);
+        if !found.is_empty() {
+            // A notice may be on its way: take those first.
+            self.collect_noticed();
+            for &i in &found {
+                if self.tasks[i].state == TState::Waiting && !self.ready.contains(&i) {
+                    self.stats.scan_found += 1;
+                    self.watch.mark_scanned(i);
+                    self.ready.push(i);
+                }
+            }
+            found.clear();
+        }
+        self.found = found;
+    }
+
+    /// Push the waiting tasks whose plain or summarised sources are ready
+    /// onto `ready`.
     #[inline]
     /// `full`: use every handle's complete test (sees closed sources too),
     /// not just the fast counters.
@@ -371,17 +474,17 @@ impl Runtime {
                 }
             }
             // The dispatcher pass: find ready sources, switch into their
-            // tasks directly.
+            // tasks directly. Notices first (what producers said is ready),
+            // then whatever is peeked.
             self.stats.passes += 1;
-            if self.watch.plain_only() && self.ready.is_empty() {
-                // Few sources: switch into the first ready task as soon as
-                // it is found, not after peeking the rest.
+            self.collect_noticed();
+            if self.watch.plain_only() {
+                // Few plain sources: the first ready one is enough, not
+                // after peeking the rest.
                 // (`waiting` is the scan's interest mask: `i` waits.)
                 if let Some(i) = self.watch.next_plain_ready(&self.waiting, self.cursor) {
                     self.cursor = i + 1;
-                    self.stats.handoffs += 1;
-                    self.resume(i);
-                    worked = true;
+                    self.ready.push(i);
                 }
             } else {
                 self.collect_ready(false);
@@ -389,6 +492,7 @@ impl Runtime {
             while let Some(i) = self.ready.pop() {
                 if self.tasks[i].state == TState::Waiting {
                     self.stats.handoffs += 1;
+                    self.promote(i);
                     self.resume(i);
                     worked = true;
                 }
@@ -404,8 +508,10 @@ impl Runtime {
 
             empty = empty.wrapping_add(1);
             if empty.is_multiple_of(PASSES_PER_CLOCK) {
-                // Now and then the complete test, for closed sources.
+                // Now and then the complete test, for closed sources, and
+                // a step of the notices' safety net.
                 self.collect_ready(true);
+                self.safety_step();
                 if let Some(t) = self.cfg.idle_after {
                     let now = Instant::now();
                     if std::mem::take(&mut worked_since_clock) {
@@ -417,7 +523,11 @@ impl Runtime {
                 }
             }
         }
-        Ok(self.stats)
+        // Notices still in the ring: a late one (its wait served by the
+        // safety net) is counted as late here, not left looking lost.
+        self.collect_noticed();
+        self.ready.clear();
+        Ok(self.stats())
     }
 
     /// Idle: sleep on the summary if every waiting source is summarised,
@@ -429,14 +539,23 @@ impl Runtime {
         }
         self.stats.idle_sleeps += 1;
         self.state.set(State::Sleeping);
-        let all = self.watch.arm_all();
+        let mut cooled = Vec::new();
+        let all = self.watch.arm_all(&mut cooled);
+        for j in cooled {
+            self.arm_cooled(j);
+        }
         let summary = self.watch.summary().cloned();
         loop {
             let token = match &summary {
                 Some(s) if all => Some(s.arm()),
                 _ => None,
             };
-            // The re-check after arming: collect what is ready now.
+            // The re-check after arming: collect what is ready now. For
+            // noticed sources that is the ring: their tasks asked for
+            // notices when they began to wait, so a completion since then
+            // is in the ring (pushed before the producer raises the flag
+            // that rings the summary).
+            self.collect_noticed();
             self.collect_ready(true);
             if !self.ready.is_empty() {
                 if let Some(s) = &summary {

@@ -216,6 +216,18 @@ fn same_cpu_peer<S: Source + ?Sized>(src: &S) -> bool {
     matches!((src.hints().peer_cpu, crate::cpu::current()), (Some(p), Some(me)) if p == me)
 }
 
+/// The re-check after announcing a wait. A source that offers notices
+/// (`notices`: its registered handle, when the dispatcher takes them) is
+/// asked for one here, and the request reads the source in the same
+/// atomic step: the producer either sees it (and pushes a notice the
+/// dispatcher pops) or this sees the completion.
+pub(super) fn recheck<S: Source + ?Sized>(src: &S, notices: Option<&Arc<dyn Peek>>) -> bool {
+    match notices.and_then(|p| p.arm_notice()) {
+        Some(ready) => ready,
+        None => src.ready(),
+    }
+}
+
 /// Wait in dispatch mode. Returns (result, slept).
 pub(crate) fn wait<S: Source + ?Sized>(
     src: &mut S,
@@ -262,11 +274,12 @@ pub(crate) fn wait<S: Source + ?Sized>(
         }
         let reg = link.reg.as_ref().expect("registered above");
         let (hub, slot) = (&reg.hub, &reg.hub.slots[reg.index]);
+        let notices = link.peek.as_ref().filter(|_| hub.takes_notices());
         let Some(end) = slot.wait_hand_off(
             &hub.waitset,
             reg.index,
             || hub.kick(),
-            || src.ready(),
+            || recheck(src, notices),
             deadline,
             interruptible,
         ) else {

@@ -17,14 +17,26 @@
 //! the consumer armed, or the consumer's re-check sees the new completion.
 //! With two separate words that needs Dekker-style store→load fences on both
 //! sides, which is subtle and which model checkers handle poorly. Here the
-//! word is `head << 1 | armed`: the consumer arms with `fetch_or(1)` and the
-//! producer publishes with `fetch_add(2 * n)`. Two read-modify-writes of one
-//! location are totally ordered, so whichever comes second sees the first:
-//! the producer's add returns `armed = 1` (it rings), or the consumer's
-//! `fetch_or` — and the re-check after it — returns the new head. A stale
-//! ring (the consumer found work and disarmed, but the producer had already
-//! seen the bit) costs one spurious wake-up, which
-//! [`super::block_until_ready`] tolerates.
+//! word is `head << 2 | notice << 1 | armed`: the consumer arms with
+//! `fetch_or(ARMED)` and the producer publishes with a compare-exchange
+//! that adds `n << 2` and clears both request bits. Two read-modify-writes
+//! of one location are totally ordered, so whichever comes second sees the
+//! first: the producer's publish returns `armed = 1` (it rings), or the
+//! consumer's `fetch_or` — and the re-check after it — returns the new
+//! head. A stale ring (the consumer found work and disarmed, but the
+//! producer had already seen the bit) costs one spurious wake-up, which
+//! [`super::block_until_ready`] tolerates. The publish clears the bit in
+//! the same step that reads it, so an arm that comes after it is always
+//! seen by the next publish.
+//!
+//! `notice` is the same protocol for a dispatcher instead of a doorbell:
+//! a consumer waiting in dispatch mode sets it
+//! ([`super::Peek::arm_notice`]), and a publish that finds it set pushes
+//! the channel's index into the dispatcher's [`super::notice::NoticeRing`]
+//! (when one is attached: both ends in one process), so the dispatcher
+//! need not peek the channel at all. The publish guesses that neither bit
+//! is set (it knows the head), so a producer whose consumer does not wait
+//! pays one compare-exchange, as it paid one add before.
 //!
 //! # Memory layout
 //!
@@ -52,6 +64,8 @@
 //! the pad is there for the hundreds-of-channels case, and costs nothing.) The pad is recorded in the constants, so a process
 //! attaching to the channel finds the lines wherever the creator put them.
 
+use super::attached::Attached;
+use super::notice::Notifier;
 use super::summary::Flag;
 use super::{Peek, Rechecked, Source};
 use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering};
@@ -59,11 +73,17 @@ use crate::{Fail, Result};
 use std::cell::Cell;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicPtr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-const MAGIC: u64 = 0x6661_7374_7761_6b31; // "fastwak1"
+// "fastwak2": the publish word gained the notice bit (head << 2).
+const MAGIC: u64 = 0x6661_7374_7761_6b32;
+/// The consumer's doorbell request, in the publish word.
+const ARMED: u64 = 1;
+/// The consumer's notice request (a dispatch-mode wait), in the publish word.
+const NOTICE: u64 = 2;
+/// Where the head starts in the publish word.
+const HEAD_SHIFT: u32 = 2;
 const LINE: usize = 64;
 const SLOT_HEAD: usize = 16;
 use super::NO_CPU;
@@ -151,7 +171,7 @@ struct Consts {
 
 #[repr(C)]
 struct ProducerLine {
-    /// `head << 1 | armed`; see the module docs.
+    /// `head << 2 | notice << 1 | armed`; see the module docs.
     head_armed: AtomicU64,
     producer_cpu: AtomicU32,
     producer_closed: AtomicU32,
@@ -212,14 +232,11 @@ struct Region {
     /// Both ends live in this process (made by [`channel`]), so a
     /// process-local summary flag can be raised by the producer.
     local: bool,
-    /// The dispatcher's summary flag, raised by `Sender::flush`; null when
-    /// none is attached. Points into `flags`, which keeps every flag ever
-    /// attached alive until the region drops, so the producer may use the
-    /// pointer without a lock while a new one is being attached.
-    summary: AtomicPtr<Flag>,
-    // Boxed so a flag's address survives the Vec growing.
-    #[allow(clippy::vec_box)]
-    flags: Mutex<Vec<Box<Flag>>>,
+    /// The dispatcher's notifier, pushed by `Sender::flush` when the
+    /// consumer asked for a notice.
+    notifier: Attached<Notifier>,
+    /// The dispatcher's summary flag, raised by `Sender::flush`.
+    summary: Attached<Flag>,
 }
 
 // SAFETY: the region is plain shared memory; all cross-thread access to it
@@ -331,8 +348,8 @@ impl Region {
             mem,
             efd,
             local,
-            summary: AtomicPtr::new(std::ptr::null_mut()),
-            flags: Mutex::new(Vec::new()),
+            notifier: Attached::default(),
+            summary: Attached::default(),
         }))
     }
 
@@ -369,8 +386,8 @@ impl Region {
             mem,
             efd,
             local: false,
-            summary: AtomicPtr::new(std::ptr::null_mut()),
-            flags: Mutex::new(Vec::new()),
+            notifier: Attached::default(),
+            summary: Attached::default(),
         };
         if bad {
             return Err(Fail::invalid(
@@ -385,35 +402,28 @@ impl Region {
         Ok(Arc::new(region))
     }
 
-    fn attach_summary(&self, flag: Flag) {
-        let mut keep = self.flags.lock().unwrap_or_else(|e| e.into_inner());
-        // Re-attaching a flag seen before (a dispatcher that attaches at
-        // every idle period) reuses its box instead of growing the list.
-        let p: *mut Flag = match keep.iter_mut().find(|f| f.same_as(&flag)) {
-            Some(b) => &mut **b,
-            None => {
-                let mut b = Box::new(flag);
-                let p: *mut Flag = &mut *b;
-                keep.push(b);
-                p
-            }
-        };
-        self.summary.store(p, std::sync::atomic::Ordering::Release);
-    }
-
     /// Tell an attached dispatcher that the published head moved (or the
     /// producer closed).
     #[inline]
     fn raise_summary(&self) {
-        let p = self.summary.load(std::sync::atomic::Ordering::Acquire);
-        if !p.is_null() {
+        if let Some(f) = self.summary.get() {
             // The publish must be ordered before the flag for a waiter's
             // store→load re-check (dispatch::waiter) to pair with it.
             // (crate::sync's fence: the one loom models see.)
             crate::sync::fence(Ordering::SeqCst);
-            // SAFETY: p points into a Box kept in `self.flags` until the
-            // region drops; Flag is Sync.
-            unsafe { (*p).raise() };
+            f.raise();
+        }
+    }
+
+    /// The consumer asked for a notice and a publish (or the close)
+    /// answered it: push the notice, if a dispatcher attached a notifier.
+    ///
+    /// No fence: the publish that saw the request is a read-modify-write
+    /// of the publish word, and so is the attach's (`attach_notices`), so
+    /// one of the two comes second and sees the other.
+    fn notify(&self) {
+        if let Some(n) = self.notifier.get() {
+            n.notify();
         }
     }
 
@@ -493,13 +503,29 @@ pub struct Sender {
 /// hint is stale for at most this many publishes.
 const CPU_REFRESH: u32 = 64;
 
+/// Publish `n` completions after `head` into the publish word `w`,
+/// clearing both request bits in the same step; returns the word before.
+/// The guess that no bit is set makes it one compare-exchange when the
+/// consumer is not waiting (only the producer moves the head).
+#[inline]
+fn publish(w: &AtomicU64, head: u64, n: u64) -> u64 {
+    let mut cur = head << HEAD_SHIFT;
+    loop {
+        let new = (cur & !(ARMED | NOTICE)) + (n << HEAD_SHIFT);
+        match w.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(prev) => return prev,
+            Err(now) => cur = now,
+        }
+    }
+}
+
 impl Sender {
     fn claim(r: Arc<Region>) -> Result<Sender> {
         let p = &r.header().prod.0;
         if p.producer_attached.swap(1, Ordering::AcqRel) != 0 {
             return Err(Fail::new(libc::EBUSY, "channel already has a producer"));
         }
-        let head = p.head_armed.load(Ordering::Acquire) >> 1;
+        let head = p.head_armed.load(Ordering::Acquire) >> HEAD_SHIFT;
         let cached_tail = r.header().cons.0.tail.load(Ordering::Acquire);
         Ok(Sender {
             r,
@@ -576,13 +602,14 @@ impl Sender {
             }
         }
         self.cpu_countdown -= 1;
+        let prev = publish(&p.head_armed, self.published, n);
         self.published = self.head;
-        let prev = p.head_armed.fetch_add(2 * n, Ordering::AcqRel);
-        if prev & 1 != 0 {
-            // Clear before ringing: an arm that lands in between is then
-            // either cleared and followed by this ring, or set after it and
-            // seen by the next publish.
-            p.head_armed.fetch_and(!1, Ordering::AcqRel);
+        if prev & NOTICE != 0 {
+            // Before the ring: the dispatcher is polling, the sleeper is
+            // not, so the notice is the faster of the two.
+            self.r.notify();
+        }
+        if prev & ARMED != 0 {
             // Dated before the ring: the consumer that wakes measures from
             // here (see `Hints::rung_at`).
             self.r
@@ -629,6 +656,13 @@ impl Drop for Sender {
         self.flush();
         let h = self.r.header();
         h.prod.0.producer_closed.store(1, Ordering::Release);
+        // A consumer waiting for a notice gets one for the close, first:
+        // the ring below is a syscall (a microsecond or more), and a
+        // dispatcher's safety net would find the closed source meanwhile
+        // and count the notice as missing.
+        if h.prod.0.head_armed.fetch_and(!NOTICE, Ordering::AcqRel) & NOTICE != 0 {
+            self.r.notify();
+        }
         // Ring unconditionally: a consumer asleep must learn of the close.
         self.r.ring();
         // A dispatcher must learn of the close too (its peek reports it).
@@ -744,7 +778,7 @@ impl Receiver {
 
     /// Completions waiting in the ring now.
     pub fn pending(&self) -> u64 {
-        (self.r.header().prod.0.head_armed.load(Ordering::Acquire) >> 1) - self.tail
+        (self.r.header().prod.0.head_armed.load(Ordering::Acquire) >> HEAD_SHIFT) - self.tail
     }
 }
 
@@ -770,7 +804,7 @@ impl Source for Receiver {
         if self.cached_head.get() > self.tail {
             return true;
         }
-        let head = self.r.header().prod.0.head_armed.load(Ordering::Acquire) >> 1;
+        let head = self.r.header().prod.0.head_armed.load(Ordering::Acquire) >> HEAD_SHIFT;
         self.cached_head.set(head);
         head > self.tail
     }
@@ -810,8 +844,8 @@ impl Source for Receiver {
         // Read the bell before announcing: a ring after this point changes
         // it, so the futex wait in sleep() cannot miss it.
         self.armed_seq = h.arm.0.bell.load();
-        let w = h.prod.0.head_armed.fetch_or(1, Ordering::AcqRel);
-        self.cached_head.set(w >> 1);
+        let w = h.prod.0.head_armed.fetch_or(ARMED, Ordering::AcqRel);
+        self.cached_head.set(w >> HEAD_SHIFT);
         Ok(())
     }
 
@@ -819,8 +853,8 @@ impl Source for Receiver {
         let w = &self.r.header().prod.0.head_armed;
         // Skip the RMW on the producer's line when the producer already
         // cleared the bit (the usual case after a ring).
-        if w.load(Ordering::Relaxed) & 1 != 0 {
-            w.fetch_and(!1, Ordering::AcqRel);
+        if w.load(Ordering::Relaxed) & ARMED != 0 {
+            w.fetch_and(!ARMED, Ordering::AcqRel);
         }
     }
 
@@ -872,7 +906,7 @@ impl Peek for ChannelPeek {
         let tail = h.cons.0.tail.load(Ordering::Acquire);
         // A closed producer counts as ready: the owner's try_take reports
         // the close, which a waiter must see instead of waiting forever.
-        (h.prod.0.head_armed.load(Ordering::Acquire) >> 1) > tail
+        (h.prod.0.head_armed.load(Ordering::Acquire) >> HEAD_SHIFT) > tail
             || h.prod.0.producer_closed.load(Ordering::Acquire) != 0
     }
 
@@ -880,21 +914,51 @@ impl Peek for ChannelPeek {
         if !self.r.local {
             return false;
         }
-        self.r.attach_summary(flag);
+        self.r.summary.attach(flag, Flag::same_as);
         true
     }
 
     fn detach_summary(&self) {
+        self.r.summary.detach();
+    }
+
+    fn attach_notices(&self, notifier: Notifier) -> bool {
+        if !self.r.local {
+            return false;
+        }
+        self.r.notifier.attach(notifier, Notifier::same_as);
+        // A read-modify-write of the publish word after the store: a
+        // publish ordered before it is seen by the caller's peek after
+        // this; one ordered after it sees the notifier (`Region::notify`).
         self.r
-            .summary
-            .store(std::ptr::null_mut(), std::sync::atomic::Ordering::Release);
+            .header()
+            .prod
+            .0
+            .head_armed
+            .fetch_or(0, Ordering::AcqRel);
+        true
+    }
+
+    fn detach_notices(&self) {
+        self.r.notifier.detach();
+    }
+
+    fn arm_notice(&self) -> Option<bool> {
+        if !self.r.local {
+            return None;
+        }
+        let h = self.r.header();
+        let w = h.prod.0.head_armed.fetch_or(NOTICE, Ordering::AcqRel);
+        // The owner's own tail: the caller is the owner.
+        let tail = h.cons.0.tail.load(Ordering::Relaxed);
+        Some((w >> HEAD_SHIFT) > tail || h.prod.0.producer_closed.load(Ordering::Acquire) != 0)
     }
 
     fn counters(&self) -> Option<super::Counters<'_>> {
         let h = self.r.header();
         Some(super::Counters {
             produced: &h.prod.0.head_armed,
-            shift: 1,
+            shift: HEAD_SHIFT,
             consumed: &h.cons.0.tail,
             next_at: Some(super::NextAt {
                 // SAFETY: slots_off is inside the mapping, which the

@@ -67,6 +67,12 @@
 //!   every source on every pass (the EQ of an RDMA NIC plays that role in
 //!   the FastWake paper). A source that cannot do it returns `false` and is
 //!   simply peeked every pass.
+//! - Better ([`Peek::attach_notices`]): the producer pushes the source's
+//!   index into the dispatcher's [`notice::NoticeRing`], but only when the
+//!   owner asked for it as it started to wait ([`Peek::arm_notice`]), so
+//!   the dispatcher pops what became ready and peeks nothing else, and a
+//!   producer whose consumer is not waiting pays nothing. The channel
+//!   does (both ends in one process).
 //!
 //! Sources without a handle (the default) still work in
 //! [`crate::WaitMode::Dispatch`]: the waiter falls back to interrupt mode.
@@ -75,7 +81,9 @@
 //! ring's head and tail, [`uring`] and [`ring`]); sockets (the one
 //! syscall above, [`socket`]).
 
+mod attached;
 pub mod channel;
+pub mod notice;
 pub mod ring;
 pub mod socket;
 pub mod summary;
@@ -104,6 +112,33 @@ pub trait Peek: Send + Sync {
     /// Stop raising the attached flag (a late raise may still happen and
     /// is harmless: flags are hints).
     fn detach_summary(&self) {}
+
+    /// Ask the producer to push `notifier` ([`notice::Notifier::notify`])
+    /// when it publishes a completion while the owner has asked for a
+    /// notice ([`Peek::arm_notice`]), and when it closes. Once this
+    /// returns, a completion published later is either notified or seen by
+    /// the caller's next peek (the caller peeks once after attaching).
+    /// Returns `false` when the source cannot (its producer lives in
+    /// another process, or it has no producer fastwake runs); it is then
+    /// peeked instead. Attaching again replaces the previous notifier.
+    fn attach_notices(&self, _notifier: notice::Notifier) -> bool {
+        false
+    }
+
+    /// Stop pushing the attached notifier (a late notice may still come
+    /// and is harmless: notices are hints).
+    fn detach_notices(&self) {}
+
+    /// **Owner only** (the thread that takes from the source, or its task
+    /// runtime), as it announces a wait: ask the producer for a notice of
+    /// the next completion. Returns whether a completion (or the close) is
+    /// there now, read in the same atomic step as the request, so that
+    /// either the producer sees the request or the caller sees the
+    /// completion; `None` when the source offers no notices. The request
+    /// holds until the producer's next publish answers it.
+    fn arm_notice(&self) -> Option<bool> {
+        None
+    }
 
     /// Optional fast path: the two counters whose comparison *is* the
     /// readiness test, so a dispatcher can peek without a virtual call or

@@ -24,3 +24,16 @@ pub fn payload_for(tag: u64, len: usize) -> Vec<u8> {
         .map(|i| (tag as u8).wrapping_add(i as u8) ^ 0xa5)
         .collect()
 }
+
+/// The stress tests' seed: FW_STRESS_SEED to replay a run, else the clock.
+pub fn stress_seed() -> u64 {
+    std::env::var("FW_STRESS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
+}

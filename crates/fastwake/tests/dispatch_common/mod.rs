@@ -17,6 +17,7 @@ pub fn chan() -> (Sender, Receiver) {
 /// Send tags 0..n to each sender, picking the sender at random each time
 /// and pausing now and then, so waiters see every mix of "already there"
 /// and "arrives while asleep".
+#[allow(dead_code)]
 pub fn produce_random(mut txs: Vec<Sender>, n: u64) {
     let mut rng = rand::rng();
     let mut sent = vec![0u64; txs.len()];

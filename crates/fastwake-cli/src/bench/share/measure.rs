@@ -114,6 +114,10 @@ pub(super) fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Ve
             row.extra.insert("load".into(), plan.load.name().into());
             row.extra.insert("handoffs".into(), c.handoffs.into());
             row.extra.insert("relays".into(), c.relays.into());
+            row.extra.insert("notices".into(), c.notices.into());
+            row.extra.insert("scan_found".into(), c.scan_found.into());
+            row.extra
+                .insert("late_notices".into(), c.late_notices.into());
             row.extra.insert("round_p50".into(), rp.into());
             row.extra
                 .insert("dispatch_fallbacks".into(), c.fallbacks.into());

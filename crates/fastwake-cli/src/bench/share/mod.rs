@@ -39,6 +39,9 @@ use std::time::Duration;
 
 const DEFAULT_MODES: &str = "interrupt,poll,tasks,threads,reference";
 
+/// Numbers of connections `--sweep` measures.
+const SWEEP: [usize; 6] = [1, 4, 16, 64, 256, 1024];
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Connections (server ends) sharing the server cores.
@@ -55,12 +58,13 @@ pub struct Args {
     /// connection waiting in interrupt, poll, hybrid[:DURATION] or
     /// adaptive[:OPTIONS] mode (docs/grammar.md); tasks (a task per connection on a runtime
     /// per core; tasks:noprefetch turns off the prefetch of a ready
-    /// source's next slot before the switch into its task);
-    /// threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive] (a
+    /// source's next slot before the switch into its task; tasks:scan
+    /// turns off ready notices: every source is peeked every pass);
+    /// threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive][:scan] (a
     /// thread per connection in dispatch mode, a dispatcher per core
     /// scheduled SCHED_IDLE or as named; cross: the dispatcher runs on the
     /// client's CPU; norelay: waiters do not relay; adaptive: the threads
-    /// wait in adaptive mode); reference (one connection, both ends
+    /// wait in adaptive mode; scan: no ready notices); reference (one connection, both ends
     /// busy-polling); evloop (one thread per core polling all its
     /// connections: the floor for N connections on a core).
     #[arg(
@@ -99,7 +103,7 @@ pub struct Args {
     #[arg(long, default_value_t = 2000)]
     pub idle_after_us: u64,
     /// Instead of one table, print latency against the number of
-    /// connections (1, 4, 16, 64, 256) for the chosen modes (`poll` is
+    /// connections (1, 4, 16, 64, 256, 1024) for the chosen modes (`poll` is
     /// left out when --mode is the default list: 256 spinning threads on
     /// one core take minutes).
     #[arg(long)]
@@ -211,7 +215,7 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         modes
     };
-    for conns in [1usize, 4, 16, 64, 256] {
+    for conns in SWEEP {
         let rows = measure_apart(sweep_modes.clone(), Plan { conns, ..plan }, &layout)?;
         all.push((conns, rows));
     }

@@ -32,10 +32,14 @@ pub(super) enum Mode {
         /// The threads wait in `adaptive` mode instead of `dispatch`: the
         /// controller decides per wait whether to use the dispatcher.
         adaptive: bool,
+        /// As `dispatch::Config::notices` (`threads:scan`: off).
+        notices: bool,
     },
     /// A task per connection on a runtime per core; `prefetch` as
-    /// [`TaskConfig::prefetch`] (`tasks:noprefetch` measures what it saves).
-    Tasks { prefetch: bool },
+    /// [`TaskConfig::prefetch`] (`tasks:noprefetch` measures what it
+    /// saves), `notices` as [`TaskConfig::notices`] (`tasks:scan`: off,
+    /// every source peeked every pass, as before ready notices).
+    Tasks { prefetch: bool, notices: bool },
     /// One connection, both ends busy-polling: the floor.
     Reference,
     /// One thread per core busy-polling all its connections in a loop (a
@@ -47,14 +51,12 @@ impl Mode {
     pub(super) fn parse(s: &str) -> Result<Mode> {
         let bad = || {
             Fail::invalid(format!(
-                "unknown mode '{s}': expected interrupt, poll, hybrid[:BUDGET], adaptive[:OPTS], tasks[:noprefetch], threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive], reference or evloop"
+                "unknown mode '{s}': expected interrupt, poll, hybrid[:BUDGET], adaptive[:OPTS], tasks[:noprefetch][:scan], threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive][:scan], reference or evloop"
             ))
         };
         Ok(match s {
             "interrupt" => Mode::PerThread(WaitMode::Interrupt),
             "poll" => Mode::PerThread(WaitMode::Poll),
-            "tasks" => Mode::Tasks { prefetch: true },
-            "tasks:noprefetch" => Mode::Tasks { prefetch: false },
             "reference" => Mode::Reference,
             "evloop" => Mode::EventLoop,
             // Thread per connection in the library's spinning modes: what
@@ -62,16 +64,28 @@ impl Mode {
             s if s.starts_with("hybrid") || s.starts_with("adaptive") => {
                 Mode::PerThread(s.parse::<WaitMode>()?)
             }
+            s if s.split(':').next() == Some("tasks") => {
+                let (mut prefetch, mut notices) = (true, true);
+                for p in s.split(':').skip(1) {
+                    match p {
+                        "noprefetch" => prefetch = false,
+                        "scan" => notices = false,
+                        _ => return Err(bad()),
+                    }
+                }
+                Mode::Tasks { prefetch, notices }
+            }
             _ => {
                 let mut parts = s.split(':');
                 if parts.next() != Some("threads") {
                     return Err(bad());
                 }
-                let (mut policy, mut cross, mut relay, mut adaptive) =
-                    (SchedPolicy::Idle, false, true, false);
+                let (mut policy, mut cross, mut relay, mut adaptive, mut notices) =
+                    (SchedPolicy::Idle, false, true, false, true);
                 for p in parts {
                     match p {
                         "norelay" => relay = false,
+                        "scan" => notices = false,
                         "adaptive" => adaptive = true,
                         // SCHED_OTHER: on the client's core a SCHED_IDLE
                         // dispatcher would never run next to the
@@ -88,6 +102,7 @@ impl Mode {
                     cross,
                     relay,
                     adaptive,
+                    notices,
                 }
             }
         })
@@ -101,6 +116,7 @@ impl Mode {
                 cross,
                 relay,
                 adaptive,
+                notices,
             } => {
                 let mut l = String::from("threads");
                 if *adaptive {
@@ -115,10 +131,21 @@ impl Mode {
                 if !relay {
                     l.push_str(":norelay");
                 }
+                if !notices {
+                    l.push_str(":scan");
+                }
                 l
             }
-            Mode::Tasks { prefetch: true } => "tasks".into(),
-            Mode::Tasks { prefetch: false } => "tasks:noprefetch".into(),
+            Mode::Tasks { prefetch, notices } => {
+                let mut l = String::from("tasks");
+                if !prefetch {
+                    l.push_str(":noprefetch");
+                }
+                if !notices {
+                    l.push_str(":scan");
+                }
+                l
+            }
             Mode::Reference => "reference".into(),
             Mode::EventLoop => "evloop".into(),
         }

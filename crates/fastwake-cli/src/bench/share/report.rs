@@ -9,20 +9,30 @@ use fastwake::Result;
 
 pub(super) fn print_rates(rows: &[Row]) {
     println!(
-        " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10}",
-        "mode", "conns", "cores", "rtt/s", "handoffs", "relays", "fallbacks"
+        " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "mode",
+        "conns",
+        "cores",
+        "rtt/s",
+        "handoffs",
+        "relays",
+        "fallbacks",
+        "notices",
+        "scan_found"
     );
     let get = |r: &Row, k: &str| r.extra.get(k).map(|v| v.to_string()).unwrap_or_default();
     for r in rows {
         println!(
-            " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10}",
+            " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}",
             r.mode,
             get(r, "conns"),
             get(r, "cores"),
             get(r, "rtt_per_s"),
             get(r, "handoffs"),
             get(r, "relays"),
-            get(r, "dispatch_fallbacks")
+            get(r, "dispatch_fallbacks"),
+            get(r, "notices"),
+            get(r, "scan_found")
         );
     }
 }
@@ -93,11 +103,21 @@ pub(super) fn print_sweep(title: &str, modes: &[Mode], all: &[(usize, Vec<Row>)]
         head += &format!(" {:>22}", format!("{} p50/p99", m.label()));
     }
     println!("{head}");
+    let count = |r: &Row, k: &str| r.extra.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    let (mut notices, mut found, mut late) = (0, 0, 0);
     for (conns, rows) in all {
         let mut line = format!(" {:>7}", conns);
         for r in rows {
             line += &format!(" {:>22}", format!("{:.3} / {:.3}", r.t_typical, r.p99));
+            notices += count(r, "notices");
+            found += count(r, "scan_found");
+            late += count(r, "late_notices");
         }
         println!("{line}");
     }
+    // The safety net of the ready notices: every wait it found ready had
+    // lost its notice.
+    println!(
+        " over the whole sweep: {notices} hand-offs found through ready notices; the safety-net scan found {found} waits whose notice had not come, of which {late} came later (late, not lost)"
+    );
 }

@@ -19,6 +19,13 @@ pub(super) struct Counts {
     pub(super) handoffs: u64,
     pub(super) relays: u64,
     pub(super) fallbacks: u64,
+    /// Hand-offs found through a ready notice (dispatcher or runtime).
+    pub(super) notices: u64,
+    /// Waits the notices' safety net found ready without a notice
+    /// (expected 0).
+    pub(super) scan_found: u64,
+    /// Of those, notices that came late rather than never.
+    pub(super) late_notices: u64,
 }
 
 impl Counts {
@@ -27,6 +34,7 @@ impl Counts {
             handoffs: s.handoffs,
             relays: s.relays,
             fallbacks: s.dispatch_fallbacks,
+            ..Counts::default()
         }
     }
 
@@ -34,6 +42,9 @@ impl Counts {
         self.handoffs += o.handoffs;
         self.relays += o.relays;
         self.fallbacks += o.fallbacks;
+        self.notices += o.notices;
+        self.scan_found += o.scan_found;
+        self.late_notices += o.late_notices;
     }
 }
 
@@ -70,6 +81,12 @@ impl Servers {
                     }
                 }
             }
+        }
+        for d in &self.dispatchers {
+            let s = d.stats();
+            c.notices += s.notices;
+            c.scan_found += s.scan_found;
+            c.late_notices += s.late_notices;
         }
         drop(self.dispatchers);
         first.map(|_| c)
@@ -140,12 +157,14 @@ pub(super) fn start(
                 policy,
                 cross,
                 relay,
+                notices,
                 ..
             } = mode
             {
                 for &cpu in &layout.server_cpus {
                     let mut cfg = dispatch::Config::new(cpu);
                     cfg.policy = policy;
+                    cfg.notices = notices;
                     if !relay {
                         cfg.relay = None;
                     }
@@ -200,7 +219,7 @@ pub(super) fn start(
                 })?);
             }
         }
-        Mode::Tasks { prefetch } => {
+        Mode::Tasks { prefetch, notices } => {
             let mut per_core: Vec<Vec<(Receiver, Sender)>> = (0..k).map(|_| Vec::new()).collect();
             for (j, e) in ends.into_iter().enumerate() {
                 per_core[j % k].push(e);
@@ -211,6 +230,7 @@ pub(super) fn start(
                     let mut rt = Runtime::new(TaskConfig {
                         idle_after,
                         prefetch,
+                        notices,
                         ..TaskConfig::default()
                     })?;
                     for (mut rx, mut tx) in ends {
@@ -226,6 +246,9 @@ pub(super) fn start(
                         Some((i, e)) => Err(Fail::new(e.errno(), format!("task {i}: {e}"))),
                         None => Ok(Counts {
                             handoffs: st.handoffs,
+                            notices: st.notices,
+                            scan_found: st.scan_found,
+                            late_notices: st.late_notices,
                             ..Counts::default()
                         }),
                     }

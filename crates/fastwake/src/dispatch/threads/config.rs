@@ -34,6 +34,11 @@ pub struct Config {
     pub summary: bool,
     /// See `summary`.
     pub summary_above: usize,
+    /// Serve sources that offer ready notices (the channel) through the
+    /// dispatcher's notice ring instead of peeking them every pass: the
+    /// cost of a pass then does not grow with the number of idle sources.
+    /// Off only to measure what that saves.
+    pub notices: bool,
     /// Relay: a thread about to wait first peeks the core's other waiting
     /// sources (and its own) for up to this long, and hands off to the
     /// owner of the first ready one itself; `None` = never. See
@@ -49,7 +54,7 @@ pub const DEFAULT_RELAY: Duration = Duration::from_micros(5);
 
 impl Config {
     /// Defaults for `cpu`: same core, `SCHED_IDLE`, sleep after 2 ms idle,
-    /// 1024 threads, summaries on, relay 5 µs.
+    /// 1024 threads, notices and summaries on, relay 5 µs.
     pub fn new(cpu: u32) -> Config {
         Config {
             cpu,
@@ -59,6 +64,7 @@ impl Config {
             capacity: 1024,
             summary: true,
             summary_above: crate::dispatch::watch::SUMMARY_ABOVE,
+            notices: true,
             relay: Some(DEFAULT_RELAY),
             learn_idle: None,
         }

@@ -7,7 +7,8 @@ use super::{Config, lock, write};
 use crate::dispatch::slot::{Slot, WaitSet};
 use crate::dispatch::{DispatchStats, State};
 use crate::source::Peek;
-use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering};
+use crate::source::notice::NoticeRing;
+use crate::sync::{AtomicU32, AtomicU64, FutexWord, LineWords, Ordering};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -71,6 +72,15 @@ pub(crate) struct Hub {
     /// `crate::fork::generation` when made: in a forked child, which has
     /// none of its threads, the hub is dead.
     generation: u32,
+    /// Where producers push ready notices for this core's waiters
+    /// ([`Config::notices`]); popped by the dispatcher and by relays.
+    pub(crate) notices: Option<Arc<NoticeRing>>,
+    /// Slots whose source the dispatcher serves through notices, one bit
+    /// each, so that relays leave them out of their scan.
+    pub(super) noticed: LineWords,
+    pub(super) notice_handoffs: AtomicU64,
+    pub(super) scan_found: AtomicU64,
+    pub(super) late_notices: AtomicU64,
 }
 
 impl Hub {
@@ -103,6 +113,11 @@ impl Hub {
             rescued: AtomicU64::new(0),
             relayed: AtomicU64::new(0),
             generation: crate::fork::generation(),
+            notices: cfg.notices.then(|| NoticeRing::new(cfg.capacity)),
+            noticed: LineWords::new(cfg.capacity.div_ceil(64), || AtomicU64::new(0)),
+            notice_handoffs: AtomicU64::new(0),
+            scan_found: AtomicU64::new(0),
+            late_notices: AtomicU64::new(0),
         }
     }
 
@@ -208,6 +223,12 @@ impl Hub {
         }
     }
 
+    /// Does this dispatcher take ready notices? Then a waiter asks its
+    /// source for one as it announces its wait.
+    pub(crate) fn takes_notices(&self) -> bool {
+        self.notices.is_some()
+    }
+
     /// The idle threshold in force now (`None`: never sleeps).
     pub(crate) fn idle_threshold(&self) -> Option<Duration> {
         match self.idle_ns.load(Ordering::Relaxed) {
@@ -222,6 +243,9 @@ impl Hub {
             rescued: self.rescued.load(Ordering::Relaxed),
             relayed: self.relayed.load(Ordering::Relaxed),
             passes: self.passes.load(Ordering::Relaxed),
+            notices: self.notice_handoffs.load(Ordering::Relaxed),
+            scan_found: self.scan_found.load(Ordering::Relaxed),
+            late_notices: self.late_notices.load(Ordering::Relaxed),
             idle_sleeps: self.idle_sleeps.load(Ordering::Relaxed),
             paused: self.paused.load(Ordering::Relaxed),
             registered: self.registered.load(Ordering::Relaxed),

@@ -25,7 +25,9 @@ impl Hub {
             // The woken thread reads the slot on this core only when the
             // dispatcher runs on the waiters' core.
             self.cfg.run_on.is_none(),
+            self.notices.clone(),
         );
+        let mut found = Vec::new();
         let mut last_busy = Instant::now();
         let mut idle = IdleClock::new(&self.cfg, last_busy);
         let mut empty: u32 = 0;
@@ -55,8 +57,11 @@ impl Hub {
             empty = empty.wrapping_add(1);
             if empty.is_multiple_of(PASSES_PER_CLOCK) {
                 self.passes.store(passes, Ordering::Relaxed);
+                self.late_notices
+                    .store(watch.late_notices(), Ordering::Relaxed);
                 self.beat(Instant::now());
-                // Now and then the complete test, for closed sources.
+                // Now and then the complete test, for closed sources, and
+                // a step of the notices' safety net.
                 let mut n = 0;
                 watch.slow_pass(
                     |w| self.waitset.word(w),
@@ -67,6 +72,7 @@ impl Hub {
                     },
                 );
                 self.handoffs.fetch_add(n, Ordering::Relaxed);
+                self.safety_step(&watch, &mut found);
                 if let Some(t) = idle.threshold()
                     && last_busy.elapsed() >= t
                 {
@@ -80,6 +86,10 @@ impl Hub {
             }
         }
         self.passes.store(passes, Ordering::Relaxed);
+        // Notices still in the ring, so a late one is counted as late.
+        watch.noticed_candidates(|_| 0, |_| {});
+        self.late_notices
+            .store(watch.late_notices(), Ordering::Relaxed);
     }
 
     /// One turn of the loop: take in queued (un)registrations, then one
@@ -105,6 +115,7 @@ impl Hub {
             match p {
                 Some(p) => {
                     watch.insert(i, p);
+                    self.mark_noticed(i, watch.noticed(i));
                     // The attach may have missed a completion: peek once.
                     if watch.ready_full(i) && self.slots[i].hand(HANDED) {
                         self.handoffs.fetch_add(1, Ordering::Relaxed);
@@ -112,6 +123,7 @@ impl Hub {
                 }
                 None => {
                     watch.remove(i);
+                    self.mark_noticed(i, false);
                     self.slots[i].reset();
                     freed.push(i);
                 }
@@ -120,10 +132,52 @@ impl Hub {
         lock(&self.free).extend(freed);
     }
 
+    /// Tell relays whether slot `i`'s source is served by notices.
+    fn mark_noticed(&self, i: usize, on: bool) {
+        let (w, b) = (self.noticed.get(i / 64), 1u64 << (i % 64));
+        if on {
+            w.fetch_or(b, Ordering::Relaxed);
+        } else {
+            w.fetch_and(!b, Ordering::Relaxed);
+        }
+    }
+
+    /// One step of the notices' safety net (see `Watch::safety_step`):
+    /// hand off, and count, waits whose noticed source is ready although
+    /// no notice came.
+    fn safety_step(&self, watch: &Watch, found: &mut Vec<usize>) {
+        watch.safety_step(|w| self.waitset.word(w), found);
+        if found.is_empty() {
+            return;
+        }
+        // A notice may be on its way: serve those first.
+        let handed = self.pass(watch);
+        self.handoffs.fetch_add(handed as u64, Ordering::Relaxed);
+        for i in found.drain(..) {
+            let s = &self.slots[i];
+            if s.state() == WAITING && watch.ready_full(i) && s.hand(HANDED) {
+                self.handoffs.fetch_add(1, Ordering::Relaxed);
+                self.scan_found.fetch_add(1, Ordering::Relaxed);
+                watch.mark_scanned(i);
+            }
+        }
+    }
+
     /// One pass over the waiting sources; returns hand-offs made.
     #[inline]
     fn pass(&self, watch: &Watch) -> u32 {
         let mut handed = 0;
+        // What producers said is ready, then whatever is peeked.
+        watch.noticed_candidates(
+            |w| self.waitset.word(w),
+            |i| {
+                let s = &self.slots[i];
+                if s.state() == WAITING && watch.ready_noticed(i) && s.hand(HANDED) {
+                    handed += 1;
+                    self.notice_handoffs.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+        );
         watch.candidates(
             |w| self.waitset.word(w),
             |i| {
