@@ -1,31 +1,13 @@
 //! The `fastwake` command as a user meets it: errors are one line with a
 //! non-zero exit; benchmarks print the promised columns and JSON keys.
 
-use std::process::{Command, Output};
 use std::sync::Mutex;
+
+mod common;
+use common::{assert_one_line_error, fastwake};
 
 /// Benchmarks spin (poll and hybrid rows); run them one at a time.
 static SPIN: Mutex<()> = Mutex::new(());
-
-fn fastwake(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fastwake"))
-        .args(args)
-        .output()
-        .expect("run fastwake")
-}
-
-fn assert_one_line_error(args: &[&str], needle: &str) {
-    let o = fastwake(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "{args:?}: not one line: {err:?}"
-    );
-    assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
-    assert!(o.stdout.is_empty(), "{args:?}: printed a result anyway");
-}
 
 #[test]
 fn unknown_mode_is_one_line() {

@@ -3,34 +3,16 @@
 //! show it, and a SIGKILLed process's segment is removed by the lister.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{assert_one_line_error, exe, fastwake};
 
 /// The lister removes stale segments, so tests that list or kill run one
 /// at a time (one test's list must not clean up another's killed process).
 static LISTING: Mutex<()> = Mutex::new(());
-
-fn exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_fastwake"))
-}
-
-fn fastwake(args: &[&str]) -> Output {
-    Command::new(exe())
-        .args(args)
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("run fastwake")
-}
-
-fn assert_one_line_error(args: &[&str], needle: &str) {
-    let o = fastwake(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err:?}");
-    assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
-    assert!(o.stdout.is_empty(), "{args:?}: printed a result anyway");
-}
 
 #[test]
 fn a_pid_that_is_not_shimmed_is_one_line() {

@@ -965,25 +965,9 @@ impl Drop for Seg {
 
 /// Start scenario `name` under the shim without waiting for it.
 fn spawn_child(name: &str, env: &[(&str, &str)]) -> Option<std::process::Child> {
-    let Some(so) = shim() else {
-        eprintln!("SKIPPED {name}: libfastwake_preload.so not built next to the test binary");
-        return None;
-    };
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args([
-        "--ignored",
-        "--exact",
-        name,
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("LD_PRELOAD", so)
-    .env("FASTWAKE_VERBOSE", "1")
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
-    for (k, v) in env {
-        c.env(k, v);
-    }
+    let mut c = common::command(name, env)?;
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     Some(c.spawn().expect("spawn child"))
 }
 

@@ -103,10 +103,10 @@ fn child_check(name: &str, out: Output) -> Option<Output> {
     Some(out)
 }
 
-/// Run scenario `name` under the shim with `env`, whatever its exit.
-pub fn child_unchecked(name: &str, env: &[(&str, &str)]) -> Option<Output> {
+/// The command that runs scenario `name` (an ignored test of this binary)
+/// alone under the shim, verbose, with `env`.
+pub fn command(name: &str, env: &[(&str, &str)]) -> Option<Command> {
     let so = shim()?;
-    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args([
         "--ignored",
@@ -120,6 +120,13 @@ pub fn child_unchecked(name: &str, env: &[(&str, &str)]) -> Option<Output> {
     for (k, v) in env {
         c.env(k, v);
     }
+    Some(c)
+}
+
+/// Run scenario `name` under the shim with `env`, whatever its exit.
+pub fn child_unchecked(name: &str, env: &[(&str, &str)]) -> Option<Output> {
+    let mut c = command(name, env)?;
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
     Some(c.output().expect("spawn child"))
 }
 
