@@ -142,18 +142,17 @@ fn serve(
 const RING_FD_OFFSET: usize = 196;
 
 thread_local! {
-    // The last ring this thread waited on and its verified fd (-1: not an
-    // io_uring there), so the check runs once per ring.
-    static LAST_RING: std::cell::Cell<(usize, c_int)> = const { std::cell::Cell::new((0, -1)) };
+    // The last (ring, fd found in it) this thread checked, and whether the
+    // kernel called that fd an io_uring, so the check runs once per ring.
+    // Keyed by the fd too: a ring freed and made again at the same address
+    // has a new fd, and is checked again.
+    static LAST_RING: std::cell::Cell<(usize, c_int, bool)> =
+        const { std::cell::Cell::new((0, -1, false)) };
 }
 
 /// The io_uring fd of liburing's `ring`, if the int at [`RING_FD_OFFSET`]
 /// is an fd the kernel calls an io_uring.
 fn ring_fd(ring: *mut c_void) -> Option<c_int> {
-    let (last, fd) = LAST_RING.try_with(|c| c.get()).ok()?;
-    if last == ring as usize {
-        return (fd >= 0).then_some(fd);
-    }
     // SAFETY: `ring` is the caller's `struct io_uring`, which is larger
     // than the offset plus an int; read unaligned to assume nothing.
     let fd = unsafe {
@@ -162,11 +161,16 @@ fn ring_fd(ring: *mut c_void) -> Option<c_int> {
             .cast::<c_int>()
             .read_unaligned()
     };
-    let ok = fd >= 0
-        && std::fs::read_link(format!("/proc/self/fd/{fd}"))
-            .is_ok_and(|l| l.as_os_str() == "anon_inode:[io_uring]");
-    let fd = if ok { fd } else { -1 };
-    let _ = LAST_RING.try_with(|c| c.set((ring as usize, fd)));
+    if fd < 0 {
+        return None;
+    }
+    let (last, last_fd, ok) = LAST_RING.try_with(|c| c.get()).ok()?;
+    if (last, last_fd) == (ring as usize, fd) {
+        return ok.then_some(fd);
+    }
+    let ok = std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .is_ok_and(|l| l.as_os_str() == "anon_inode:[io_uring]");
+    let _ = LAST_RING.try_with(|c| c.set((ring as usize, fd, ok)));
     ok.then_some(fd)
 }
 
