@@ -341,7 +341,8 @@ fn engine(
                 Some(tn) => Some(tn - ending.spun_ns),
             }
         }
-        Decision::Dispatch | Decision::Block => None,
+        // Never planned here: these facts do not offer pre-wakes.
+        Decision::Dispatch | Decision::Block | Decision::Prewake { .. } => None,
     };
     block(gov, cpu, ending, || real(left), |&r| r < 0)
 }

@@ -22,7 +22,9 @@
 //! every round ([`super::rounds`]), so a noisy second on this shared
 //! machine is spread over all modes.
 
+pub mod background;
 mod plot;
+mod service;
 
 use super::rounds::Rounds;
 use super::sources::net;
@@ -34,7 +36,7 @@ use fastwake::{Fail, Result, WaitMode, Waiter};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
@@ -43,9 +45,25 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
     pub rates: Vec<u64>,
     /// Arrival patterns: poisson, onoff (bursts at 10x the rate for 10 %
-    /// of the time: ON periods of mean 2 ms, OFF periods of mean 18 ms).
-    #[arg(long, value_delimiter = ',', default_value = "poisson,onoff", value_parser = ["poisson", "onoff"])]
+    /// of the time: ON periods of mean 2 ms, OFF periods of mean 18 ms);
+    /// service and service-tail are closed-loop service-time scenarios
+    /// instead (one request at a time, the reply after a service time from
+    /// --service-us: ± --jitter uniform, or log-normal with σ = 1 for
+    /// service-tail), which report the wake latency (reply published →
+    /// taken), end-to-end latency and CPU per request.
+    #[arg(long, value_delimiter = ',', default_value = "poisson,onoff", value_parser = ["poisson", "onoff", "service", "service-tail"])]
     pub patterns: Vec<String>,
+    /// Service times of the service scenarios, µs (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "20,50,200,1000")]
+    pub service_us: Vec<u64>,
+    /// Jitter of the service scenario's service times, ± percent, uniform.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub jitter: u8,
+    /// Co-located load for every scenario: N unpinned processes of normal
+    /// priority, each busy for random stretches of 0.1-10 ms for DUTY % of
+    /// the time (default 100 = always busy), e.g. 2:50.
+    #[arg(long, value_name = "N[:DUTY]", value_parser = background::Background::parse)]
+    pub background: Option<background::Background>,
     /// CPU hog on the consumer's CPU: off, on or both.
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
     pub hog: String,
@@ -103,6 +121,8 @@ pub struct Args {
 enum Pattern {
     Poisson,
     OnOff,
+    Service,
+    ServiceTail,
 }
 
 impl Pattern {
@@ -110,8 +130,10 @@ impl Pattern {
         match s.trim() {
             "poisson" => Ok(Pattern::Poisson),
             "onoff" | "on-off" | "bursts" => Ok(Pattern::OnOff),
+            "service" => Ok(Pattern::Service),
+            "service-tail" => Ok(Pattern::ServiceTail),
             o => Err(Fail::invalid(format!(
-                "unknown pattern '{o}': expected poisson or onoff"
+                "unknown pattern '{o}': expected poisson, onoff, service or service-tail"
             ))),
         }
     }
@@ -120,7 +142,15 @@ impl Pattern {
         match self {
             Pattern::Poisson => "poisson",
             Pattern::OnOff => "onoff",
+            Pattern::Service => "service",
+            Pattern::ServiceTail => "service-tail",
         }
+    }
+
+    /// Closed loop with a service time (`rate` is then the service time
+    /// in µs).
+    fn closed(self) -> bool {
+        matches!(self, Pattern::Service | Pattern::ServiceTail)
     }
 }
 
@@ -134,22 +164,27 @@ const MEAN_OFF_NS: f64 = 18_000_000.0;
 #[derive(Debug, Clone, Copy)]
 struct Scenario {
     pattern: Pattern,
+    /// Requests per second; for a closed pattern, the service time in µs.
     rate: u64,
     hog: bool,
+    bg: Option<background::Background>,
 }
 
 impl Scenario {
     fn name(&self) -> String {
-        let r = if self.rate >= 1000 && self.rate.is_multiple_of(1000) {
+        let r = if self.pattern.closed() {
+            format!("{}us", self.rate)
+        } else if self.rate >= 1000 && self.rate.is_multiple_of(1000) {
             format!("{}k", self.rate / 1000)
         } else {
             self.rate.to_string()
         };
         format!(
-            "{}-{}{}",
+            "{}-{}{}{}",
             self.pattern.name(),
             r,
-            if self.hog { "+hog" } else { "" }
+            if self.hog { "+hog" } else { "" },
+            self.bg.map_or(String::new(), |b| format!("+{}", b.name()))
         )
     }
 }
@@ -219,6 +254,30 @@ struct Measured {
     msgs: u64,
     sleeps: u64,
     explain: Option<String>,
+    /// Open loop: requests sent and not yet taken, summed over the takes
+    /// (the mean is the queue a request found; it grows without bound
+    /// when the consumer falls behind), and the most seen.
+    queue_sum: u64,
+    queue_max: u64,
+    /// Adaptive: waits planned as pre-wakes.
+    prewakes: u64,
+}
+
+impl Measured {
+    fn new() -> Measured {
+        Measured {
+            sample: Sample::new(),
+            cpu: Duration::ZERO,
+            helper_cpu: Duration::ZERO,
+            wall: Duration::ZERO,
+            msgs: 0,
+            sleeps: 0,
+            explain: None,
+            queue_sum: 0,
+            queue_max: 0,
+            prewakes: 0,
+        }
+    }
 }
 
 fn segments(modes: usize, a: &Args) -> Vec<Segment> {
@@ -345,6 +404,7 @@ fn streams(source: &str, modes: &[WaitMode], payload: usize) -> Result<Vec<(Tx, 
 
 fn producer(
     mut txs: Vec<Tx>,
+    sent: Arc<Vec<AtomicU64>>,
     segs: Vec<Segment>,
     sc: Scenario,
     seed: u64,
@@ -372,6 +432,7 @@ fn producer(
             }
             wait_until(epoch, t);
             tx.send(t, &data)?;
+            sent[s.mode].fetch_add(1, Ordering::Release);
         }
         wait_until(epoch, end);
         tx.send(STOP, &data)?;
@@ -386,23 +447,15 @@ struct Ends {
 
 fn consumer(
     mut ends: Vec<Ends>,
+    sent: Arc<Vec<AtomicU64>>,
     segs: Vec<Segment>,
     epoch: Instant,
     cpu: u32,
     helper: Option<Arc<Dispatcher>>,
 ) -> Result<Vec<Measured>> {
     fastwake::cpu::pin(cpu)?;
-    let mut out: Vec<Measured> = (0..ends.len())
-        .map(|_| Measured {
-            sample: Sample::new(),
-            cpu: Duration::ZERO,
-            helper_cpu: Duration::ZERO,
-            wall: Duration::ZERO,
-            msgs: 0,
-            sleeps: 0,
-            explain: None,
-        })
-        .collect();
+    let mut out: Vec<Measured> = (0..ends.len()).map(|_| Measured::new()).collect();
+    let mut taken = vec![0u64; ends.len()];
     let helper_cpu = || {
         helper
             .as_ref()
@@ -439,10 +492,17 @@ fn consumer(
             if tag == STOP {
                 break;
             }
+            taken[s.mode] += 1;
             if s.measured {
                 o.sample
                     .record_one_way(Duration::from_nanos(got.saturating_sub(tag)));
                 o.msgs += 1;
+                // Those sent after this one and not yet taken.
+                let q = sent[s.mode]
+                    .load(Ordering::Acquire)
+                    .saturating_sub(taken[s.mode]);
+                o.queue_sum += q;
+                o.queue_max = o.queue_max.max(q);
             }
         }
         if s.measured {
@@ -460,6 +520,7 @@ fn consumer(
     }
     for (e, o) in ends.iter().zip(out.iter_mut()) {
         o.explain = e.waiter.explain();
+        o.prewakes = e.waiter.adaptive_stats().map_or(0, |s| s.prewakes);
     }
     Ok(out)
 }
@@ -482,41 +543,28 @@ fn run_scenario(
     modes: &[WaitMode],
     names: &[String],
 ) -> Result<(Vec<Row>, Vec<Option<String>>)> {
-    let (txs, ends): (Vec<Tx>, Vec<Ends>) = streams(&a.source, modes, a.size)?.into_iter().unzip();
-    let helper = if modes.contains(&WaitMode::Dispatch) {
-        let mut dc = dispatch::Config::new(a.cpus.1);
-        if a.dispatcher == "adaptive" {
-            dc.learn_idle = Some(fastwake::adaptive::Config::default());
-        }
-        Some(Arc::new(Dispatcher::start(dc)?))
-    } else {
-        None
-    };
+    let _bg = sc
+        .bg
+        .map(|b| background::start(b, a.seed))
+        .transpose()?;
     let stop = Arc::new(AtomicBool::new(false));
     let hog_t = sc.hog.then(|| hog(a.cpus.1, stop.clone()));
-    let segs = segments(modes.len(), a);
-    let epoch = Instant::now();
-    let (pc, cc) = a.cpus;
-    let (seed, size) = (a.seed, a.size);
-    let segs2 = segs.clone();
-    let prod = std::thread::Builder::new()
-        .name("fw-load-prod".into())
-        .spawn(move || producer(txs, segs2, sc, seed, epoch, pc, size))
-        .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn producer: {e}")))?;
-    let h2 = helper.clone();
-    let cons = std::thread::Builder::new()
-        .name("fw-load-cons".into())
-        .spawn(move || consumer(ends, segs, epoch, cc, h2))
-        .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn consumer: {e}")))?;
-    let pr = prod.join();
-    let cr = cons.join();
+    let measured = if sc.pattern.closed() {
+        let segs = segments(modes.len(), a);
+        service::run(a, sc, modes, segs).map(|v| {
+            v.into_iter()
+                .map(|c| (c.m, Some(c.e2e)))
+                .collect::<Vec<_>>()
+        })
+    } else {
+        open_loop(a, sc, modes)
+            .map(|v| v.into_iter().map(|m| (m, None)).collect::<Vec<_>>())
+    };
     stop.store(true, Ordering::Relaxed);
     if let Some(h) = hog_t {
         let _ = h.join();
     }
-    drop(helper);
-    pr.map_err(|_| Fail::new(libc::EIO, "producer panicked"))??;
-    let measured = cr.map_err(|_| Fail::new(libc::EIO, "consumer panicked"))??;
+    let measured = measured?;
     let place = if a.cpus.0 == a.cpus.1 {
         "same"
     } else {
@@ -524,7 +572,7 @@ fn run_scenario(
     };
     let mut rows = Vec::new();
     let mut explains = Vec::new();
-    for (i, m) in measured.into_iter().enumerate() {
+    for (i, (m, e2e)) in measured.into_iter().enumerate() {
         let mut r = Row::from_sample(
             &a.source,
             &names[i],
@@ -539,13 +587,34 @@ fn run_scenario(
         let x = &mut r.extra;
         x.insert("scenario".into(), sc.name().into());
         x.insert("pattern".into(), sc.pattern.name().into());
-        x.insert("rate".into(), sc.rate.into());
+        if sc.pattern.closed() {
+            x.insert("service_us".into(), sc.rate.into());
+        } else {
+            x.insert("rate".into(), sc.rate.into());
+            x.insert(
+                "queue_mean".into(),
+                (m.queue_sum as f64 / m.msgs.max(1) as f64).into(),
+            );
+            x.insert("queue_max".into(), m.queue_max.into());
+        }
         x.insert("hog".into(), sc.hog.into());
+        if let Some(b) = sc.bg {
+            x.insert("background".into(), b.name().into());
+        }
         x.insert("cpu_s".into(), cpu_s.into());
         x.insert("wall_s".into(), wall.into());
         x.insert("cpu_pct_of_core".into(), (100.0 * cpu_s / wall).into());
+        x.insert(
+            "cpu_us_per_req".into(),
+            (1e6 * cpu_s / m.msgs.max(1) as f64).into(),
+        );
         x.insert("msgs".into(), m.msgs.into());
         x.insert("sleeps".into(), m.sleeps.into());
+        x.insert("prewakes".into(), m.prewakes.into());
+        if let Some(e2e) = e2e {
+            x.insert("e2e_p50_us".into(), e2e.quantile_us(0.5).into());
+            x.insert("e2e_p99_us".into(), e2e.quantile_us(0.99).into());
+        }
         if let Some(e) = &m.explain {
             x.insert("adaptive".into(), e.clone().into());
         }
@@ -553,6 +622,41 @@ fn run_scenario(
         explains.push(m.explain);
     }
     Ok((rows, explains))
+}
+
+/// The open-loop scenarios: producer and consumer, every mode interleaved.
+fn open_loop(a: &Args, sc: Scenario, modes: &[WaitMode]) -> Result<Vec<Measured>> {
+    let (txs, ends): (Vec<Tx>, Vec<Ends>) = streams(&a.source, modes, a.size)?.into_iter().unzip();
+    let sent: Arc<Vec<AtomicU64>> = Arc::new((0..modes.len()).map(|_| AtomicU64::new(0)).collect());
+    let helper = if modes.contains(&WaitMode::Dispatch) {
+        let mut dc = dispatch::Config::new(a.cpus.1);
+        if a.dispatcher == "adaptive" {
+            dc.learn_idle = Some(fastwake::adaptive::Config::default());
+        }
+        Some(Arc::new(Dispatcher::start(dc)?))
+    } else {
+        None
+    };
+    let segs = segments(modes.len(), a);
+    let epoch = Instant::now();
+    let (pc, cc) = a.cpus;
+    let (seed, size) = (a.seed, a.size);
+    let segs2 = segs.clone();
+    let sent2 = sent.clone();
+    let prod = std::thread::Builder::new()
+        .name("fw-load-prod".into())
+        .spawn(move || producer(txs, sent2, segs2, sc, seed, epoch, pc, size))
+        .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn producer: {e}")))?;
+    let h2 = helper.clone();
+    let cons = std::thread::Builder::new()
+        .name("fw-load-cons".into())
+        .spawn(move || consumer(ends, sent, segs, epoch, cc, h2))
+        .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn consumer: {e}")))?;
+    let pr = prod.join();
+    let cr = cons.join();
+    drop(helper);
+    pr.map_err(|_| Fail::new(libc::EIO, "producer panicked"))??;
+    cr.map_err(|_| Fail::new(libc::EIO, "consumer panicked"))?
 }
 
 fn f(r: &Row, k: &str) -> f64 {
@@ -611,6 +715,102 @@ fn verdict(rows: &[&Row], lowest_rate: bool) -> Vec<String> {
     out
 }
 
+/// A service-time scenario's rows: wake latency (reply published →
+/// taken), end-to-end latency and CPU per request, and adaptive's ratios
+/// to poll and interrupt (and to itself without pre-wakes, when run).
+fn print_service(name: &str, rs: &[&Row]) {
+    println!(
+        " {:<22} {:<18} {:>8} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9} {:>8} {:>8}",
+        "scenario",
+        "mode",
+        "requests",
+        "wake p50",
+        "wake p99",
+        "e2e p50",
+        "e2e p99",
+        "cpu/req[us]",
+        "cpu%core",
+        "sleeps",
+        "prewake"
+    );
+    for r in rs {
+        println!(
+            " {:<22} {:<18} {:>8} {:>10.2} {:>10.2} {:>10.1} {:>10.1} {:>11.2} {:>9.2} {:>8} {:>8}",
+            name,
+            r.mode,
+            r.iters,
+            r.t_typical,
+            r.p99,
+            f(r, "e2e_p50_us"),
+            f(r, "e2e_p99_us"),
+            f(r, "cpu_us_per_req"),
+            f(r, "cpu_pct_of_core"),
+            r.extra.get("sleeps").and_then(|v| v.as_u64()).unwrap_or(0),
+            r.extra.get("prewakes").and_then(|v| v.as_u64()).unwrap_or(0),
+        );
+    }
+    let find = |m: &str| rs.iter().find(|r| r.mode == m);
+    let (poll, int) = (find("poll"), find("interrupt"));
+    let off = rs.iter().find(|r| r.mode.contains("prewake=off"));
+    for a in rs.iter().filter(|r| is_adaptive(r) && !r.mode.contains("prewake=off")) {
+        let mut l = format!("  {}:", a.mode);
+        if let Some(p) = poll {
+            l += &format!(
+                " wake p50 {:.2}x poll's, cpu/req {:.3}x poll's;",
+                a.t_typical / p.t_typical,
+                f(a, "cpu_us_per_req") / f(p, "cpu_us_per_req")
+            );
+        }
+        if let Some(i) = int {
+            l += &format!(" wake p50 {:.2}x interrupt's;", a.t_typical / i.t_typical);
+        }
+        if let Some(o) = off {
+            l += &format!(
+                " against {}: wake p50 {:.2}x, cpu/req {:.2}x",
+                o.mode,
+                a.t_typical / o.t_typical,
+                f(a, "cpu_us_per_req") / f(o, "cpu_us_per_req")
+            );
+        }
+        println!("{l}");
+    }
+}
+
+/// Under a co-located load: does adaptive stay within 2x of the best fixed
+/// mode's p50, and keep up (its queue no deeper than twice the
+/// shallowest fixed mode's, plus one request) where a fixed mode does?
+fn keeps_up(rows: &[&Row]) -> Vec<String> {
+    let fixed: Vec<&&Row> = rows.iter().filter(|r| !is_adaptive(r)).collect();
+    let Some(best) = fixed
+        .iter()
+        .min_by(|a, b| a.t_typical.total_cmp(&b.t_typical))
+    else {
+        return vec![];
+    };
+    let shallow = fixed
+        .iter()
+        .map(|r| f(r, "queue_mean"))
+        .fold(f64::INFINITY, f64::min);
+    rows.iter()
+        .filter(|r| is_adaptive(r))
+        .map(|a| {
+            let rp = a.t_typical / best.t_typical;
+            let q = f(a, "queue_mean");
+            let ok_q = !(q > 2.0 * shallow + 1.0);
+            format!(
+                "  {}: background: p50 {:.2}x best fixed ({}) [{}]; queue {:.1} against the shallowest fixed {:.1} [{}]",
+                a.mode,
+                rp,
+                best.mode,
+                if rp <= 2.0 { "ok" } else { "FAIL" },
+                q,
+                shallow,
+                if ok_q { "ok" } else { "BACKLOG" }
+            )
+        })
+        .collect()
+}
+
 fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
     let (psi, running) = fastwake::adaptive::pressure::system();
     println!(
@@ -642,8 +842,12 @@ fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
             .filter(|r| r.extra.get("scenario").and_then(|v| v.as_str()) == Some(&name))
             .collect();
         println!("{line}");
+        if sc.pattern.closed() {
+            print_service(&name, &rs);
+            continue;
+        }
         println!(
-            " {:<18} {:<18} {:>9} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9}",
+            " {:<18} {:<18} {:>9} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9} {:>7}",
             "scenario",
             "mode",
             "requests",
@@ -652,11 +856,12 @@ fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
             "p99.9[us]",
             "cpu[s]",
             "cpu%core",
-            "sleeps"
+            "sleeps",
+            "queue"
         );
         for r in &rs {
             println!(
-                " {:<18} {:<18} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>9.4} {:>10.2} {:>9}",
+                " {:<18} {:<18} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>9.4} {:>10.2} {:>9} {:>7.1}",
                 name,
                 r.mode,
                 r.iters,
@@ -666,10 +871,16 @@ fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
                 f(r, "cpu_s"),
                 f(r, "cpu_pct_of_core"),
                 r.extra.get("sleeps").and_then(|v| v.as_u64()).unwrap_or(0),
+                f(r, "queue_mean"),
             );
         }
         for l in verdict(&rs, sc.rate == lowest) {
             println!("{l}");
+        }
+        if sc.bg.is_some() {
+            for l in keeps_up(&rs) {
+                println!("{l}");
+            }
         }
     }
     println!("{line}");
@@ -684,6 +895,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.rates.is_empty() || a.rates.iter().any(|r| *r == 0 || *r > 2_000_000) {
         return Err(Fail::invalid("--rates must be 1 to 2000000 requests/s"));
+    }
+    if a.service_us.is_empty() || a.service_us.iter().any(|d| *d == 0 || *d > 1_000_000) {
+        return Err(Fail::invalid("--service-us must be 1 to 1000000 µs"));
     }
     if !(a.secs > 0.0 && a.secs <= 3600.0) || a.rounds == 0 {
         return Err(Fail::invalid(
@@ -725,8 +939,18 @@ pub fn run(a: Args) -> Result<()> {
     let mut scenarios = Vec::new();
     for &hog in hogs {
         for &pattern in &patterns {
-            for &rate in &a.rates {
-                scenarios.push(Scenario { pattern, rate, hog });
+            let values = if pattern.closed() {
+                &a.service_us
+            } else {
+                &a.rates
+            };
+            for &rate in values {
+                scenarios.push(Scenario {
+                    pattern,
+                    rate,
+                    hog,
+                    bg: a.background,
+                });
             }
         }
     }

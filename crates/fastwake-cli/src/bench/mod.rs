@@ -33,6 +33,9 @@ pub enum Bench {
     /// Open-loop request streams (Poisson, ON/OFF bursts) at several rates,
     /// with and without a CPU hog: p50/p99 latency and CPU per wait mode.
     Load(load::Args),
+    /// The co-located load of `bench load --background` (one process).
+    #[command(hide = true)]
+    Busy(load::background::BusyArgs),
 }
 
 /// Options every benchmark shares.
@@ -187,6 +190,7 @@ pub fn run(b: Bench) -> Result<()> {
         Bench::Pingpong(a) => pingpong::run(a),
         Bench::Ipc(a) => run_ipc(a),
         Bench::Load(a) => load::run(a),
+        Bench::Busy(a) => load::background::busy(a),
         Bench::Share(a) => share::run(a),
     }
 }

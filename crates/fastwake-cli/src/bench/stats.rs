@@ -33,6 +33,11 @@ impl Sample {
         us(self.hist.value_at_quantile(0.5))
     }
 
+    /// The `q` quantile in µs (0 with no samples).
+    pub fn quantile_us(&self, q: f64) -> f64 {
+        us(self.hist.value_at_quantile(q))
+    }
+
     /// Fold `other`'s samples into this one.
     pub fn merge(&mut self, other: &Sample) {
         // Same bounds on both sides, so adding cannot fail.

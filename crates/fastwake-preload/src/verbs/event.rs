@@ -311,7 +311,8 @@ pub unsafe fn get_cq_event(
                 crate::wait::count_why(why);
                 match d {
                     Decision::Spin(b) => b,
-                    Decision::Dispatch | Decision::Block => 0,
+                    // No pre-wake asked for (Facts::prewake is false).
+                    Decision::Dispatch | Decision::Block | Decision::Prewake { .. } => 0,
                 }
             }
             // The thread's state is busy (a signal handler's wait) or gone.

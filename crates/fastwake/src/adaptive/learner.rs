@@ -34,6 +34,7 @@
 //!   same CPU, nor on a CPU where other threads want to run.
 
 use super::hist::{self, Hist};
+use super::prewake::{self, Arrival, Candidate, Prewake};
 use super::{AdaptiveStats, Config, Reason};
 
 /// Recompute the plan every this many waits (the scan over the buckets
@@ -110,6 +111,7 @@ fn regime(p: Plan) -> u8 {
         Plan::Spin(0) => 0,
         Plan::Spin(_) => 1,
         Plan::Dispatch => 2,
+        Plan::Prewake { .. } => 3,
     }
 }
 
@@ -131,6 +133,9 @@ pub struct Env {
     /// the one CPU cap of every spinning mode); the learner only reads it,
     /// so a model that is wrong about the waits still cannot spin past it.
     pub allowance_ns: u64,
+    /// The caller can sleep on the source until a time and then spin
+    /// ([`Plan::Prewake`]); when it cannot, the best other plan is taken.
+    pub prewake: bool,
 }
 
 impl Default for Env {
@@ -147,6 +152,7 @@ impl Env {
         contended: false,
         dispatch_waiters: None,
         allowance_ns: u64::MAX,
+        prewake: true,
     };
 }
 
@@ -157,6 +163,20 @@ pub enum Plan {
     Spin(u64),
     /// Register with the core's dispatcher and sleep until it hands off.
     Dispatch,
+    /// Sleep on the source until `sleep_ns` after the start of the wait
+    /// (a completion before then wakes the thread as in interrupt mode),
+    /// then spin until `spin_end_ns` after the start, then block: sleep,
+    /// then poll ([`super::prewake`]).
+    Prewake { sleep_ns: u64, spin_end_ns: u64 },
+}
+
+impl Plan {
+    fn prewake(c: Candidate) -> Plan {
+        Plan::Prewake {
+            sleep_ns: c.sleep_ns,
+            spin_end_ns: c.spin_end_ns,
+        }
+    }
 }
 
 /// How one wait went.
@@ -172,6 +192,13 @@ pub struct Outcome {
     /// ([`crate::source::BlockReport::wake_ns`]); learning then takes the
     /// wait's true length from it instead of from the model's figure.
     pub wake_ns: Option<u64>,
+    /// A pre-wake: where its completion arrived (`slept` is then true for
+    /// [`Arrival::Early`] and [`Arrival::Late`], false for a catch).
+    pub arrival: Option<Arrival>,
+    /// A pre-wake whose timer fired: how late the thread ran after the
+    /// time it asked for, ns (the margin of later pre-wakes is a high
+    /// quantile of these).
+    pub late_ns: Option<u64>,
 }
 
 /// The plan the model prefers, and its predicted figures.
@@ -211,6 +238,13 @@ pub struct Learner {
     lean_frac: f64,
     /// Long-run share of a core the plan spins (with the catch limit).
     full_frac: f64,
+    /// The best plan other than a pre-wake, for callers that cannot sleep
+    /// until a time ([`Env::prewake`]) while the plan is one.
+    fallback: Plan,
+    /// What the pre-wake plan learns: exact recent waits, timer lateness.
+    prewake: Prewake,
+    /// Long-run share of a core the pre-wake plan spins.
+    prewake_frac: f64,
     /// Waits and ns in a window decaying over [`SHARE_WINDOW_NS`] of time
     /// (updated at each recompute), for the spin's share of the core: a
     /// window of waits would span only the last burst of a bursty stream.
@@ -261,6 +295,9 @@ impl Learner {
             lean: Plan::Spin(0),
             lean_frac: 1.0,
             full_frac: 1.0,
+            fallback: Plan::Spin(0),
+            prewake: Prewake::new(),
+            prewake_frac: 1.0,
             win_waits: 0.0,
             win_ns: 0.0,
             win_last: None,
@@ -301,9 +338,21 @@ impl Learner {
     pub fn lean_budget(&self) -> u64 {
         match self.lean {
             Plan::Spin(b) => b,
-            Plan::Dispatch => 0,
+            Plan::Dispatch | Plan::Prewake { .. } => 0,
         }
     }
+
+    /// The current plan (before the environment and the cap).
+    pub fn current_plan(&self) -> Plan {
+        self.plan
+    }
+
+    /// What the pre-wake plan learned (margin, lateness samples).
+    pub fn prewake(&self) -> &Prewake {
+        &self.prewake
+    }
+
+
 
     /// Longest budget the catch rule allows now (u64::MAX: no limit).
     pub fn catch_budget(&self) -> u64 {
@@ -428,12 +477,41 @@ impl Learner {
         if self.hist.total() < MIN_WEIGHT {
             return (Plan::Spin(0), Reason::Learning);
         }
-        if self.idle() {
+        let plan = match self.plan {
+            Plan::Prewake { .. } if !env.prewake => self.fallback,
+            p => p,
+        };
+        // A pre-wake spins only the end of each wait, so the idle rule's
+        // reason (spinning through bursts costs many times the CPU of
+        // interrupt mode) does not hold for it: its CPU is in its cost.
+        if self.idle() && !matches!(plan, Plan::Prewake { .. }) {
             return (Plan::Spin(0), Reason::IdleRate);
         }
-        match self.plan {
+        if let Plan::Prewake {
+            sleep_ns,
+            spin_end_ns,
+        } = plan
+        {
+            return if env.same_cpu {
+                (Plan::Spin(0), Reason::SameCpu)
+            } else if env.siblings {
+                match env.dispatch_waiters {
+                    Some(_) => (Plan::Dispatch, Reason::Dispatch),
+                    None => (Plan::Spin(0), Reason::Siblings),
+                }
+            } else if env.contended && self.prewake_frac > SHARED_MAX_FRAC {
+                (Plan::Spin(0), Reason::Contended)
+            } else if spin_end_ns.saturating_sub(sleep_ns) > env.allowance_ns {
+                (Plan::Spin(0), Reason::Cap)
+            } else {
+                (plan, Reason::Prewake)
+            };
+        }
+        match plan {
             Plan::Dispatch if env.dispatch_waiters.is_some() => (Plan::Dispatch, Reason::Dispatch),
-            Plan::Dispatch | Plan::Spin(0) => (Plan::Spin(0), Reason::LongWaits),
+            Plan::Dispatch | Plan::Spin(0) | Plan::Prewake { .. } => {
+                (Plan::Spin(0), Reason::LongWaits)
+            }
             Plan::Spin(b) => {
                 if env.same_cpu {
                     (Plan::Spin(0), Reason::SameCpu)
@@ -508,6 +586,15 @@ impl Learner {
                 self.stats.spin_hits += 1;
             }
         }
+        if let Some(l) = outcome.late_ns {
+            self.prewake.record_lateness(l);
+        }
+        match outcome.arrival {
+            Some(Arrival::Early) => self.stats.prewake_early += 1,
+            Some(Arrival::Caught) => self.stats.prewake_caught += 1,
+            Some(Arrival::Late) => self.stats.prewake_late += 1,
+            None => {}
+        }
         // What the wait would have been with an infinite spin: exact when
         // caught spinning; after a sleep the wake-up latency is in the
         // measurement, so subtract the model's figure (never below what
@@ -515,14 +602,15 @@ impl Learner {
         let w = if outcome.slept {
             let est = match (plan, outcome.wake_ns) {
                 (Plan::Dispatch, _) => outcome.waited_ns as f64 - self.model.dispatch_ns,
-                (Plan::Spin(_), Some(w)) => outcome.waited_ns as f64 - w as f64,
-                (Plan::Spin(_), None) => outcome.waited_ns as f64 - self.model.wake_ns,
+                (_, Some(w)) => outcome.waited_ns as f64 - w as f64,
+                (_, None) => outcome.waited_ns as f64 - self.model.wake_ns,
             };
             (est.max(0.0) as u64).max(outcome.spun_ns)
         } else {
             outcome.waited_ns
         };
         self.hist.add(w);
+        self.prewake.record_wait(w);
         self.since += 1;
     }
 
@@ -563,9 +651,10 @@ impl Learner {
                 .max(ski)
                 .max(MIN_BUDGET_NS)
         };
-        let Some((best, j_min)) = self.evaluate(env) else {
+        let Some((best, j_min, fallback)) = self.evaluate(env) else {
             return;
         };
+        self.fallback = fallback;
         // Keep the current plan while it is still near-optimal: estimates
         // wobble with every few waits, and a plan that flips on noise is
         // worse than either. Leaving interrupt mode needs the wider
@@ -603,6 +692,49 @@ impl Learner {
             Plan::Spin(b) if b > 0 => self.long_run_share(b.min(self.catch_ns)),
             _ => 1.0,
         };
+        // The margin in force: how far before the shortest recent wait the
+        // plan's timer is set.
+        self.stats.margin_ns = match self.plan {
+            Plan::Prewake { sleep_ns, .. } => {
+                self.prewake.shortest_wait_ns().saturating_sub(sleep_ns)
+            }
+            _ => 0,
+        };
+        self.prewake_frac = match self.plan {
+            Plan::Prewake {
+                sleep_ns,
+                spin_end_ns,
+            } => self
+                .prewake
+                .evaluate(
+                    Candidate {
+                        sleep_ns,
+                        spin_end_ns,
+                    },
+                    self.prewake_costs(),
+                )
+                .map_or(1.0, |f| self.share_of(f.spin)),
+            _ => 1.0,
+        };
+    }
+
+    fn prewake_costs(&self) -> prewake::Costs {
+        prewake::Costs {
+            wake_ns: self.model.wake_ns,
+            sleep_cpu_ns: self.model.sleep_cpu_ns,
+            worth: self.cfg.worth.max(1) as f64,
+        }
+    }
+
+    /// The model's figures for a pre-wake's predicted figures.
+    fn prewake_choice(&self, f: prewake::Figures) -> Choice {
+        Choice {
+            plan: Plan::prewake(f.plan),
+            cost: f.cost,
+            p_hit: f.p_hit,
+            spin_frac: self.frac(f.spin),
+            cpu: f.cpu,
+        }
     }
 
     /// Of the learned waits, the share that ends within `b` and their
@@ -636,6 +768,12 @@ impl Learner {
     /// run (the long-run gap, not the last few dozen waits: the scheduler's
     /// fairness remembers a burst's spin through the idle gap after it).
     fn long_run_share(&self, b: u64) -> f64 {
+        self.share_of(self.spin_per_wait(b))
+    }
+
+    /// Share of a core that spinning `spin_ns` per wait takes over the
+    /// long run.
+    fn share_of(&self, spin_ns: f64) -> f64 {
         let gap = if self.win_waits >= MIN_WEIGHT as f64 {
             self.win_ns / self.win_waits
         } else {
@@ -644,7 +782,7 @@ impl Learner {
         if gap <= 0.0 {
             return 1.0;
         }
-        (self.spin_per_wait(b) / gap).min(1.0)
+        (spin_ns / gap).min(1.0)
     }
 
     /// Is `c` within the switching margin of the optimum `j_min`?
@@ -684,6 +822,20 @@ impl Learner {
                 })
                 .filter(|c| self.fits(c))
             }
+            Plan::Prewake {
+                sleep_ns,
+                spin_end_ns,
+            } => self
+                .prewake
+                .evaluate(
+                    Candidate {
+                        sleep_ns,
+                        spin_end_ns,
+                    },
+                    self.prewake_costs(),
+                )
+                .map(|f| self.prewake_choice(f))
+                .filter(|c| self.fits(c)),
         }
     }
 
@@ -723,7 +875,9 @@ impl Learner {
     /// flat while CPU is not: a 5 µs spin on a 1 ms gap barely moves J but
     /// nearly triples the CPU of interrupt mode), else the plan with the
     /// least J.
-    fn evaluate(&self, env: Env) -> Option<(Choice, f64)> {
+    /// Also returns the plan to take where a pre-wake cannot be done
+    /// ([`Env::prewake`]).
+    fn evaluate(&self, env: Env) -> Option<(Choice, f64, Plan)> {
         let interrupt = self.spin_figures(0, 0.0, 0.0);
         let mut best = self.best_spin(self.cfg.worth.max(1) as f64)?;
         if let Some(d) = self.figures(Plan::Dispatch, env)
@@ -731,11 +885,24 @@ impl Learner {
         {
             best = d;
         }
+        let fallback = if self.near_optimal(&interrupt, best.cost) {
+            interrupt.plan
+        } else {
+            best.plan
+        };
+        if self.cfg.prewake
+            && let Some(p) = self.prewake.best(self.prewake_costs())
+            && let c = self.prewake_choice(p)
+            && self.fits(&c)
+            && c.cost < best.cost
+        {
+            best = c;
+        }
         let j_min = best.cost;
         if self.near_optimal(&interrupt, j_min) {
             best = interrupt;
         }
-        Some((best, j_min))
+        Some((best, j_min, fallback))
     }
 
     /// The spin budget (0 = interrupt mode) with the least J at `worth`,

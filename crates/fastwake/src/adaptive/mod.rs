@@ -27,6 +27,7 @@
 pub mod hist;
 pub mod learner;
 pub mod pressure;
+pub mod prewake;
 
 use crate::{Fail, Result};
 
@@ -71,6 +72,11 @@ pub struct Config {
     /// 213 µs) for 1.33-1.37x the CPU of a fixed hybrid at the same p50
     /// (docs/adaptive.md, "Wake-up latency").
     pub learn_wake: bool,
+    /// Plan pre-wakes (`prewake=on`, the default): where the waits are
+    /// concentrated, sleep on the source until shortly before the earliest
+    /// typical completion, then spin ([`prewake`]). `prewake=off` gives
+    /// the controller as it was before pre-wakes, for side-by-side runs.
+    pub prewake: bool,
 }
 
 /// Default [`Config::worth`].
@@ -90,6 +96,7 @@ impl Config {
         idle_rate: DEFAULT_IDLE_RATE,
         catch_pct: DEFAULT_CATCH_PCT,
         learn_wake: false,
+        prewake: true,
     };
 }
 
@@ -121,6 +128,10 @@ impl std::fmt::Display for Config {
         }
         if self.learn_wake {
             write!(f, "{sep}wake=learn")?;
+            sep = ',';
+        }
+        if !self.prewake {
+            write!(f, "{sep}prewake=off")?;
         }
         Ok(())
     }
@@ -130,14 +141,15 @@ impl Config {
     /// Parse the part after `adaptive:`: comma-separated `cap=N%` (a
     /// share of one core in the one grammar, [`crate::grammar::share`]:
     /// `cap=20%`, `cap=0.2`, `cap=20`), `worth=N`, `idle=N` (waits/s) and
-    /// `catch=N%` (percent of waits a spin should catch; 100 = no limit)
-    /// and `wake=learn|model` ([`Config::learn_wake`]).
+    /// `catch=N%` (percent of waits a spin should catch; 100 = no limit),
+    /// `wake=learn|model` ([`Config::learn_wake`]) and `prewake=on|off`
+    /// ([`Config::prewake`]).
     pub fn parse_options(s: &str) -> Result<Config> {
         let mut c = Config::default();
         for kv in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, v) = kv.split_once('=').ok_or_else(|| {
                 Fail::invalid(format!(
-                    "bad adaptive option '{kv}': expected cap=N%, worth=N, idle=N, catch=N% or wake=learn|model"
+                    "bad adaptive option '{kv}': expected cap=N%, worth=N, idle=N, catch=N%, wake=learn|model or prewake=on|off"
                 ))
             })?;
             match k.trim() {
@@ -168,9 +180,20 @@ impl Config {
                         }
                     }
                 }
+                "prewake" => {
+                    c.prewake = match v.trim() {
+                        "on" => true,
+                        "off" => false,
+                        _ => {
+                            return Err(Fail::invalid(format!(
+                                "bad adaptive prewake '{v}': expected on or off"
+                            )));
+                        }
+                    }
+                }
                 other => {
                     return Err(Fail::invalid(format!(
-                        "unknown adaptive option '{other}': expected cap, worth, idle, catch or wake"
+                        "unknown adaptive option '{other}': expected cap, worth, idle, catch, wake or prewake"
                     )));
                 }
             }
@@ -220,6 +243,9 @@ pub enum Reason {
     Cap,
     /// Handed to the core's dispatcher.
     Dispatch,
+    /// Slept on the source until shortly before the earliest typical
+    /// completion, then spun ([`Plan::Prewake`]).
+    Prewake,
 }
 
 /// Counters of an adaptive waiter: what it decided and why.
@@ -261,6 +287,18 @@ pub struct AdaptiveStats {
     pub plan_changes: u64,
     /// The current spin budget, ns.
     pub budget_ns: u64,
+    /// Waits planned as pre-wakes (sleep, then spin).
+    pub prewakes: u64,
+    /// Pre-wakes whose completion came before the timer (woken by the
+    /// source, as in interrupt mode).
+    pub prewake_early: u64,
+    /// Pre-wakes caught while spinning after the timer.
+    pub prewake_caught: u64,
+    /// Pre-wakes whose completion came after the spin (slept again).
+    pub prewake_late: u64,
+    /// The pre-wake margin in force, ns: how far before the shortest
+    /// recent wait the current plan's timer is set (0: no pre-wake plan).
+    pub margin_ns: u64,
 }
 
 impl AdaptiveStats {
@@ -283,6 +321,11 @@ impl AdaptiveStats {
         recomputes: 0,
         plan_changes: 0,
         budget_ns: 0,
+        prewakes: 0,
+        prewake_early: 0,
+        prewake_caught: 0,
+        prewake_late: 0,
+        margin_ns: 0,
     };
 
     fn count(&mut self, r: Reason) {
@@ -300,6 +343,7 @@ impl AdaptiveStats {
             Reason::Contended => self.contended += 1,
             Reason::Cap => self.capped += 1,
             Reason::Dispatch => self.dispatched += 1,
+            Reason::Prewake => self.prewakes += 1,
         }
     }
 }
@@ -370,6 +414,35 @@ pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
         );
     }
     out += ")";
+    if s.prewakes > 0 || learner.prewake().lateness_samples() > 0 {
+        let plan = match learner.current_plan() {
+            Plan::Prewake {
+                sleep_ns,
+                spin_end_ns,
+            } => format!(
+                "sleep {:.1}us spin to {:.1}us",
+                sleep_ns as f64 / 1000.0,
+                spin_end_ns as f64 / 1000.0
+            ),
+            _ => "not now".into(),
+        };
+        out += &format!(
+            "; prewake {:.0}% ({plan}; caught {}, early {}, late {}; margin {:.1}us; timer lateness {})",
+            pct(s.prewakes),
+            s.prewake_caught,
+            s.prewake_early,
+            s.prewake_late,
+            s.margin_ns as f64 / 1000.0,
+            match learner.prewake().margin_ns() {
+                Some(m) => format!(
+                    "p90 {:.1}us over {} samples",
+                    (m - prewake::MARGIN_GUARD_NS) as f64 / 1000.0,
+                    learner.prewake().lateness_samples()
+                ),
+                None => "not measured yet".into(),
+            }
+        );
+    }
     if let Some(c) = learner.choice() {
         out += &format!("; model: p_hit {:.2} spin-frac {:.2}", c.p_hit, c.spin_frac);
     }

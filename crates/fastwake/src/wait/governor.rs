@@ -138,6 +138,10 @@ pub struct Facts {
     /// Can this wait be handed to a dispatcher at all? A `dispatch`-mode
     /// wait that cannot is planned as `hybrid`.
     pub dispatchable: bool,
+    /// Can the caller sleep on the source until a given time and then spin
+    /// ([`Decision::Prewake`])? Adaptive waits that cannot get the best
+    /// other plan.
+    pub prewake: bool,
 }
 
 impl Facts {
@@ -151,6 +155,7 @@ impl Facts {
             contended: false,
             dispatch_waiters: None,
             dispatchable: true,
+            prewake: false,
         }
     }
 }
@@ -165,6 +170,12 @@ pub enum Decision {
     Dispatch,
     /// Block now (after the arm → re-check rule).
     Block,
+    /// Sleep on the source until `wake_at_ns` (a completion before then
+    /// ends the wait as in interrupt mode), then look until
+    /// `spin_until_ns`, then block; both in the clock of
+    /// [`Facts::now_ns`]. Report the timer's lateness and where the
+    /// completion arrived in [`Ending::late_ns`] and [`Ending::arrival`].
+    Prewake { wake_at_ns: u64, spin_until_ns: u64 },
 }
 
 /// Why a wait was planned the way it was (for the caller's counters).
@@ -202,6 +213,12 @@ pub struct Ending {
     /// The measured wake-up latency of its sleep, when the source dates
     /// its rings ([`crate::source::BlockReport::wake_ns`]).
     pub wake_ns: Option<u64>,
+    /// A [`Decision::Prewake`]: where the completion arrived. `slept` is
+    /// false for a catch (the wait's length is then exact), true otherwise.
+    pub arrival: Option<adaptive::prewake::Arrival>,
+    /// A [`Decision::Prewake`] whose timer fired: how late the thread ran
+    /// after `wake_at_ns`, ns (the margin is learned from these).
+    pub late_ns: Option<u64>,
 }
 
 impl Ending {
@@ -214,6 +231,8 @@ impl Ending {
             preempted: false,
             failed: false,
             wake_ns: None,
+            arrival: None,
+            late_ns: None,
         }
     }
 }
@@ -397,6 +416,7 @@ impl Governor {
             contended: f.contended || f.now_ns < self.quiet_until,
             dispatch_waiters: f.dispatch_waiters.filter(|_| f.dispatchable),
             allowance_ns: allowance,
+            prewake: f.prewake,
         };
         let learned = self.learner.plan(f.now_ns, env);
         let why = Why::Learned(self.learner.last_reason());
@@ -408,6 +428,22 @@ impl Governor {
                     Decision::Block
                 } else {
                     Decision::Spin(b)
+                }
+            }
+            adaptive::Plan::Prewake {
+                sleep_ns,
+                spin_end_ns,
+            } => {
+                let timeout = f.timeout_ns.unwrap_or(u64::MAX);
+                let spin = spin_end_ns.saturating_sub(sleep_ns).min(self.ceiling_ns);
+                if timeout <= sleep_ns {
+                    // The timeout comes first: an interrupt-mode wait.
+                    Decision::Block
+                } else {
+                    Decision::Prewake {
+                        wake_at_ns: f.now_ns + sleep_ns,
+                        spin_until_ns: f.now_ns + (sleep_ns + spin).min(timeout),
+                    }
                 }
             }
         };
@@ -512,7 +548,10 @@ impl Governor {
         if let Some(c0) = self.sleep_cpu0.take()
             && e.slept
         {
-            let used = (crate::cpu::thread_cpu_time().as_nanos() as u64).saturating_sub(c0);
+            // A pre-wake spun after its sleep: that is not the sleep's cost.
+            let used = (crate::cpu::thread_cpu_time().as_nanos() as u64)
+                .saturating_sub(c0)
+                .saturating_sub(if e.arrival.is_some() { e.spun_ns } else { 0 });
             self.learner.observe_sleep_cpu(used);
         }
         let wake_ns = e.wake_ns.filter(|_| e.slept);
@@ -528,13 +567,15 @@ impl Governor {
         let waited = e.now_ns.saturating_sub(w.start_ns);
         let spun = match learned {
             adaptive::Plan::Dispatch => 0,
-            adaptive::Plan::Spin(_) => e.spun_ns.min(waited),
+            adaptive::Plan::Spin(_) | adaptive::Plan::Prewake { .. } => e.spun_ns.min(waited),
         };
         self.deferred = Some(Outcome {
             waited_ns: waited,
             spun_ns: spun,
             slept: e.slept,
             wake_ns,
+            arrival: e.arrival,
+            late_ns: e.late_ns,
         });
     }
 

@@ -274,6 +274,7 @@ impl Waiter {
             contended: self.sensors.contended(),
             dispatch_waiters: self.sensors.dispatch_waiters,
             dispatchable: true,
+            prewake: true,
         };
         let (decision, why) = self.governor.plan(&facts);
         match why {
@@ -291,6 +292,10 @@ impl Waiter {
         let mut preempted = false;
         match decision {
             Decision::Dispatch => return self.dispatch(src, deadline, cpu),
+            Decision::Prewake {
+                wake_at_ns,
+                spin_until_ns,
+            } => return self.prewake(src, deadline, cpu, now_ns, wake_at_ns, spin_until_ns),
             Decision::Spin(_) if matches!(self.mode(), WaitMode::Poll) => {
                 let r = poll::spin(src, deadline);
                 let now = monotonic_ns();
@@ -329,6 +334,8 @@ impl Waiter {
             preempted,
             failed: r.is_err(),
             wake_ns: rep.wake_ns,
+            arrival: None,
+            late_ns: None,
         });
         self.count(r, !slept)
     }
@@ -357,6 +364,89 @@ impl Waiter {
         e.failed = r.is_err();
         self.governor.end(e);
         self.count(r, !slept)
+    }
+
+    /// A pre-wake: sleep on the source until `wake_at_ns` (with a fine
+    /// timer slack, so the timer is late by the host's wake-up only), then
+    /// spin until `spin_until_ns`, then block. A completion during the
+    /// sleep ends the wait as in interrupt mode.
+    fn prewake<S: Source + ?Sized>(
+        &mut self,
+        src: &mut S,
+        deadline: Option<Instant>,
+        cpu: Option<u32>,
+        start_ns: u64,
+        wake_at_ns: u64,
+        spin_until_ns: u64,
+    ) -> Result<Option<S::Completion>> {
+        use crate::adaptive::prewake::Arrival;
+        let mut e = Ending::at(start_ns, 0, true);
+        let timer = Instant::now() + Duration::from_nanos(wake_at_ns.saturating_sub(monotonic_ns()));
+        let first = deadline.map_or(timer, |d| d.min(timer));
+        let mut rep = BlockReport::default();
+        let asleep = self.governor.blocking(cpu);
+        let r = {
+            let _slack = crate::cpu::FineTimerSlack::set();
+            block_until_ready(src, Some(first), &mut rep)
+        };
+        drop(asleep);
+        self.count_block(&rep);
+        let t1 = monotonic_ns();
+        e.now_ns = t1;
+        match r {
+            Err(err) => {
+                e.failed = true;
+                self.governor.end(e);
+                return Err(err);
+            }
+            Ok(Some(c)) => {
+                e.slept = rep.sleeps > 0;
+                e.wake_ns = rep.wake_ns;
+                e.arrival = Some(Arrival::Early);
+                self.governor.end(e);
+                return self.count(Ok(Some(c)), !e.slept);
+            }
+            Ok(None) => {}
+        }
+        e.late_ns = Some(t1.saturating_sub(wake_at_ns));
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            self.governor.end(e);
+            return Ok(None);
+        }
+        let end = match hybrid::spin(src, t1, spin_until_ns.saturating_sub(t1)) {
+            Ok(end) => end,
+            Err(err) => {
+                e.failed = true;
+                self.governor.end(e);
+                return Err(err);
+            }
+        };
+        e.spun_ns = end.last_ns - t1;
+        if let Some(c) = end.caught {
+            e.now_ns = end.last_ns;
+            e.slept = false;
+            e.arrival = Some(Arrival::Caught);
+            self.governor.end(e);
+            return self.count(Ok(Some(c)), true);
+        }
+        e.preempted = end.preempted;
+        let mut rep = BlockReport::default();
+        let asleep = self.governor.blocking(cpu);
+        let r = block_until_ready(src, deadline, &mut rep);
+        drop(asleep);
+        self.count_block(&rep);
+        e.now_ns = monotonic_ns();
+        e.wake_ns = rep.wake_ns;
+        e.arrival = Some(Arrival::Late);
+        e.failed = r.is_err();
+        self.governor.end(e);
+        self.count(r, false)
+    }
+
+    fn count_block(&mut self, rep: &BlockReport) {
+        self.stats.sleeps += rep.sleeps as u64;
+        self.stats.rechecks_hit += rep.rechecks_hit as u64;
+        self.stats.spurious += rep.spurious as u64;
     }
 
     #[cold]

@@ -41,9 +41,17 @@ impl IdleClock {
             return;
         };
         let ns = at.saturating_duration_since(*epoch).as_nanos() as u64;
-        let b = match learner.plan(ns, crate::adaptive::Env::FREE) {
+        // An idle threshold is a spin budget: no pre-wakes here (the
+        // dispatcher's own pre-wake is not built; docs/adaptive.md).
+        let env = crate::adaptive::Env {
+            prewake: false,
+            ..crate::adaptive::Env::FREE
+        };
+        let b = match learner.plan(ns, env) {
             crate::adaptive::Plan::Spin(b) => Duration::from_nanos(b),
-            crate::adaptive::Plan::Dispatch => Duration::ZERO,
+            crate::adaptive::Plan::Dispatch | crate::adaptive::Plan::Prewake { .. } => {
+                Duration::ZERO
+            }
         };
         self.now = Some(self.fixed.map_or(b, |f| b.min(f)));
     }
@@ -65,6 +73,8 @@ impl IdleClock {
         };
         let waited = now.saturating_duration_since(since).as_nanos() as u64;
         learner.record(crate::adaptive::Outcome {
+            arrival: None,
+            late_ns: None,
             waited_ns: waited,
             spun_ns: slept_after.map_or(waited, |d| (d.as_nanos() as u64).min(waited)),
             slept: slept_after.is_some(),
