@@ -3,6 +3,7 @@
 //! they are exact and fast. The real-thread behaviour is covered in
 //! adaptive_waiter.rs and measured by `fastwake bench load`.
 
+use fastwake::adaptive::prewake::Arrival;
 use fastwake::adaptive::{Config, Env, Learner, Model, Outcome, Plan};
 use fastwake::wait::Allowance;
 use proptest::prelude::*;
@@ -20,6 +21,11 @@ enum Dist {
         short: f64,
         long: f64,
     },
+    /// A service time: uniform within ± `jitter` of `d`.
+    Steady {
+        d: f64,
+        jitter: f64,
+    },
 }
 
 impl Dist {
@@ -35,6 +41,7 @@ impl Dist {
                     exp(long, r)
                 }
             }
+            Dist::Steady { d, jitter } => d * (1.0 + jitter * r.random_range(-1.0..1.0)),
         }) as u64
     }
 }
@@ -49,6 +56,12 @@ struct Sim {
     /// Work between waits, ns.
     service: u64,
     spun: u64,
+    /// Simulated timer lateness of a pre-wake, ns (uniform).
+    late: (u64, u64),
+    /// Pre-wakes by where the completion arrived.
+    early: u64,
+    caught: u64,
+    late_arrivals: u64,
 }
 
 impl Sim {
@@ -61,6 +74,10 @@ impl Sim {
             model: Model::default(),
             service: 500,
             spun: 0,
+            late: (3_000, 25_000),
+            early: 0,
+            caught: 0,
+            late_arrivals: 0,
         }
     }
 
@@ -75,6 +92,17 @@ impl Sim {
         let b = match plan {
             Plan::Spin(b) => b,
             Plan::Dispatch => 0,
+            Plan::Prewake {
+                sleep_ns,
+                spin_end_ns,
+            } => {
+                let out = self.prewake(w, sleep_ns, spin_end_ns);
+                self.spun += out.spun_ns;
+                self.cap.charge(out.spun_ns);
+                self.core.record(out);
+                self.now += out.waited_ns + self.service;
+                return plan;
+            }
         };
         let out = if b > 0 && w <= b {
             Outcome {
@@ -82,6 +110,8 @@ impl Sim {
                 spun_ns: w,
                 slept: false,
                 wake_ns: None,
+                arrival: None,
+                late_ns: None,
             }
         } else {
             let jitter = self.rng.random_range(0.6..1.6);
@@ -90,6 +120,8 @@ impl Sim {
                 spun_ns: b,
                 slept: true,
                 wake_ns: None,
+                arrival: None,
+                late_ns: None,
             }
         };
         self.spun += out.spun_ns;
@@ -97,6 +129,37 @@ impl Sim {
         self.core.record(out);
         self.now += out.waited_ns + self.service;
         plan
+    }
+
+    /// A pre-wake of a wait of true length `w`: the timer is late by a
+    /// random amount; a completion before the timer wakes the thread as
+    /// in interrupt mode.
+    fn prewake(&mut self, w: u64, sleep: u64, end: u64) -> Outcome {
+        let late = self.rng.random_range(self.late.0..=self.late.1);
+        let awake = sleep + late;
+        let wake = (self.model.wake_ns * self.rng.random_range(0.6..1.6)) as u64;
+        let (waited_ns, spun_ns, slept, arrival) = if w <= sleep {
+            self.early += 1;
+            (w + wake, 0, true, Arrival::Early)
+        } else if w <= awake {
+            // Found at the first look after the timer.
+            self.caught += 1;
+            (awake, 0, false, Arrival::Caught)
+        } else if w <= end {
+            self.caught += 1;
+            (w, w - awake, false, Arrival::Caught)
+        } else {
+            self.late_arrivals += 1;
+            (w + wake, end - awake, true, Arrival::Late)
+        };
+        Outcome {
+            waited_ns,
+            spun_ns,
+            slept,
+            wake_ns: None,
+            arrival: Some(arrival),
+            late_ns: (w > sleep).then_some(late),
+        }
     }
 
     fn run(&mut self, d: Dist, n: usize) -> Vec<Plan> {
@@ -157,7 +220,7 @@ impl Truth {
 fn budget(p: Plan) -> u64 {
     match p {
         Plan::Spin(b) => b,
-        Plan::Dispatch => 0,
+        Plan::Dispatch | Plan::Prewake { .. } => 0,
     }
 }
 
@@ -177,7 +240,9 @@ proptest! {
     /// the best possible spin budget for the true distribution.
     #[test]
     fn converges_near_the_optimum(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
-        let cfg = Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false };
+        // The spin model against its own truth: pre-wakes off (they have
+        // their own tests below).
+        let cfg = Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: false };
         let mut s = Sim::new(cfg, seed);
         let plans = s.run(d, 2_000);
         let chosen = budget(*plans.last().unwrap());
@@ -197,7 +262,7 @@ proptest! {
     /// Under steady load the plan settles: few changes once warmed up.
     #[test]
     fn does_not_oscillate(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
-        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false }, seed);
+        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: true }, seed);
         s.run(d, 1_000);
         let before = s.core.stats().plan_changes;
         s.run(d, 5_000);
@@ -236,7 +301,7 @@ proptest! {
     fn reacts_to_a_load_change(a in dist(), b in dist(), seed in any::<u64>()) {
         let worth = fastwake::adaptive::DEFAULT_WORTH as f64;
         // The model alone: the idle-rate rule has its own test.
-        let mut s = Sim::new(Config { idle_rate: 0, catch_pct: 100, ..Config::default() }, seed);
+        let mut s = Sim::new(Config { idle_rate: 0, catch_pct: 100, prewake: false, ..Config::default() }, seed);
         s.run(a, 1_500);
         for (from, to) in [(a, b), (b, a)] {
             let t = Truth::new(to);
@@ -568,6 +633,7 @@ fn adaptive_parses_and_prints() {
         ("adaptive:wake=learn", 100, 100, 2000, 90, true),
         ("adaptive:catch=95%,wake=learn", 100, 100, 2000, 95, true),
     ] {
+        let (s, prewake) = (s, true);
         let m: WaitMode = s.parse().unwrap();
         assert_eq!(
             m,
@@ -577,6 +643,22 @@ fn adaptive_parses_and_prints() {
                 idle_rate,
                 catch_pct,
                 learn_wake,
+                prewake,
+            })
+        );
+        assert_eq!(m.to_string(), s);
+    }
+    for (s, learn_wake) in [
+        ("adaptive:prewake=off", false),
+        ("adaptive:wake=learn,prewake=off", true),
+    ] {
+        let m: WaitMode = s.parse().unwrap();
+        assert_eq!(
+            m,
+            WaitMode::Adaptive(Config {
+                learn_wake,
+                prewake: false,
+                ..Config::default()
             })
         );
         assert_eq!(m.to_string(), s);
@@ -599,6 +681,7 @@ fn adaptive_parses_and_prints() {
         "adaptive:catch=40%",
         "adaptive:catch=101",
         "adaptive:wake=maybe",
+        "adaptive:prewake=maybe",
     ] {
         let r = bad.parse::<WaitMode>();
         if bad == "adaptive:" {
@@ -610,4 +693,134 @@ fn adaptive_parses_and_prints() {
         assert_eq!(e.errno(), libc::EINVAL, "{bad}");
         assert!(!e.to_string().contains('\n'));
     }
+}
+
+// --- Pre-wakes (sleep, then poll) -------------------------------------
+
+/// Pre-wakes planned and how they went, over the last `n` waits of `d`.
+fn prewake_run(cfg: Config, d: Dist, seed: u64, late: (u64, u64)) -> Sim {
+    let mut s = Sim::new(cfg, seed);
+    s.late = late;
+    s.run(d, 1_500);
+    (s.early, s.caught, s.late_arrivals, s.spun) = (0, 0, 0, 0);
+    s
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// A steady service time (50 µs to 2 ms, ± 10 %) is slept through to
+    /// just before its earliest completion: after learning, nearly every
+    /// wait is a pre-wake caught while spinning, the spin per wait is the
+    /// jitter plus the timer's lateness (not the wait), and the margin
+    /// holds: a completion the waits predict is almost never early.
+    #[test]
+    fn prewake_converges_on_a_steady_service_time(d in 50_000.0f64..2_000_000.0, seed in any::<u64>()) {
+        let dist = Dist::Steady { d, jitter: 0.1 };
+        let mut s = prewake_run(Config::default(), dist, seed, (3_000, 25_000));
+        s.run(dist, 1_000);
+        let n = (s.early + s.caught + s.late_arrivals) as f64;
+        let explain = fastwake::adaptive::explain(&s.core, None);
+        prop_assert!(n >= 950.0, "only {n} pre-wakes in 1000 waits: {explain}");
+        prop_assert!(s.caught as f64 >= 0.9 * n, "caught {} of {n}: {explain}", s.caught);
+        prop_assert!(s.early as f64 <= 0.05 * n, "early {} of {n}: {explain}", s.early);
+        // Spin per wait: at most the whole jitter band (0.2 D) plus the
+        // lateness spread and margin (25 µs) and a little.
+        let spin = s.spun as f64 / 1_000.0;
+        prop_assert!(spin <= 0.2 * d + 30_000.0, "spun {spin:.0} ns per {d:.0} ns wait: {explain}");
+    }
+
+    /// Wide distributions get today's plans: no pre-wakes where the waits
+    /// do not say when the completion comes.
+    #[test]
+    fn wide_distributions_are_not_prewoken(mean in 20_000.0f64..2_000_000.0, seed in any::<u64>()) {
+        let s = {
+            let mut s = prewake_run(Config::default(), Dist::Exp(mean), seed, (3_000, 25_000));
+            s.run(Dist::Exp(mean), 1_000);
+            s
+        };
+        let n = s.early + s.caught + s.late_arrivals;
+        prop_assert!(n <= 20, "{n} pre-wakes of Exp({mean:.0}): {}", fastwake::adaptive::explain(&s.core, None));
+    }
+}
+
+#[test]
+fn prewake_margin_follows_the_measured_lateness() {
+    // The same service time with a quiet timer and a noisy one: the noisy
+    // one is planned to wake earlier (a wider margin), and both keep their
+    // completions from coming early.
+    let dist = Dist::Steady {
+        d: 300_000.0,
+        jitter: 0.1,
+    };
+    let sleep = |late: (u64, u64)| {
+        let mut s = prewake_run(Config::default(), dist, 7, late);
+        s.run(dist, 500);
+        let n = (s.early + s.caught + s.late_arrivals) as f64;
+        assert!(
+            s.early as f64 <= 0.05 * n,
+            "{late:?}: early {} of {n}",
+            s.early
+        );
+        match s.core.current_plan() {
+            Plan::Prewake { sleep_ns, .. } => sleep_ns,
+            p => panic!(
+                "{late:?}: plan {p:?}: {}",
+                fastwake::adaptive::explain(&s.core, None)
+            ),
+        }
+    };
+    let quiet = sleep((2_000, 6_000));
+    let noisy = sleep((10_000, 60_000));
+    assert!(
+        quiet >= noisy + 20_000,
+        "quiet timer sleeps to {quiet} ns, noisy one to {noisy} ns"
+    );
+}
+
+#[test]
+fn a_caller_that_cannot_prewake_gets_the_other_plans() {
+    let dist = Dist::Steady {
+        d: 300_000.0,
+        jitter: 0.1,
+    };
+    let mut s = Sim::new(Config::default(), 3);
+    s.run(dist, 1_500);
+    assert!(matches!(s.core.current_plan(), Plan::Prewake { .. }));
+    let no = Env {
+        prewake: false,
+        ..Env::default()
+    };
+    for _ in 0..200 {
+        let w = dist.sample(&mut s.rng);
+        assert!(!matches!(s.step(w, no), Plan::Prewake { .. }));
+    }
+}
+
+#[test]
+fn prewake_is_not_planned_against_a_producer_on_its_cpu_or_past_the_cap() {
+    let dist = Dist::Steady {
+        d: 300_000.0,
+        jitter: 0.1,
+    };
+    let mut s = Sim::new(Config::default(), 5);
+    s.run(dist, 1_500);
+    let same = Env {
+        same_cpu: true,
+        ..Env::default()
+    };
+    assert_eq!(s.step(300_000, same), Plan::Spin(0));
+    // The cap's allowance is the caller's (Sim keeps none here): one that
+    // affords less than the plan's spin rules the pre-wake out.
+    let broke = Env {
+        allowance_ns: 1_000,
+        ..Env::default()
+    };
+    assert_eq!(s.core.plan(s.now, broke), Plan::Spin(0));
+    assert_eq!(
+        s.core.last_reason(),
+        fastwake::adaptive::Reason::Cap,
+        "{}",
+        fastwake::adaptive::explain(&s.core, None)
+    );
 }

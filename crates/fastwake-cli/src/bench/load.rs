@@ -543,10 +543,7 @@ fn run_scenario(
     modes: &[WaitMode],
     names: &[String],
 ) -> Result<(Vec<Row>, Vec<Option<String>>)> {
-    let _bg = sc
-        .bg
-        .map(|b| background::start(b, a.seed))
-        .transpose()?;
+    let _bg = sc.bg.map(|b| background::start(b, a.seed)).transpose()?;
     let stop = Arc::new(AtomicBool::new(false));
     let hog_t = sc.hog.then(|| hog(a.cpus.1, stop.clone()));
     let measured = if sc.pattern.closed() {
@@ -557,8 +554,7 @@ fn run_scenario(
                 .collect::<Vec<_>>()
         })
     } else {
-        open_loop(a, sc, modes)
-            .map(|v| v.into_iter().map(|m| (m, None)).collect::<Vec<_>>())
+        open_loop(a, sc, modes).map(|v| v.into_iter().map(|m| (m, None)).collect::<Vec<_>>())
     };
     stop.store(true, Ordering::Relaxed);
     if let Some(h) = hog_t {
@@ -746,13 +742,19 @@ fn print_service(name: &str, rs: &[&Row]) {
             f(r, "cpu_us_per_req"),
             f(r, "cpu_pct_of_core"),
             r.extra.get("sleeps").and_then(|v| v.as_u64()).unwrap_or(0),
-            r.extra.get("prewakes").and_then(|v| v.as_u64()).unwrap_or(0),
+            r.extra
+                .get("prewakes")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0),
         );
     }
     let find = |m: &str| rs.iter().find(|r| r.mode == m);
     let (poll, int) = (find("poll"), find("interrupt"));
     let off = rs.iter().find(|r| r.mode.contains("prewake=off"));
-    for a in rs.iter().filter(|r| is_adaptive(r) && !r.mode.contains("prewake=off")) {
+    for a in rs
+        .iter()
+        .filter(|r| is_adaptive(r) && !r.mode.contains("prewake=off"))
+    {
         let mut l = format!("  {}:", a.mode);
         if let Some(p) = poll {
             l += &format!(

@@ -352,8 +352,6 @@ impl Learner {
         &self.prewake
     }
 
-
-
     /// Longest budget the catch rule allows now (u64::MAX: no limit).
     pub fn catch_budget(&self) -> u64 {
         self.catch_ns
@@ -660,6 +658,12 @@ impl Learner {
         // worse than either. Leaving interrupt mode needs the wider
         // REGIME_MARGIN; falling back to it happens as soon as it is
         // near-optimal (`best` is then interrupt mode).
+        // A pre-wake's timer and spin end follow the recent waits and the
+        // measured lateness at every recompute: they are one plan whose
+        // parameters track the load, not a new plan each time.
+        if regime(self.plan) == 3 && regime(best.plan) == 3 {
+            self.plan = best.plan;
+        }
         let keep = self.figures(self.plan, env).filter(|c| {
             if c.plan == best.plan {
                 return true;

@@ -43,6 +43,9 @@ pub const BOOTSTRAP_MARGIN_NS: u64 = 100_000;
 pub const MARGIN_QUANTILE: f64 = 0.9;
 /// ...plus this much (clock reads, the re-check before spinning).
 pub const MARGIN_GUARD_NS: u64 = 1_000;
+/// A pre-wake is planned only when the median recent wait is at most this
+/// many times the shortest.
+pub const CONCENTRATION: u64 = 2;
 /// Shortest sleep worth planning: below it the timer's own CPU and its
 /// lateness eat what the sleep saves.
 pub const MIN_SLEEP_NS: u64 = 8_000;
@@ -161,7 +164,11 @@ impl Prewake {
 
     /// The shortest recent wait, ns (0: none yet).
     pub fn shortest_wait_ns(&self) -> u64 {
-        self.waits.v[..self.waits.n].iter().min().copied().unwrap_or(0) as u64
+        self.waits.v[..self.waits.n]
+            .iter()
+            .min()
+            .copied()
+            .unwrap_or(0) as u64
     }
 
     /// Lateness samples seen.
@@ -209,7 +216,7 @@ impl Prewake {
     /// figures; `None` when there are too few waits or no sleep is long
     /// enough to be worth it. Evaluated over the exact recent waits and
     /// the measured timer lateness: for each wake-up point (a low order
-    /// statistic less a margin, one of three quantiles of the lateness)
+    /// recent wait less a margin, one of three quantiles of the lateness)
     /// and each spin end (a high order statistic), what each recent wait
     /// would have cost with each lateness. Runs only where the shortest
     /// recent wait is long enough to sleep in, so it is done well before
@@ -221,6 +228,14 @@ impl Prewake {
             return None;
         }
         let s = &s[..n];
+        // Concentrated enough? The shortest recent wait must be at least
+        // half the median: then a sleep covers most of every wait. A
+        // spread-out distribution (exponential, heavy-tailed: the shortest
+        // of 64 is a few % of the median) would be slept through only
+        // briefly, for the timer's CPU, and its plan is a spin budget.
+        if (s[0] as u64) * CONCENTRATION < s[n / 2] as u64 {
+            return None;
+        }
         let (late, m) = self.lateness_points();
         let late = &late[..m];
         let margins: [Option<u64>; 3] = match self.margin_ns() {
@@ -233,8 +248,12 @@ impl Prewake {
             }
         };
         let mut best: Option<Figures> = None;
-        for k in [0, 1, 3] {
-            let lo = s[k] as u64;
+        // The wake-up point is a margin before the *shortest* recent wait,
+        // never a later order statistic: a completion the waits predict
+        // then never comes while the thread sleeps on its timer (which
+        // would cost a full wake-up).
+        {
+            let lo = s[0] as u64;
             for margin in margins {
                 let sleep_ns = match margin {
                     Some(m) => lo.saturating_sub(m),
@@ -360,7 +379,15 @@ mod tests {
 
     #[test]
     fn short_or_few_waits_get_no_plan() {
-        assert!(fed((0..64).map(|_| 9_000), &[1_000; 8]).best(COSTS).is_none());
-        assert!(fed((0..31).map(|_| 500_000), &[1_000; 8]).best(COSTS).is_none());
+        assert!(
+            fed((0..64).map(|_| 9_000), &[1_000; 8])
+                .best(COSTS)
+                .is_none()
+        );
+        assert!(
+            fed((0..31).map(|_| 500_000), &[1_000; 8])
+                .best(COSTS)
+                .is_none()
+        );
     }
 }

@@ -381,7 +381,8 @@ impl Waiter {
     ) -> Result<Option<S::Completion>> {
         use crate::adaptive::prewake::Arrival;
         let mut e = Ending::at(start_ns, 0, true);
-        let timer = Instant::now() + Duration::from_nanos(wake_at_ns.saturating_sub(monotonic_ns()));
+        let timer =
+            Instant::now() + Duration::from_nanos(wake_at_ns.saturating_sub(monotonic_ns()));
         let first = deadline.map_or(timer, |d| d.min(timer));
         let mut rep = BlockReport::default();
         let asleep = self.governor.blocking(cpu);

@@ -27,13 +27,26 @@ pub struct Background {
 impl Background {
     /// `N` or `N:DUTY` (DUTY in percent, `%` optional; default 100).
     pub fn parse(s: &str) -> std::result::Result<Background, String> {
-        let bad = || format!("bad --background '{s}': expected N[:DUTY], e.g. 2:50 (N from 1 to 64 processes, DUTY from 1 to 100 %)");
+        let bad = || {
+            format!(
+                "bad --background '{s}': expected N[:DUTY], e.g. 2:50 (N from 1 to 64 processes, DUTY from 1 to 100 %)"
+            )
+        };
         let (n, d) = match s.split_once(':') {
             Some((n, d)) => (n, d.trim().trim_end_matches('%')),
             None => (s, "100"),
         };
-        let procs = n.trim().parse::<u32>().ok().filter(|n| (1..=64).contains(n)).ok_or_else(bad)?;
-        let duty = d.parse::<u8>().ok().filter(|d| (1..=100).contains(d)).ok_or_else(bad)?;
+        let procs = n
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=64).contains(n))
+            .ok_or_else(bad)?;
+        let duty = d
+            .parse::<u8>()
+            .ok()
+            .filter(|d| (1..=100).contains(d))
+            .ok_or_else(bad)?;
         Ok(Background { procs, duty })
     }
 
@@ -112,9 +125,21 @@ mod tests {
 
     #[test]
     fn parses_n_and_duty() {
-        assert_eq!(Background::parse("2"), Ok(Background { procs: 2, duty: 100 }));
-        assert_eq!(Background::parse("2:50"), Ok(Background { procs: 2, duty: 50 }));
-        assert_eq!(Background::parse("3:25%"), Ok(Background { procs: 3, duty: 25 }));
+        assert_eq!(
+            Background::parse("2"),
+            Ok(Background {
+                procs: 2,
+                duty: 100
+            })
+        );
+        assert_eq!(
+            Background::parse("2:50"),
+            Ok(Background { procs: 2, duty: 50 })
+        );
+        assert_eq!(
+            Background::parse("3:25%"),
+            Ok(Background { procs: 3, duty: 25 })
+        );
         for bad in ["", "0", "2:0", "2:101", "x:5", "65", "2:"] {
             assert!(Background::parse(bad).is_err(), "{bad}");
         }

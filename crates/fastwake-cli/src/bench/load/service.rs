@@ -22,9 +22,9 @@
 use super::{Args, Measured, Scenario, Segment, now_ns, wait_until};
 use crate::bench::sources::net;
 use crate::bench::stats::Sample;
+use fastwake::source::Source;
 use fastwake::source::channel::{self, Config as ChanConfig, Doorbell, Receiver, Sender};
 use fastwake::source::socket::{SocketOptions, SocketSource};
-use fastwake::source::Source;
 use fastwake::{Fail, Result, WaitMode, Waiter};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -125,7 +125,9 @@ impl Client {
             Client::Chan { rx, .. } => Ok(w.wait(rx)?.tag),
             Client::Tcp { s, .. } => {
                 w.wait(s)?;
-                Ok(u64::from_ne_bytes(s.message()[..8].try_into().expect("8 bytes")))
+                Ok(u64::from_ne_bytes(
+                    s.message()[..8].try_into().expect("8 bytes"),
+                ))
             }
         }
     }
