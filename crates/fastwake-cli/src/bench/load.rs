@@ -402,16 +402,27 @@ fn streams(source: &str, modes: &[WaitMode], payload: usize) -> Result<Vec<(Tx, 
     Ok(v)
 }
 
+/// Where and how the producer paces its sends.
+struct Pace {
+    seed: u64,
+    epoch: Instant,
+    cpu: u32,
+    payload: usize,
+}
+
 fn producer(
     mut txs: Vec<Tx>,
     sent: Arc<Vec<AtomicU64>>,
     segs: Vec<Segment>,
     sc: Scenario,
-    seed: u64,
-    epoch: Instant,
-    cpu: u32,
-    payload: usize,
+    pace: Pace,
 ) -> Result<()> {
+    let Pace {
+        seed,
+        epoch,
+        cpu,
+        payload,
+    } = pace;
     fastwake::cpu::pin(cpu)?;
     // SAFETY: prctl(PR_SET_TIMERSLACK) takes an integer argument and only
     // changes this thread's timer slack (1 ns: sleeps end when asked).
@@ -641,7 +652,15 @@ fn open_loop(a: &Args, sc: Scenario, modes: &[WaitMode]) -> Result<Vec<Measured>
     let sent2 = sent.clone();
     let prod = std::thread::Builder::new()
         .name("fw-load-prod".into())
-        .spawn(move || producer(txs, sent2, segs2, sc, seed, epoch, pc, size))
+        .spawn(move || {
+            let pace = Pace {
+                seed,
+                epoch,
+                cpu: pc,
+                payload: size,
+            };
+            producer(txs, sent2, segs2, sc, pace)
+        })
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn producer: {e}")))?;
     let h2 = helper.clone();
     let cons = std::thread::Builder::new()
@@ -798,7 +817,8 @@ fn keeps_up(rows: &[&Row]) -> Vec<String> {
         .map(|a| {
             let rp = a.t_typical / best.t_typical;
             let q = f(a, "queue_mean");
-            let ok_q = !(q > 2.0 * shallow + 1.0);
+            // No figure (NaN) is no backlog shown.
+            let ok_q = q.partial_cmp(&(2.0 * shallow + 1.0)) != Some(std::cmp::Ordering::Greater);
             format!(
                 "  {}: background: p50 {:.2}x best fixed ({}) [{}]; queue {:.1} against the shallowest fixed {:.1} [{}]",
                 a.mode,

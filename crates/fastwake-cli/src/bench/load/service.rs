@@ -186,6 +186,9 @@ fn server(
     Ok(())
 }
 
+/// The client's connections, one per mode, with their waiters.
+type Ends = Vec<(Client, Waiter)>;
+
 /// What the client measured for one mode.
 pub(super) struct ClientMeasured {
     pub m: Measured,
@@ -193,11 +196,11 @@ pub(super) struct ClientMeasured {
 }
 
 fn client(
-    mut ends: Vec<(Client, Waiter)>,
+    mut ends: Ends,
     segs: Vec<Segment>,
     epoch: Instant,
     cpu: u32,
-) -> Result<(Vec<ClientMeasured>, Vec<(Client, Waiter)>)> {
+) -> Result<(Vec<ClientMeasured>, Ends)> {
     fastwake::cpu::pin(cpu)?;
     let mut out: Vec<ClientMeasured> = (0..ends.len())
         .map(|_| ClientMeasured {
