@@ -284,6 +284,10 @@ fn engine(
     // or after the plain call.
     let r = probe(user_mask);
     if r != 0 {
+        if r > 0 {
+            // Ready at the first look: the backlog rule's count.
+            gov.found_ready();
+        }
         return r;
     }
     let Planned {

@@ -127,7 +127,8 @@ fn delivers_everything_across_load_changes() {
                 + s.contended
                 + s.capped
                 + s.dispatched
-                + s.prewakes,
+                + s.prewakes
+                + s.behind,
             "{s:?}"
         );
         assert_eq!(s.spins, s.spin_hits + s.spin_misses, "{s:?}");

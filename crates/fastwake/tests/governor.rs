@@ -273,3 +273,36 @@ fn adaptive_dispatches_next_to_a_sibling_when_a_dispatcher_serves_the_cpu() {
     );
     drop(asleep);
 }
+
+/// The backlog rule: a waiter that took 64 completions in a row without
+/// waiting was behind; its next adaptive waits do not spin for a while
+/// (then they may again), and the backlog is counted. 63 is not a backlog.
+#[test]
+fn adaptive_stops_spinning_after_a_backlog_and_resumes_later() {
+    let mut g = adaptive(50_000);
+    feed(&mut g, (0..400).map(|_| 10_000));
+    let t = 900_000_000;
+    for _ in 0..fastwake::wait::BACKLOG_RUN - 1 {
+        g.found_ready();
+    }
+    assert!(matches!(g.plan(&facts(t)).0, Decision::Spin(_)));
+    g.end(Ending::at(t + 10_000, 10_000, false));
+    for _ in 0..fastwake::wait::BACKLOG_RUN {
+        g.found_ready();
+    }
+    assert_eq!(
+        g.plan(&facts(t + 20_000)),
+        (Decision::Block, Why::Learned(Reason::Behind))
+    );
+    g.end(Ending::at(t + 40_000, 0, true));
+    assert_eq!(g.adaptive_stats().backlogs, 1);
+    // Still within the hold, without a new backlog.
+    assert_eq!(
+        g.plan(&facts(t + 1_000_000)),
+        (Decision::Block, Why::Learned(Reason::Behind))
+    );
+    g.end(Ending::at(t + 1_010_000, 0, true));
+    // The hold has passed.
+    let later = t + fastwake::wait::MIN_BEHIND_NS + 2_000_000;
+    assert!(matches!(g.plan(&facts(later)).0, Decision::Spin(_)));
+}

@@ -136,6 +136,9 @@ pub struct Env {
     /// The caller can sleep on the source until a time and then spin
     /// ([`Plan::Prewake`]); when it cannot, the best other plan is taken.
     pub prewake: bool,
+    /// The waiter fell behind lately (a long run of completions taken
+    /// without waiting; the wait governor's backlog rule): no spinning.
+    pub behind: bool,
 }
 
 impl Default for Env {
@@ -153,6 +156,7 @@ impl Env {
         dispatch_waiters: None,
         allowance_ns: u64::MAX,
         prewake: true,
+        behind: false,
     };
 }
 
@@ -479,6 +483,13 @@ impl Learner {
             Plan::Prewake { .. } if !env.prewake => self.fallback,
             p => p,
         };
+        // Fell behind: every spinning plan is what loses the CPU then.
+        if env.behind && !matches!(plan, Plan::Spin(0)) {
+            return match (plan, env.dispatch_waiters) {
+                (Plan::Dispatch, Some(_)) => (Plan::Dispatch, Reason::Dispatch),
+                _ => (Plan::Spin(0), Reason::Behind),
+            };
+        }
         // A pre-wake spins only the end of each wait, so the idle rule's
         // reason (spinning through bursts costs many times the CPU of
         // interrupt mode) does not hold for it: its CPU is in its cost.
@@ -559,6 +570,11 @@ impl Learner {
                 }
             }
         }
+    }
+
+    /// The caller saw a backlog (see [`Env::behind`]): counted.
+    pub fn note_backlog(&mut self) {
+        self.stats.backlogs += 1;
     }
 
     /// Why the wait planned last was planned that way.

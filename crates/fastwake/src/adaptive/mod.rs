@@ -246,6 +246,8 @@ pub enum Reason {
     /// Slept on the source until shortly before the earliest typical
     /// completion, then spun ([`Plan::Prewake`]).
     Prewake,
+    /// Interrupt mode: the waiter fell behind lately ([`Env::behind`]).
+    Behind,
 }
 
 /// Counters of an adaptive waiter: what it decided and why.
@@ -296,6 +298,11 @@ pub struct AdaptiveStats {
     pub prewake_caught: u64,
     /// Pre-wakes whose completion came after the spin (slept again).
     pub prewake_late: u64,
+    /// Backlogs seen: runs of completions taken without waiting long
+    /// enough to mean the waiter was off its CPU while they queued.
+    pub backlogs: u64,
+    /// Interrupt-mode waits because the waiter fell behind lately.
+    pub behind: u64,
     /// The pre-wake margin in force, ns: how far before the shortest
     /// recent wait the current plan's timer is set (0: no pre-wake plan).
     pub margin_ns: u64,
@@ -325,6 +332,8 @@ impl AdaptiveStats {
         prewake_early: 0,
         prewake_caught: 0,
         prewake_late: 0,
+        backlogs: 0,
+        behind: 0,
         margin_ns: 0,
     };
 
@@ -344,6 +353,7 @@ impl AdaptiveStats {
             Reason::Cap => self.capped += 1,
             Reason::Dispatch => self.dispatched += 1,
             Reason::Prewake => self.prewakes += 1,
+            Reason::Behind => self.behind += 1,
         }
     }
 }
@@ -414,6 +424,13 @@ pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
         );
     }
     out += ")";
+    if s.backlogs > 0 {
+        out += &format!(
+            "; backlogs {} (interrupt while behind {:.0}%)",
+            s.backlogs,
+            pct(s.behind)
+        );
+    }
     if s.prewakes > 0 || learner.prewake().lateness_samples() > 0 {
         let plan = match learner.current_plan() {
             Plan::Prewake {

@@ -27,8 +27,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 pub use governor::{
-    Allowance, BURST_NS, DEFAULT_BUDGET, Decision, Ending, Facts, Governor, MAX_BACKOFF_NS,
-    MIN_BACKOFF_NS, MIN_SPIN_NS, PREEMPTED_NS, Why,
+    Allowance, BACKLOG_RUN, BURST_NS, DEFAULT_BUDGET, Decision, Ending, Facts, Governor,
+    MAX_BACKOFF_NS, MAX_BEHIND_NS, MIN_BACKOFF_NS, MIN_BEHIND_NS, MIN_SPIN_NS, PREEMPTED_NS, Why,
 };
 pub use siblings::Asleep;
 
@@ -253,6 +253,7 @@ impl Waiter {
         if let Some(c) = src.try_take()? {
             self.stats.completions += 1;
             self.stats.without_sleep += 1;
+            self.governor.found_ready();
             return Ok(Some(c));
         }
         if self.governor.spins_regardless() {
