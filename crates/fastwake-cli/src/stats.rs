@@ -283,6 +283,7 @@ fn totals(s: &Segment) -> Value {
         "engine": {
             "waits": l(&e.waits), "spins": l(&e.spins), "spin_hits": l(&e.spin_hits),
             "spin_ns": l(&e.spin_ns), "blocked": l(&e.blocked),
+            "prewakes": l(&e.prewakes), "prewake_caught": l(&e.prewake_caught),
             "no_spin": {"same_cpu": l(&e.same_cpu), "siblings": l(&e.siblings),
                         "capped": l(&e.capped), "contended": l(&e.contended)},
         },
@@ -594,6 +595,16 @@ fn table(s: &Snap, rates: Option<&Value>) -> String {
         &["engine", "spin_hits"],
     );
     row(&mut o, "blocked", &["engine", "blocked"]);
+    row(
+        &mut o,
+        "pre-wakes (sleep, then spin)",
+        &["engine", "prewakes"],
+    );
+    row(
+        &mut o,
+        "pre-wakes caught spinning",
+        &["engine", "prewake_caught"],
+    );
     let spin_ms = g(t, &["engine", "spin_ns"]) / 1e6;
     let _ = write!(o, "  {:<28} {:>14.3}", "spin CPU (ms)", spin_ms);
     if let Some(r) = rates {

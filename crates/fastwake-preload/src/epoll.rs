@@ -38,7 +38,25 @@ pub fn resolve() {
 }
 
 /// `epoll_pwait` with a zero timeout as a raw syscall (never our hook).
-fn probe(epfd: c_int, ev: *mut epoll_event, max: c_int, mask: *const u64) -> c_int {
+fn probe(epfd: c_int, ev: *mut epoll_event, max: c_int, mask: *const u64, ns: u64) -> c_int {
+    if ns > 0 {
+        // A pre-wake's timed look: epoll_pwait2 takes the timeout in ns
+        // (epoll_pwait would round it up to a whole ms). ENOSYS before
+        // Linux 5.11: the engine then stops offering pre-wakes.
+        let ts = crate::wait::ns_to_ts(ns);
+        // SAFETY: as below, with a live timespec.
+        return unsafe {
+            libc::syscall(
+                libc::SYS_epoll_pwait2,
+                epfd as c_long,
+                ev,
+                max as c_long,
+                &ts as *const libc::timespec,
+                mask,
+                8 as c_long,
+            ) as c_int
+        };
+    }
     // SAFETY: the caller's own arguments, as the real call would get them;
     // sigsetsize 8 is the kernel's sigset size (a null mask is allowed).
     unsafe {
@@ -101,7 +119,7 @@ pub unsafe extern "C" fn epoll_wait(
             Call::EpollWait,
             wait::ms_to_ns(timeout),
             std::ptr::null(),
-            |m| probe(epfd, events, maxevents, m),
+            |m, ns| probe(epfd, events, maxevents, m, ns),
             // SAFETY: the caller's arguments with the remaining timeout.
             |left| unsafe { real(epfd, events, maxevents, wait::ms_left(timeout, left)) },
             || first_fd(events, 1),
@@ -147,7 +165,7 @@ pub unsafe extern "C" fn epoll_pwait(
             Call::EpollPwait,
             wait::ms_to_ns(timeout),
             sigmask.cast(),
-            |m| probe(epfd, events, maxevents, m),
+            |m, ns| probe(epfd, events, maxevents, m, ns),
             // SAFETY: the caller's arguments with the remaining timeout.
             |left| unsafe {
                 real(
@@ -236,7 +254,7 @@ pub unsafe extern "C" fn epoll_pwait2(
             Call::EpollPwait2,
             timeout_ns,
             sigmask.cast(),
-            |m| probe(epfd, events, maxevents, m),
+            |m, ns| probe(epfd, events, maxevents, m, ns),
             |left| match left {
                 None => plain(),
                 Some(ns) => {

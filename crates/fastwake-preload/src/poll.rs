@@ -31,10 +31,11 @@ pub fn resolve() {
 }
 
 /// `ppoll` with a zero timeout as a raw syscall (never our hook).
-fn probe(fds: *mut pollfd, nfds: nfds_t, mask: *const u64) -> c_int {
+/// With `ns` > 0, a pre-wake's timed look (ppoll's timeout is in ns).
+fn probe(fds: *mut pollfd, nfds: nfds_t, mask: *const u64, ns: u64) -> c_int {
     // SAFETY: the caller's fds as the real call would get them, and an
     // 8-byte kernel sigset or null.
-    unsafe { crate::sys::ppoll(fds, nfds, 0, mask) }
+    unsafe { crate::sys::ppoll_ns(fds, nfds, ns, mask) }
 }
 
 /// The first readable fd, for the peer-CPU sample.
@@ -56,7 +57,7 @@ fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_
     let go = || {
         if crate::config::dispatch()
             && let Some(n) = crate::fds::poll(fds, nfds, wait::ms(timeout), || {
-                probe(fds, nfds, std::ptr::null())
+                probe(fds, nfds, std::ptr::null(), 0)
             })
         {
             crate::stats::served(Call::Poll);
@@ -66,7 +67,7 @@ fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_
             Call::Poll,
             wait::ms_to_ns(timeout),
             std::ptr::null(),
-            |m| probe(fds, nfds, m),
+            |m, ns| probe(fds, nfds, m, ns),
             // SAFETY: the caller's arguments with the remaining timeout.
             |left| unsafe { real(fds, nfds, wait::ms_left(timeout, left)) },
             || readable_fd(fds, nfds),
@@ -159,7 +160,7 @@ pub unsafe extern "C" fn ppoll(
                 fds,
                 nfds,
                 timeout_ns.map(std::time::Duration::from_nanos),
-                || probe(fds, nfds, std::ptr::null()),
+                || probe(fds, nfds, std::ptr::null(), 0),
             )
         {
             crate::stats::served(Call::Ppoll);
@@ -169,7 +170,7 @@ pub unsafe extern "C" fn ppoll(
             Call::Ppoll,
             timeout_ns,
             sigmask.cast(),
-            |m| probe(fds, nfds, m),
+            |m, ns| probe(fds, nfds, m, ns),
             |left| match left {
                 None => plain(),
                 Some(ns) => {

@@ -112,13 +112,11 @@ impl Saved {
     }
 }
 
-/// `pselect6` with a zero timeout as a raw syscall (never our hook).
-fn probe(nfds: c_int, s: &Saved, mask: *const u64) -> c_int {
+/// `pselect6` with a timeout of `ns` (0: a look; more: a pre-wake's timed
+/// look) as a raw syscall (never our hook).
+fn probe(nfds: c_int, s: &Saved, mask: *const u64, ns: u64) -> c_int {
     s.restore();
-    let zero = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let ts = crate::wait::ns_to_ts(ns);
     // pselect6's sixth argument: {const sigset_t *ss; size_t ss_len}.
     let sig: [usize; 2] = [mask as usize, 8];
     let sigp: *const [usize; 2] = if mask.is_null() {
@@ -127,7 +125,7 @@ fn probe(nfds: c_int, s: &Saved, mask: *const u64) -> c_int {
         &sig
     };
     // SAFETY: the caller's sets as the real call would get them, a live
-    // zero timespec, a live sigset descriptor or null.
+    // timespec, a live sigset descriptor or null.
     unsafe {
         libc::syscall(
             libc::SYS_pselect6,
@@ -135,7 +133,7 @@ fn probe(nfds: c_int, s: &Saved, mask: *const u64) -> c_int {
             s.sets[0],
             s.sets[1],
             s.sets[2],
-            &zero as *const libc::timespec,
+            &ts as *const libc::timespec,
             sigp,
         ) as c_int
     }
@@ -243,7 +241,7 @@ fn intercept(
         crate::fds::dispatched(
             || saved.as_pollfds(),
             orig_ns.map(std::time::Duration::from_nanos),
-            || probe(nfds, &saved, std::ptr::null()),
+            || probe(nfds, &saved, std::ptr::null(), 0),
         )
     } else {
         None
@@ -262,7 +260,7 @@ fn intercept(
             call,
             orig_ns,
             mask,
-            |m| probe(nfds, &saved, m),
+            |m, ns| probe(nfds, &saved, m, ns),
             |left| {
                 saved.restore();
                 real(left)

@@ -5,6 +5,33 @@
 
 use std::ffi::{c_int, c_long};
 
+/// `ppoll` with a timeout of `ns` (a pre-wake's timed sleep; 0 = a look).
+///
+/// # Safety
+/// As [`ppoll`].
+pub unsafe fn ppoll_ns(
+    fds: *mut libc::pollfd,
+    nfds: libc::nfds_t,
+    ns: u64,
+    mask: *const u64,
+) -> c_int {
+    let ts = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as _,
+        tv_nsec: (ns % 1_000_000_000) as _,
+    };
+    // SAFETY: the caller's contract; `ts` is a live timespec.
+    unsafe {
+        libc::syscall(
+            libc::SYS_ppoll,
+            fds,
+            nfds as c_long,
+            &ts as *const libc::timespec,
+            mask,
+            8 as c_long,
+        ) as c_int
+    }
+}
+
 /// `ppoll(fds, nfds, timeout, mask)`: `timeout_ms` < 0 waits for ever;
 /// `mask` null keeps the thread's mask, else points to an 8-byte kernel
 /// sigset. Returns like libc: n, or -1 with errno set.

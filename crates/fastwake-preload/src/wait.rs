@@ -212,9 +212,11 @@ pub(crate) fn set_errno(e: c_int) {
 /// One intercepted wait of a call of kind `call` (counted as served or
 /// passed through, and why).
 ///
-/// - `probe(mask)`: the wait with a zero timeout, run with kernel sigmask
+/// - `probe(mask, ns)`: the wait with a timeout of `ns` (0: a look; more:
+///   a pre-wake's timed sleep, exact to the ns), run with kernel sigmask
 ///   `mask` (null: leave the mask alone); returns like libc (n, or -1 with
-///   errno).
+///   errno; -1/ENOSYS for a timed sleep the kernel cannot do, which turns
+///   pre-wakes off for the process).
 /// - `timeout`: the caller's timeout in ns (`None`: forever; `Some(0)`: a
 ///   zero-timeout look, never spun).
 /// - `real(remaining)`: the real blocking call; `None` means with the
@@ -227,7 +229,7 @@ pub fn wait(
     call: Call,
     timeout: Option<u64>,
     user_mask: *const u64,
-    mut probe: impl FnMut(*const u64) -> c_int,
+    mut probe: impl FnMut(*const u64, u64) -> c_int,
     real: impl FnOnce(Option<u64>) -> c_int,
     ready_fd: impl FnOnce() -> Option<c_int>,
 ) -> c_int {
@@ -270,19 +272,68 @@ fn real_unreachable() -> c_int {
     -1
 }
 
+/// Timed looks work (cleared when the kernel has no `epoll_pwait2`): the
+/// engine offers pre-wakes to the governor only while they do.
+static TIMED_LOOKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Look until something is ready, `budget` ns from `start` pass, or the
+/// thread loses its CPU, with asynchronous signals held (each look runs
+/// with the caller's mask, so a signal is handled inside a look and the
+/// wait returns -1/EINTR where the plain call would). Fills in `ending`'s
+/// time, spin and preemption; counts the spin.
+fn spin_looking(
+    probe: &mut impl FnMut(*const u64, u64) -> c_int,
+    user_mask: *const u64,
+    start: u64,
+    budget: u64,
+    ending: &mut Ending,
+) -> c_int {
+    count(|e| &e.spins, 1);
+    let block: u64 = !NEVER_BLOCK;
+    let mut old: u64 = 0;
+    sigmask(libc::SIG_SETMASK, &block, &mut old);
+    let eff: *const u64 = if user_mask.is_null() { &old } else { user_mask };
+    let mut n;
+    let mut prev = start;
+    loop {
+        n = probe(eff, 0);
+        let now = fastwake::cpu::monotonic_ns();
+        if now.wrapping_sub(prev) > PREEMPTED_NS {
+            // Lost the CPU mid-spin: the governor backs off.
+            ending.preempted = true;
+            break;
+        }
+        prev = now;
+        if n != 0 || now.wrapping_sub(start) >= budget {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    let e = errno();
+    sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    set_errno(e);
+    ending.now_ns = fastwake::cpu::monotonic_ns();
+    ending.spun_ns = ending.now_ns.wrapping_sub(start);
+    count(|e| &e.spin_ns, ending.spun_ns);
+    if n > 0 {
+        count(|e| &e.spin_hits, 1);
+    }
+    n
+}
+
 fn engine(
     gov: &mut Governor,
     peer_cpu: Option<u32>,
     timeout_ns: Option<u64>,
     user_mask: *const u64,
-    probe: &mut impl FnMut(*const u64) -> c_int,
+    probe: &mut impl FnMut(*const u64, u64) -> c_int,
     real: impl FnOnce(Option<u64>) -> c_int,
 ) -> c_int {
     count(|e| &e.waits, 1);
     // First look: exactly the plain call with a zero timeout. A signal
     // handled around it is indistinguishable from one handled just before
     // or after the plain call.
-    let r = probe(user_mask);
+    let r = probe(user_mask, 0);
     if r != 0 {
         if r > 0 {
             // Ready at the first look: the backlog rule's count.
@@ -295,40 +346,32 @@ fn engine(
         cpu,
         decision,
         mut ending,
-    } = plan(gov, peer_cpu, timeout_ns);
+    } = plan_with(
+        gov,
+        peer_cpu,
+        timeout_ns,
+        TIMED_LOOKS.load(std::sync::atomic::Ordering::Relaxed),
+    );
     let left = match decision {
+        Decision::Prewake {
+            wake_at_ns,
+            spin_until_ns,
+        } => {
+            return prewake(
+                gov,
+                cpu,
+                t0,
+                timeout_ns,
+                user_mask,
+                probe,
+                real,
+                ending,
+                (wake_at_ns, spin_until_ns),
+            );
+        }
         Decision::Spin(budget) => {
-            count(|e| &e.spins, 1);
-            let block: u64 = !NEVER_BLOCK;
-            let mut old: u64 = 0;
-            sigmask(libc::SIG_SETMASK, &block, &mut old);
-            let eff: *const u64 = if user_mask.is_null() { &old } else { user_mask };
-            let mut n;
-            let mut prev = t0;
-            loop {
-                n = probe(eff);
-                let now = fastwake::cpu::monotonic_ns();
-                if now.wrapping_sub(prev) > PREEMPTED_NS {
-                    // Lost the CPU mid-spin: the governor backs off.
-                    ending.preempted = true;
-                    break;
-                }
-                prev = now;
-                if n != 0 || now.wrapping_sub(t0) >= budget {
-                    break;
-                }
-                std::hint::spin_loop();
-            }
-            let e = errno();
-            sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-            set_errno(e);
-            ending.now_ns = fastwake::cpu::monotonic_ns();
-            ending.spun_ns = ending.now_ns.wrapping_sub(t0);
-            count(|e| &e.spin_ns, ending.spun_ns);
+            let n = spin_looking(probe, user_mask, t0, budget, &mut ending);
             if n != 0 {
-                if n > 0 {
-                    count(|e| &e.spin_hits, 1);
-                }
                 ending.slept = false;
                 ending.failed = n < 0;
                 gov.end(ending);
@@ -345,8 +388,85 @@ fn engine(
                 Some(tn) => Some(tn - ending.spun_ns),
             }
         }
-        // Never planned here: these facts do not offer pre-wakes.
-        Decision::Dispatch | Decision::Block | Decision::Prewake { .. } => None,
+        Decision::Dispatch | Decision::Block => None,
+    };
+    block(gov, cpu, ending, || real(left), |&r| r < 0)
+}
+
+/// A pre-wake: a timed look (the plain call's own kind of sleep, with the
+/// caller's mask, so a signal ends it with EINTR as it would end the plain
+/// call) until `wake_at`, then looks until `spin_until`, then the real
+/// call for what is left of the timeout. What is ready during the sleep
+/// ends the wait at once, as in interrupt mode.
+#[allow(clippy::too_many_arguments)]
+fn prewake(
+    gov: &mut Governor,
+    cpu: Option<u32>,
+    t0: u64,
+    timeout_ns: Option<u64>,
+    user_mask: *const u64,
+    probe: &mut impl FnMut(*const u64, u64) -> c_int,
+    real: impl FnOnce(Option<u64>) -> c_int,
+    mut ending: Ending,
+    (wake_at, spin_until): (u64, u64),
+) -> c_int {
+    use fastwake::adaptive::prewake::Arrival;
+    count(|e| &e.prewakes, 1);
+    let asleep = gov.blocking(cpu);
+    let n = {
+        let _slack = fastwake::cpu::FineTimerSlack::set();
+        let now = fastwake::cpu::monotonic_ns();
+        probe(user_mask, wake_at.saturating_sub(now).max(1))
+    };
+    drop(asleep);
+    let t1 = fastwake::cpu::monotonic_ns();
+    ending.now_ns = t1;
+    if n < 0 && errno() == libc::ENOSYS {
+        // No timed look here: no more pre-wakes in this process; this
+        // wait goes on as a plain one.
+        TIMED_LOOKS.store(false, std::sync::atomic::Ordering::Relaxed);
+        let left = timeout_ns.map(|t| t.saturating_sub(t1.wrapping_sub(t0)).max(1));
+        return block(gov, cpu, ending, || real(left), |&r| r < 0);
+    }
+    if n != 0 {
+        ending.arrival = Some(Arrival::Early);
+        ending.failed = n < 0;
+        gov.end(ending);
+        return n;
+    }
+    ending.late_ns = Some(t1.saturating_sub(wake_at));
+    let used = t1.wrapping_sub(t0);
+    if timeout_ns.is_some_and(|t| used >= t) {
+        gov.end(ending);
+        return 0;
+    }
+    let n = spin_looking(
+        probe,
+        user_mask,
+        t1,
+        spin_until.saturating_sub(t1),
+        &mut ending,
+    );
+    if n != 0 {
+        if n > 0 {
+            count(|e| &e.prewake_caught, 1);
+        }
+        ending.slept = false;
+        ending.arrival = Some(Arrival::Caught);
+        ending.failed = n < 0;
+        gov.end(ending);
+        return n;
+    }
+    ending.slept = true;
+    ending.arrival = Some(Arrival::Late);
+    let used = ending.now_ns.wrapping_sub(t0);
+    let left = match timeout_ns {
+        None => None,
+        Some(t) if used >= t => {
+            gov.end(ending);
+            return 0;
+        }
+        Some(t) => Some(t - used),
     };
     block(gov, cpu, ending, || real(left), |&r| r < 0)
 }
@@ -363,14 +483,26 @@ pub(crate) struct Planned {
 
 /// Read the clock and the CPU and ask the thread's governor, counting why
 /// it said what it said. These waits are never dispatched: they are what
-/// dispatch mode could not dispatch, or calls it does not serve.
+/// dispatch mode could not dispatch, or calls it does not serve; nor are
+/// they pre-woken (see [`plan_with`]).
 pub(crate) fn plan(gov: &mut Governor, peer_cpu: Option<u32>, timeout_ns: Option<u64>) -> Planned {
+    plan_with(gov, peer_cpu, timeout_ns, false)
+}
+
+/// [`plan`], offering pre-wakes when the caller can make a timed look.
+fn plan_with(
+    gov: &mut Governor,
+    peer_cpu: Option<u32>,
+    timeout_ns: Option<u64>,
+    prewake: bool,
+) -> Planned {
     let t0 = fastwake::cpu::monotonic_ns();
     let cpu = fastwake::cpu::current();
     let facts = Facts {
         cpu,
         peer_cpu,
         dispatchable: false,
+        prewake,
         ..Facts::at(t0, timeout_ns)
     };
     let (decision, why) = gov.plan(&facts);

@@ -216,3 +216,116 @@ fn timed_waits_keep_their_semantics() {
         child("child_timed_waits", &[("FASTWAKE_MODE", m)]);
     }
 }
+
+/// A request to a server with a steady service time (300 µs ± 10 %, a
+/// thread of the child that polls its pipe and spins the service time),
+/// waited for through `poll`, `select` and `epoll_wait` in turn: under
+/// `adaptive`, the shim sleeps through most of each wait with a timed
+/// look of the same kind and spins its end (pre-wakes), and every reply
+/// is seen once.
+#[test]
+#[ignore = "child scenario, run by adaptive_prewakes_a_steady_service_time"]
+fn child_steady_service() {
+    let (req_r, req_w) = pipe();
+    let (rep_r, rep_w) = pipe();
+    // SAFETY: O_NONBLOCK on our own pipe end, so the server polls it.
+    unsafe { libc::fcntl(req_r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+    const N: usize = 600;
+    let server = std::thread::spawn(move || {
+        let mut b = [0u8; 1];
+        let mut seed = 7u64;
+        for _ in 0..3 * N {
+            // SAFETY: a live one-byte buffer; EAGAIN while nothing came.
+            while unsafe { libc::read(req_r.as_raw_fd(), b.as_mut_ptr().cast(), 1) } != 1 {
+                std::hint::spin_loop();
+            }
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let us = 270 + (seed >> 33) % 61;
+            let end = Instant::now() + Duration::from_micros(us);
+            while Instant::now() < end {
+                std::hint::spin_loop();
+            }
+            // SAFETY: one byte from a live buffer.
+            unsafe { libc::write(rep_w.as_raw_fd(), b.as_ptr().cast(), 1) };
+        }
+    });
+    let none = mask_of(None);
+    let waits: [Wait; 3] = [via_ppoll_plain, via_select_plain, via_epoll_wait_plain];
+    for wait in waits {
+        for _ in 0..N {
+            // SAFETY: one byte from a live buffer.
+            unsafe { libc::write(req_w.as_raw_fd(), b"r".as_ptr().cast(), 1) };
+            assert_eq!(wait(&rep_r, None, &none).0, 1, "a reply");
+            let mut b = [0u8; 4];
+            // SAFETY: a live buffer; exactly one reply byte is there.
+            let n = unsafe { libc::read(rep_r.as_raw_fd(), b.as_mut_ptr().cast(), 4) };
+            assert_eq!(n, 1);
+        }
+    }
+    server.join().unwrap();
+}
+
+fn via_ppoll_plain(r: &OwnedFd, _: Option<u64>, _: &libc::sigset_t) -> (i32, i32) {
+    let mut p = libc::pollfd {
+        fd: r.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    (unsafe { libc::poll(&mut p, 1, -1) }, 0)
+}
+
+fn via_select_plain(r: &OwnedFd, _: Option<u64>, _: &libc::sigset_t) -> (i32, i32) {
+    // SAFETY: fd_set is plain data, filled by FD_ZERO/FD_SET; a live set.
+    unsafe {
+        let mut set: libc::fd_set = std::mem::zeroed();
+        libc::FD_ZERO(&mut set);
+        libc::FD_SET(r.as_raw_fd(), &mut set);
+        let n = libc::select(
+            r.as_raw_fd() + 1,
+            &mut set,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        (n, 0)
+    }
+}
+
+fn via_epoll_wait_plain(r: &OwnedFd, _: Option<u64>, _: &libc::sigset_t) -> (i32, i32) {
+    // SAFETY: plain epoll calls on live fds and buffers.
+    unsafe {
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: r.as_raw_fd() as u64,
+        };
+        libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, r.as_raw_fd(), &mut ev);
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        let n = libc::epoll_wait(ep, out.as_mut_ptr(), 4, -1);
+        libc::close(ep);
+        (n, 0)
+    }
+}
+
+#[test]
+fn adaptive_prewakes_a_steady_service_time() {
+    // The ceiling (FASTWAKE_BUDGET_US, 50 µs by default) bounds a
+    // pre-wake's spin too: 200 µs covers this service time's 60 µs band
+    // plus the timer's lateness on a slow host.
+    let env = [("FASTWAKE_MODE", "adaptive"), ("FASTWAKE_BUDGET_US", "200")];
+    let Some(out) = child("child_steady_service", &env) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    let (p, c) = (counter(&out, "prewakes"), counter(&out, "prewake_caught"));
+    // 1800 waits: after learning (32 waits, then the first pre-wakes
+    // measure the timer) nearly all are pre-wakes, most caught spinning.
+    assert!(p >= 900, "prewakes {p}:\n{err}");
+    assert!(c >= p / 2, "caught {c} of {p}:\n{err}");
+    // Not an adaptive thing to other modes: hybrid never pre-wakes.
+    let out = child("child_steady_service", &[("FASTWAKE_MODE", "hybrid")]).unwrap();
+    assert_eq!(counter(&out, "prewakes"), 0);
+}

@@ -74,7 +74,12 @@ pub struct Engine {
     pub siblings: AtomicU64,
     /// Waits that ended in the real blocking call.
     pub blocked: AtomicU64,
-    pub reserved: [AtomicU64; 7],
+    /// Adaptive waits planned as pre-wakes (a timed sleep on the fds,
+    /// then a spin), and those caught while spinning after the timer.
+    /// Taken from the reserved slots: the layout is unchanged.
+    pub prewakes: AtomicU64,
+    pub prewake_caught: AtomicU64,
+    pub reserved: [AtomicU64; 5],
 }
 
 /// Dispatch mode (`dispatch.rs`).

@@ -387,7 +387,7 @@ pub fn report() {
         let mut w = Buf::<2048>::new();
         let _ = write!(
             w,
-            "pid={pid} waits={} spins={} spin_hits={} spin_ms={} blocked={} same_cpu_skips={} sibling_skips={} capped={} contended={}",
+            "pid={pid} waits={} spins={} spin_hits={} spin_ms={} blocked={} same_cpu_skips={} sibling_skips={} capped={} contended={} prewakes={} prewake_caught={}",
             l(&e.waits),
             l(&e.spins),
             l(&e.spin_hits),
@@ -396,7 +396,9 @@ pub fn report() {
             l(&e.same_cpu),
             l(&e.siblings),
             l(&e.capped),
-            l(&e.contended)
+            l(&e.contended),
+            l(&e.prewakes),
+            l(&e.prewake_caught)
         );
         emit(&w);
     }

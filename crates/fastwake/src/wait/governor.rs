@@ -30,6 +30,7 @@
 //! no syscall: the caller passes the time and what it knows ([`Facts`]).
 
 use super::WaitMode;
+use super::backlog::Backlog;
 use super::siblings;
 use crate::adaptive::{self, Env, Learner, Model, Outcome};
 use std::time::Duration;
@@ -55,20 +56,6 @@ pub const PREEMPTED_NS: u64 = 100_000;
 pub const MIN_BACKOFF_NS: u64 = 10_000_000;
 /// ...doubling while it keeps happening, up to this.
 pub const MAX_BACKOFF_NS: u64 = 1_000_000_000;
-
-/// A waiter that took this many completions in a row without waiting was
-/// behind: they queued while it was off its CPU (at 100k/s, 640 µs of
-/// arrivals). A waiter that keeps up finds a few at most after a wake-up
-/// (its wake-up's worth of arrivals). Why it matters: measured next to a
-/// busy Soft-RoCE guest (two bursty TCG vCPU threads), adaptive lean-spun
-/// at 100k/s Poisson and fell behind (p50 452 µs, queue 110) where
-/// interrupt mode kept up better (p50 90 µs, queue 77): a spinner spends
-/// its fair share of the CPU and then waits out the others' slices.
-pub const BACKLOG_RUN: u32 = 64;
-/// After a backlog, adaptive waits do not spin for this long...
-pub const MIN_BEHIND_NS: u64 = 50_000_000;
-/// ...doubling while backlogs keep coming, up to this.
-pub const MAX_BEHIND_NS: u64 = 2_000_000_000;
 
 /// The CPU cap's allowance holds at most this much time's worth of refill.
 /// Why 100 ms: long enough that the short bursts a latency-bound waiter
@@ -277,10 +264,8 @@ pub struct Governor {
     /// Completions taken without waiting since the last planned wait
     /// ([`Governor::found_ready`]).
     run: u32,
-    /// Adaptive: no spin before this (a backlog was seen), and the hold
-    /// of the next one.
-    behind_until: u64,
-    behind_ns: u64,
+    /// Adaptive: the backlog rule.
+    backlog: Backlog,
     learner: Learner,
     in_flight: Option<InFlight>,
     /// How the last adaptive wait went, learned at the start of the next
@@ -312,8 +297,7 @@ impl Governor {
             quiet_until: 0,
             backoff_ns: MIN_BACKOFF_NS,
             run: 0,
-            behind_until: 0,
-            behind_ns: MIN_BEHIND_NS,
+            backlog: Backlog::new(),
             learner: Learner::new(cfg, Model::DEFAULT),
             in_flight: None,
             deferred: None,
@@ -387,7 +371,7 @@ impl Governor {
     }
 
     /// A completion was taken at the first look, without waiting: counts
-    /// towards the backlog rule ([`BACKLOG_RUN`]). One increment; call it
+    /// towards the backlog rule ([`super::BACKLOG_RUN`]). One increment; call it
     /// on that path only.
     #[inline]
     pub fn found_ready(&mut self) {
@@ -442,19 +426,13 @@ impl Governor {
             self.learner.record(o);
         }
         let allowance = self.cap.refill(f.now_ns);
-        // Behind? A long run of completions taken without waiting means
-        // they queued while this thread was off its CPU. Spinning is then
-        // what loses the CPU (see BACKLOG_RUN): hold it off for a while,
-        // longer while backlogs recur; a hold that passes without one
-        // starts the next from the minimum again.
-        if std::mem::take(&mut self.run) >= BACKLOG_RUN {
+        // Behind? (super::backlog: a long run of completions taken
+        // without waiting; spinning held off while that helps.)
+        let (backlog, behind) = self
+            .backlog
+            .observe(f.now_ns, std::mem::take(&mut self.run));
+        if backlog {
             self.learner.note_backlog();
-            self.behind_ns = if f.now_ns < self.behind_until.saturating_add(self.behind_ns) {
-                (self.behind_ns * 2).min(MAX_BEHIND_NS)
-            } else {
-                MIN_BEHIND_NS
-            };
-            self.behind_until = f.now_ns.saturating_add(self.behind_ns);
         }
         let env = Env {
             same_cpu: same_cpu(f),
@@ -463,7 +441,7 @@ impl Governor {
             dispatch_waiters: f.dispatch_waiters.filter(|_| f.dispatchable),
             allowance_ns: allowance,
             prewake: f.prewake,
-            behind: f.now_ns < self.behind_until,
+            behind,
         };
         let learned = self.learner.plan(f.now_ns, env);
         let why = Why::Learned(self.learner.last_reason());

@@ -14,6 +14,7 @@
 //! link, and all blocking goes through
 //! [`crate::source::block_until_ready`].
 
+mod backlog;
 mod governor;
 mod hybrid;
 mod poll;
@@ -26,9 +27,10 @@ use crate::{Fail, Result};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+pub use backlog::{BACKLOG_RUN, MAX_BEHIND_NS, MIN_BEHIND_NS};
 pub use governor::{
-    Allowance, BACKLOG_RUN, BURST_NS, DEFAULT_BUDGET, Decision, Ending, Facts, Governor,
-    MAX_BACKOFF_NS, MAX_BEHIND_NS, MIN_BACKOFF_NS, MIN_BEHIND_NS, MIN_SPIN_NS, PREEMPTED_NS, Why,
+    Allowance, BURST_NS, DEFAULT_BUDGET, Decision, Ending, Facts, Governor, MAX_BACKOFF_NS,
+    MIN_BACKOFF_NS, MIN_SPIN_NS, PREEMPTED_NS, Why,
 };
 pub use siblings::Asleep;
 
