@@ -242,7 +242,7 @@ proptest! {
     fn converges_near_the_optimum(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
         // The spin model against its own truth: pre-wakes off (they have
         // their own tests below).
-        let cfg = Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: false };
+        let cfg = Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: false, backlog: true };
         let mut s = Sim::new(cfg, seed);
         let plans = s.run(d, 2_000);
         let chosen = budget(*plans.last().unwrap());
@@ -262,7 +262,7 @@ proptest! {
     /// Under steady load the plan settles: few changes once warmed up.
     #[test]
     fn does_not_oscillate(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
-        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: true }, seed);
+        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: true, backlog: true }, seed);
         s.run(d, 1_000);
         let before = s.core.stats().plan_changes;
         s.run(d, 5_000);
@@ -644,6 +644,7 @@ fn adaptive_parses_and_prints() {
                 catch_pct,
                 learn_wake,
                 prewake,
+                backlog: true,
             })
         );
         assert_eq!(m.to_string(), s);
@@ -682,6 +683,7 @@ fn adaptive_parses_and_prints() {
         "adaptive:catch=101",
         "adaptive:wake=maybe",
         "adaptive:prewake=maybe",
+        "adaptive:backlog=1",
     ] {
         let r = bad.parse::<WaitMode>();
         if bad == "adaptive:" {

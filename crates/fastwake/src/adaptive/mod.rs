@@ -77,6 +77,11 @@ pub struct Config {
     /// typical completion, then spin ([`prewake`]). `prewake=off` gives
     /// the controller as it was before pre-wakes, for side-by-side runs.
     pub prewake: bool,
+    /// The backlog rule (`backlog=on`, the default): after runs of
+    /// completions taken without waiting that show the waiter fell behind,
+    /// hold spinning off while that helps (`wait::BACKLOG_RUN`).
+    /// `backlog=off` for side-by-side runs.
+    pub backlog: bool,
 }
 
 /// Default [`Config::worth`].
@@ -97,6 +102,7 @@ impl Config {
         catch_pct: DEFAULT_CATCH_PCT,
         learn_wake: false,
         prewake: true,
+        backlog: true,
     };
 }
 
@@ -132,6 +138,10 @@ impl std::fmt::Display for Config {
         }
         if !self.prewake {
             write!(f, "{sep}prewake=off")?;
+            sep = ',';
+        }
+        if !self.backlog {
+            write!(f, "{sep}backlog=off")?;
         }
         Ok(())
     }
@@ -142,14 +152,14 @@ impl Config {
     /// share of one core in the one grammar, [`crate::grammar::share`]:
     /// `cap=20%`, `cap=0.2`, `cap=20`), `worth=N`, `idle=N` (waits/s) and
     /// `catch=N%` (percent of waits a spin should catch; 100 = no limit),
-    /// `wake=learn|model` ([`Config::learn_wake`]) and `prewake=on|off`
-    /// ([`Config::prewake`]).
+    /// `wake=learn|model` ([`Config::learn_wake`]), `prewake=on|off`
+    /// ([`Config::prewake`]) and `backlog=on|off` ([`Config::backlog`]).
     pub fn parse_options(s: &str) -> Result<Config> {
         let mut c = Config::default();
         for kv in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, v) = kv.split_once('=').ok_or_else(|| {
                 Fail::invalid(format!(
-                    "bad adaptive option '{kv}': expected cap=N%, worth=N, idle=N, catch=N%, wake=learn|model or prewake=on|off"
+                    "bad adaptive option '{kv}': expected cap=N%, worth=N, idle=N, catch=N%, wake=learn|model, prewake=on|off or backlog=on|off"
                 ))
             })?;
             match k.trim() {
@@ -180,25 +190,26 @@ impl Config {
                         }
                     }
                 }
-                "prewake" => {
-                    c.prewake = match v.trim() {
-                        "on" => true,
-                        "off" => false,
-                        _ => {
-                            return Err(Fail::invalid(format!(
-                                "bad adaptive prewake '{v}': expected on or off"
-                            )));
-                        }
-                    }
-                }
+                "prewake" => c.prewake = on_off(v, "prewake")?,
+                "backlog" => c.backlog = on_off(v, "backlog")?,
                 other => {
                     return Err(Fail::invalid(format!(
-                        "unknown adaptive option '{other}': expected cap, worth, idle, catch, wake or prewake"
+                        "unknown adaptive option '{other}': expected cap, worth, idle, catch, wake, prewake or backlog"
                     )));
                 }
             }
         }
         Ok(c)
+    }
+}
+
+fn on_off(v: &str, what: &str) -> Result<bool> {
+    match v.trim() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(Fail::invalid(format!(
+            "bad adaptive {what} '{v}': expected on or off"
+        ))),
     }
 }
 

@@ -428,9 +428,12 @@ impl Governor {
         let allowance = self.cap.refill(f.now_ns);
         // Behind? (super::backlog: a long run of completions taken
         // without waiting; spinning held off while that helps.)
-        let (backlog, behind) = self
-            .backlog
-            .observe(f.now_ns, std::mem::take(&mut self.run));
+        let run = std::mem::take(&mut self.run);
+        let (backlog, behind) = if self.learner.config().backlog {
+            self.backlog.observe(f.now_ns, run)
+        } else {
+            (false, false)
+        };
         if backlog {
             self.learner.note_backlog();
         }
