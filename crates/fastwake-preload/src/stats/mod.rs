@@ -323,6 +323,8 @@ pub fn exit() {
     if crate::config::verbose() && !REPORTED.swap(true, Ordering::AcqRel) {
         report();
     }
+    // The verbs stall monitor's lines (verbose, or whenever it saw a stall).
+    crate::verbs::monitor::exit_report(crate::config::verbose());
     remove();
 }
 

@@ -55,6 +55,13 @@ pub struct QpMon {
     pub episodes: u64,
     /// Posts dropped because the ring was full.
     pub dropped: u64,
+    /// The QP's retransmission attributes, as the caller last read them
+    /// (it reads them once, at the first post: the QP is ready to send by
+    /// then), for naming a stall's cause without a syscall on the data path.
+    pub attrs: Option<super::cause::QpAttrs>,
+    /// The caller tried to read `attrs` (once: a failed query is not
+    /// retried on every post).
+    pub attrs_tried: bool,
 }
 
 /// What a post or completion did to the number of QPs with outstanding
@@ -77,6 +84,8 @@ impl QpMon {
         stalls: 0,
         episodes: 0,
         dropped: 0,
+        attrs: None,
+        attrs_tried: false,
     };
 
     pub fn outstanding(&self) -> usize {
