@@ -19,36 +19,37 @@
 //!   without ODP.
 
 use super::real::VSym;
-use fastwake_verbs_sys::{ibv_context, ibv_mr, ibv_pd, ibv_send_wr, ibv_sge};
+use fastwake::source::verbs::odp::OdpPolicy;
+use fastwake_verbs_sys::odp::*;
+use fastwake_verbs_sys::{
+    IBV_ACCESS_LOCAL_WRITE, ibv_context, ibv_mr, ibv_pd, ibv_send_wr, ibv_sge,
+};
 use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 
-pub const IBV_ACCESS_ON_DEMAND: c_uint = 1 << 6;
-const IBV_ACCESS_LOCAL_WRITE: c_uint = 1;
-const ADVICE_PREFETCH: u32 = 0;
-const ADVICE_PREFETCH_WRITE: u32 = 1;
-const ADVISE_FLAG_FLUSH: u32 = 1;
-const IBV_ODP_SUPPORT: u64 = 1;
-/// RC/UC/UD per-transport caps: SEND RECV WRITE READ ATOMIC SRQ_RECV.
-const ODP_RC_CAPS: u32 = 0x3f;
-const ODP_UD_CAPS: u32 = 0x3;
+/// RC/UC caps reported under pin: send, recv, write, read, atomic, SRQ.
+const ODP_RC_CAPS: u32 = IBV_ODP_SUPPORT_SEND
+    | IBV_ODP_SUPPORT_RECV
+    | IBV_ODP_SUPPORT_WRITE
+    | IBV_ODP_SUPPORT_READ
+    | IBV_ODP_SUPPORT_ATOMIC
+    | IBV_ODP_SUPPORT_SRQ_RECV;
+const ODP_UD_CAPS: u32 = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
 
 const KEEP: u8 = 0;
 const PREFETCH: u8 = 1;
 const PIN: u8 = 2;
 static MODE: AtomicU8 = AtomicU8::new(KEEP);
 
-/// Parse `FASTWAKE_ODP`. `Err`: one line; the guard keeps.
+/// Parse `FASTWAKE_ODP` (the library's [`OdpPolicy`]). `Err`: one line;
+/// the guard keeps.
 pub fn parse(v: Option<&str>) -> Result<u8, String> {
-    match v.map(str::trim) {
-        None | Some("") | Some("keep") => Ok(KEEP),
-        Some("prefetch") => Ok(PREFETCH),
-        Some("pin") => Ok(PIN),
-        Some(o) => Err(format!(
-            "FASTWAKE_ODP='{o}' is not keep, prefetch or pin; keeping ODP registrations as they are"
-        )),
-    }
+    Ok(match v.unwrap_or("").parse::<OdpPolicy>()? {
+        OdpPolicy::Keep => KEEP,
+        OdpPolicy::Prefetch => PREFETCH,
+        OdpPolicy::Pin => PIN,
+    })
 }
 
 pub fn init() {
@@ -70,7 +71,6 @@ type RegMrIovaFn = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, u64, c_
 type RegMrIova2Fn =
     unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, u64, c_uint) -> *mut ibv_mr;
 type DeregMrFn = unsafe extern "C" fn(*mut ibv_mr) -> c_int;
-type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
 type QueryDeviceExFn =
     unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut u8, usize) -> c_int;
 
@@ -312,23 +312,12 @@ fn register_odp(
     mr
 }
 
-/// The verbs_context op at `off` bytes before the context (verbs.h's
-/// `verbs_get_ctx_op`: present when the provider's `sz` covers it).
+/// The verbs_context slot `off` bytes before a context the shim wrapped.
 fn ctx_op(ctx: *mut ibv_context, off: usize) -> Option<*mut usize> {
-    // SAFETY: rdma-core places `size_t sz` right before the context (the
-    // shim only handles contexts it checked look like that, `understood`).
-    let sz = unsafe { *(ctx as *const usize).sub(1) };
-    if sz < std::mem::size_of::<ibv_context>() + off {
-        return None;
-    }
-    // SAFETY: within the verbs_context, which sz covers.
-    Some(unsafe { (ctx as *mut u8).sub(off) } as *mut usize)
+    // SAFETY: a context the shim wrapped looks like rdma-core's
+    // (`understood`): a verbs_context with `sz` before it.
+    unsafe { ctx_slot(ctx, off) }
 }
-
-/// verbs.h: `verbs_context.advise_mr` and `.query_device_ex`, as offsets
-/// before `context` (rdma-core ≥ 22; checked by the ABI probe).
-const ADVISE_MR_OFF: usize = 312;
-const QUERY_DEVICE_EX_OFF: usize = 104;
 
 static SAID_PREFETCH: AtomicBool = AtomicBool::new(false);
 
@@ -336,7 +325,7 @@ fn prefetch(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_uint, lkey
     // SAFETY: a live PD begins with its context pointer.
     let ctx = unsafe { *(pd as *const *mut ibv_context) };
     // SAFETY: a slot inside the verbs_context (ctx_op checked sz).
-    let f = ctx_op(ctx, ADVISE_MR_OFF)
+    let f = ctx_op(ctx, VERBS_CTX_ADVISE_MR)
         .map(|p| unsafe { *p })
         .unwrap_or(0);
     if f == 0 || addr.is_null() {
@@ -348,10 +337,10 @@ fn prefetch(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_uint, lkey
     }
     // SAFETY: the provider's advise_mr, of verbs.h's signature.
     let f = unsafe { std::mem::transmute::<usize, AdviseMrFn>(f) };
-    let advice = if access & IBV_ACCESS_LOCAL_WRITE != 0 {
-        ADVICE_PREFETCH_WRITE
+    let advice = if access & IBV_ACCESS_LOCAL_WRITE as c_uint != 0 {
+        IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE
     } else {
-        ADVICE_PREFETCH
+        IBV_ADVISE_MR_ADVICE_PREFETCH
     };
     // One SGE holds at most 2^31 bytes here; larger buffers take several.
     const CHUNK: usize = 1 << 31;
@@ -364,7 +353,7 @@ fn prefetch(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_uint, lkey
             lkey,
         };
         // SAFETY: a live PD and MR; one valid SGE inside the MR.
-        let rc = unsafe { f(pd, advice, ADVISE_FLAG_FLUSH, &mut sge, 1) };
+        let rc = unsafe { f(pd, advice, IB_UVERBS_ADVISE_MR_FLAG_FLUSH, &mut sge, 1) };
         if rc != 0 {
             once(
                 &SAID_PREFETCH,
@@ -471,7 +460,7 @@ pub fn wrap(ctx: *mut ibv_context) {
     if MODE.load(Ordering::Relaxed) != PIN {
         return;
     }
-    let Some(slot) = ctx_op(ctx, QUERY_DEVICE_EX_OFF) else {
+    let Some(slot) = ctx_op(ctx, VERBS_CTX_QUERY_DEVICE_EX) else {
         return;
     };
     // SAFETY: the slot inside the verbs_context (ctx_op checked sz).
@@ -500,10 +489,6 @@ pub fn unwrap(ctx: *mut ibv_context) {
     }
 }
 
-/// `struct ibv_device_attr_ex`: `odp_caps` at 240 (general_caps u64, then
-/// rc/uc/ud u32); verbs.h, checked by the ABI probe.
-const ODP_CAPS_OFF: usize = 240;
-
 unsafe extern "C" fn query_device_ex(
     ctx: *mut ibv_context,
     input: *const c_void,
@@ -521,12 +506,12 @@ unsafe extern "C" fn query_device_ex(
         unsafe { std::mem::transmute::<usize, QueryDeviceExFn>(s.1.load(Ordering::Relaxed)) };
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { real(ctx, input, attr, attr_size) };
-    if rc == 0 && !attr.is_null() && attr_size >= ODP_CAPS_OFF + 20 {
+    if rc == 0 && !attr.is_null() && attr_size >= DEVICE_ATTR_EX_ODP_CAPS + 20 {
         // SAFETY: attr has attr_size bytes; odp_caps lies inside.
         unsafe {
-            let g = attr.add(ODP_CAPS_OFF) as *mut u64;
+            let g = attr.add(DEVICE_ATTR_EX_ODP_CAPS) as *mut u64;
             g.write_unaligned(g.read_unaligned() | IBV_ODP_SUPPORT);
-            let t = attr.add(ODP_CAPS_OFF + 8) as *mut u32;
+            let t = attr.add(DEVICE_ATTR_EX_ODP_CAPS + 8) as *mut u32;
             t.write_unaligned(t.read_unaligned() | ODP_RC_CAPS);
             t.add(1)
                 .write_unaligned(t.add(1).read_unaligned() | ODP_RC_CAPS);
