@@ -61,6 +61,11 @@ const RNR: &[&str] = &[
     "req_rnr_retries_exceeded",
 ];
 
+/// Is this a retransmission or RNR retry counter (rxe or mlx5 name)?
+pub fn is_retry_counter(name: &str) -> bool {
+    RETRANSMIT.contains(&name) || RNR.contains(&name)
+}
+
 /// The counters that moved between two snapshots (name, increase), traffic
 /// counters left out, in the order of `after`.
 pub fn moved(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)> {
