@@ -10,6 +10,10 @@ use super::sys::*;
 use crate::{Fail, Result};
 use std::sync::Arc;
 
+// RDMA READ, access flags, ODP prefetch (issue 18).
+mod read;
+pub use read::IBV_ACCESS_REMOTE_READ;
+
 /// Registered memory: a buffer the device may read and write.
 pub struct Mr {
     dev: Arc<Device>,
