@@ -168,10 +168,47 @@ check_stall_monitor_overhead() {
     rxe_info "ibv_rc_pingpong usec/iter (TCG, ratios only): monitor on ${on[*]}, off ${off[*]}; on/off ratio $(awk -v a="${on[*]}" -v b="${off[*]}" 'BEGIN{split(a,x," ");split(b,y," ");printf "%.2f", (x[1]+x[2])/(y[1]+y[2])}')"
 }
 
+
+# fastwake bench odp on rxe0 (no ODP on 6.1): one line saying so, then the
+# pinned baseline rows only (small counts: TCG).
+check_bench_odp() {
+    rxe_need_fastwake || return
+    local out="$RXE_LOGDIR/bench-odp.out" rc=0
+    timeout -k 2 $((RXE_CHECK_TIMEOUT - 5)) "$RXE_FASTWAKE" bench odp --dev "$RXE_DEV" \
+        --reps 3 --interval-us 0,500,2000 --qps 1,4 --ops 512 --timeout-s 20 >"$out" 2>&1 || rc=$?
+    cat "$out"
+    [ $rc = 0 ] || { rxe_fail "fastwake bench odp exit $rc: $(tail -n 1 "$out")"; return 1; }
+    local line
+    line=$(rxe_last_match "$out" 'running the pinned baseline only') ||
+        { rxe_fail "no line saying the ODP rows cannot run on $RXE_DEV"; return 1; }
+    rxe_info "$line"
+    [ "$(grep -c '^damming  pinned' "$out")" = 3 ] && [ "$(grep -c '^flood    pinned' "$out")" = 2 ] ||
+        { rxe_fail "expected 3 damming and 2 flood pinned rows"; return 1; }
+    grep -q '^damming  odp\|^flood    odp' "$out" && { rxe_fail "ODP rows ran on a device without ODP"; return 1; }
+    while IFS= read -r line; do rxe_info "$line (TCG: not a performance figure)"; done < <(grep -E '^(damming|flood) ' "$out")
+}
+
+# fastwake doctor's stall lines on rxe0 (and rxe_a/rxe_b when the loss checks ran).
+check_doctor_rdma_stalls() {
+    rxe_need_fastwake || return
+    local out="$RXE_LOGDIR/doctor.out"
+    "$RXE_FASTWAKE" doctor >"$out" 2>&1 || { rxe_fail "fastwake doctor failed: $(tail -n 1 "$out")"; return 1; }
+    cat "$out"
+    local odp ctr
+    odp=$(rxe_last_match "$out" 'on-demand paging') || { rxe_fail "no on-demand paging line"; return 1; }
+    [[ $odp == *"$RXE_DEV: no ODP"* ]] || { rxe_fail "the ODP line does not say $RXE_DEV has no ODP: $odp"; return 1; }
+    ctr=$(rxe_last_match "$out" 'port error counters') || { rxe_fail "no port error counters line"; return 1; }
+    rxe_last_match "$out" 'rc qp timeout' >/dev/null || { rxe_fail "no rc qp timeout line"; return 1; }
+    rxe_info "${odp#  }"
+    rxe_info "${ctr#  }"
+}
+
 rxe_stall_checks() {
     rxe_check stall-none-without-loss check_stall_none_without_loss
     rxe_check stall-with-loss check_stall_with_loss
     rxe_check odp-pin-rc-pingpong check_odp_pin
     rxe_check stall-odp-bad-env check_stall_odp_bad_env
     rxe_check stall-monitor-overhead check_stall_monitor_overhead
+    rxe_check bench-odp check_bench_odp
+    rxe_check doctor-rdma-stalls check_doctor_rdma_stalls
 }

@@ -104,7 +104,15 @@ struct Rig {
 }
 
 fn rig(dev: &Arc<Device>, n: u32) -> Result<Rig> {
-    let ccq = VerbsCq::new(dev, CqConfig::default())?;
+    // Room for every READ in flight on every QP: an overflowing CQ loses
+    // completions (and breaks the QPs).
+    let ccq = VerbsCq::new(
+        dev,
+        CqConfig {
+            entries: n * DEPTH + 16,
+            ..CqConfig::default()
+        },
+    )?;
     let scq = VerbsCq::new(dev, CqConfig::default())?;
     let mut client = Vec::new();
     let mut server = Vec::new();

@@ -687,8 +687,8 @@ mod tests {
         // The monitor's cost per operation (post + poll of one completion),
         // monitor on vs off, through the wrapped ops with the fake provider
         // (whose own work is a mutex and a VecDeque). Timing: only with
-        // FASTWAKE_MONITOR_COST=1, under `flock -x /tmp/fw-cpu.lock`.
-        if std::env::var_os("FASTWAKE_MONITOR_COST").is_some() {
+        // FASTWAKE_TEST_MONITOR_COST=1, under `flock -x /tmp/fw-cpu.lock`.
+        if std::env::var_os("FASTWAKE_TEST_MONITOR_COST").is_some() {
             let n = 2_000_000;
             let mut per = [0f64; 2];
             for round in 0..6 {
