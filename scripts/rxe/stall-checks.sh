@@ -9,11 +9,12 @@
 # policy routes and static neighbours so 10.0.18.1 <-> 10.0.18.2 leaves
 # through the NICs instead of the local route. tc netem drops on rxe_a's NIC.
 
-STALL_A_MAC=52:54:00:00:18:01 STALL_B_MAC=52:54:00:00:18:02
-STALL_A_IP=10.0.18.1 STALL_B_IP=10.0.18.2
-
 # stall_wire: set up rxe_a/rxe_b over the hub (idempotent); sets STALL_A_NIC.
+# (Its constants are set here, not at file level, so the function also works
+# from a FASTWAKE_RXE_EXTRA script, which gets the functions only.)
 stall_wire() {
+    STALL_A_MAC=52:54:00:00:18:01 STALL_B_MAC=52:54:00:00:18:02
+    STALL_A_IP=10.0.18.1 STALL_B_IP=10.0.18.2
     local d a="" b="" mac
     for d in /sys/class/net/*; do
         read -r mac <"$d/address"
@@ -92,18 +93,23 @@ check_stall_none_without_loss() {
     rxe_info "no stall in $total monitored completions without loss"
 }
 
-# 5 % loss on rxe_a's NIC: RC completions wait out the retransmission timeout
-# (QP timeout 14 in ibv_rc_pingpong: 67 ms > the 50 ms threshold); the
-# monitor must name those stalls.
+# 5 % loss on rxe_a's NIC for the first seconds of the run: RC completions
+# wait out the retransmission timeout (QP timeout 14 in ibv_rc_pingpong:
+# 67 ms > the 50 ms threshold); the monitor must name those stalls. The
+# loss stops before the end: a lost last ACK would leave one side
+# retransmitting to a peer that has already exited.
 check_stall_with_loss() {
     rxe_need_preload || return
     stall_wire || return
+    local secs=${RXE_STALL_LOSS_SECS:-2} stat="$RXE_LOGDIR/$RXE_CUR_NAME.netem"
     tc qdisc replace dev "$STALL_A_NIC" root netem loss "${RXE_STALL_LOSS:-5%}" ||
         { rxe_fail "tc qdisc add netem failed (sch_netem loaded?)"; return 1; }
-    local iters=${RXE_STALL_LOSS_ITERS:-400} rc=0
+    ( rxe_sleep "$secs"; tc -s qdisc show dev "$STALL_A_NIC" >"$stat"; tc qdisc del dev "$STALL_A_NIC" root ) &
+    local lossy=$! iters=${RXE_STALL_LOSS_ITERS:-1500} rc=0
     stall_pair loss "$iters" || rc=1
-    tc -s qdisc show dev "$STALL_A_NIC" | tr '\n' ' ' | sed 's/  */ /g' | { read -r l; rxe_info "netem: $l"; }
-    tc qdisc del dev "$STALL_A_NIC" root
+    wait "$lossy"
+    tc qdisc del dev "$STALL_A_NIC" root 2>/dev/null
+    rxe_info "netem for the first ${secs}s: $(tr '\n' ' ' <"$stat" | sed 's/  */ /g')"
     [ $rc = 0 ] || return 1
     rxe_pingpong_verify loss "$iters" || return 1
     local side n=0 line shown=0

@@ -28,6 +28,8 @@
 mod dispatched;
 pub(crate) mod event;
 pub mod monitor;
+#[cfg(test)]
+mod monitor_tests;
 pub mod odp;
 mod ops;
 pub mod real;
