@@ -146,6 +146,9 @@ rxe_check fastwake-run-hybrid-rc-pingpong-events check_fastwake_run_rc_pingpong
 rxe_check shim-rc-pingpong-events check_shim_rc_pingpong -e
 rxe_check shim-rc-pingpong        check_shim_rc_pingpong
 rxe_verbs_checks
+# --- issue 18: stall monitor, ODP guard ---
+. "$RXE_SELF_DIR/stall-checks.sh"
+rxe_stall_checks
 
 # FASTWAKE_RXE_EXTRA on the host: a bash script run here, after the checks,
 # with guest-lib.sh loaded (it may call rxe_check itself; its output goes to

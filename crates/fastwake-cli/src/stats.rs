@@ -278,6 +278,7 @@ fn totals(s: &Segment) -> Value {
     let e = &s.engine;
     let d = &s.dispatch;
     let v = &s.verbs;
+    let st = &s.stalls;
     json!({
         "calls": calls,
         "engine": {
@@ -294,6 +295,13 @@ fn totals(s: &Segment) -> Value {
             "events_real": l(&v.real), "events_swallowed": l(&v.swallowed),
             "blocked": l(&v.blocked), "arms_skipped": l(&v.arms_skipped),
             "stashed_cqes_delivered": l(&v.stash_delivered), "acks_absorbed": l(&v.acks_absorbed),
+        },
+        "stalls": {
+            "completions": l(&st.completions), "stalls": l(&st.stalls), "episodes": l(&st.episodes),
+            "unreported_episodes": l(&st.unreported), "unobserved": l(&st.unobserved),
+            "max_ns": l(&st.max_ns), "untracked_posts": l(&st.untracked),
+            "odp_kept": l(&st.odp_kept), "odp_prefetched": l(&st.odp_prefetched),
+            "odp_pinned": l(&st.odp_pinned),
         },
     })
 }
@@ -669,6 +677,31 @@ fn table(s: &Snap, rates: Option<&Value>) -> String {
         ] {
             row(&mut o, k, &["verbs", k]);
         }
+    }
+    let odp = ["odp_kept", "odp_prefetched", "odp_pinned"];
+    if g(t, &["stalls", "completions"]) + odp.iter().map(|k| g(t, &["stalls", k])).sum::<f64>()
+        > 0.0
+    {
+        let _ = writeln!(o, "verbs stall monitor");
+        for k in [
+            "completions",
+            "stalls",
+            "episodes",
+            "unreported_episodes",
+            "unobserved",
+            "untracked_posts",
+        ]
+        .iter()
+        .chain(odp.iter())
+        {
+            row(&mut o, k, &["stalls", k]);
+        }
+        let _ = writeln!(
+            o,
+            "  {:<28} {:>13.3} ms",
+            "longest completion",
+            g(t, &["stalls", "max_ns"]) / 1e6
+        );
     }
     o
 }

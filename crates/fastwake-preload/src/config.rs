@@ -92,7 +92,7 @@ impl Profile {
 
 /// Every variable the shim (or `fastwake run`, or the project's scripts)
 /// reads; [`unknown_variables`] warns about any other `FASTWAKE_*` name.
-pub const KNOWN: [&str; 7] = [
+pub const KNOWN: [&str; 9] = [
     "FASTWAKE_MODE",
     "FASTWAKE_PROFILE",
     "FASTWAKE_BUDGET_US",
@@ -100,6 +100,8 @@ pub const KNOWN: [&str; 7] = [
     "FASTWAKE_VERBOSE",
     "FASTWAKE_VERBS_VECTOR",
     "FASTWAKE_PRELOAD",
+    "FASTWAKE_STALL_MS",
+    "FASTWAKE_ODP",
 ];
 
 /// Families of variables that belong to the project's own scripts

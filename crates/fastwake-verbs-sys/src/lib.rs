@@ -16,6 +16,8 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
+pub mod odp;
+
 /// `struct ibv_device`: opaque, read through `ibv_get_device_name`.
 #[repr(C)]
 pub struct ibv_device {

@@ -27,6 +27,8 @@
 //! - [`affinity`]: completion-vector / IRQ placement for RDMA CQs.
 //! - [`grammar`]: the value forms (durations, CPU shares) every front end
 //!   parses options with.
+//! - [`stall`]: the verbs completion-latency monitor's tables and judgement
+//!   (stalls, episodes, likely causes), fed by the preload shim.
 //! - [`preload_stats`]: the shared-memory layout of the preload shim's live
 //!   counters (written by the shim, read by `fastwake stats`).
 //! - [`Fail`]: the error type.
@@ -47,6 +49,7 @@ mod fork;
 pub mod grammar;
 pub mod preload_stats;
 pub mod source;
+pub mod stall;
 mod sync;
 pub mod wait;
 

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// `FWSTATS\x01` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FWSTATS\x01");
 /// Layout version: bumped on any change of [`Segment`].
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// File name prefix: `fastwake-<pid>`.
 pub const PREFIX: &str = "fastwake-";
 /// Room for call kinds ([`Call`]) and pass-through reasons ([`Pass`]).
@@ -113,6 +113,32 @@ pub struct Verbs {
     pub reserved: [AtomicU64; 5],
 }
 
+/// The verbs completion-latency monitor and the ODP guard
+/// (`verbs/monitor.rs`, `verbs/odp.rs`; issue 18).
+#[repr(C)]
+#[derive(Default)]
+pub struct Stalls {
+    /// Send-queue completions matched to their post.
+    pub completions: AtomicU64,
+    /// Completions later than the threshold while the program looked.
+    pub stalls: AtomicU64,
+    /// Episodes (runs of stalls on one QP); each gets one stderr line...
+    pub episodes: AtomicU64,
+    /// ...except these, over the line rate limit.
+    pub unreported: AtomicU64,
+    /// Late completions the program had not looked for: not stalls.
+    pub unobserved: AtomicU64,
+    /// The longest matched completion (ns).
+    pub max_ns: AtomicU64,
+    /// Posts not tracked (QP table full, or the QP's ring overflowed).
+    pub untracked: AtomicU64,
+    /// ODP registrations left as asked, given a prefetch, or pinned.
+    pub odp_kept: AtomicU64,
+    pub odp_prefetched: AtomicU64,
+    pub odp_pinned: AtomicU64,
+    pub reserved: [AtomicU64; 6],
+}
+
 /// One hooked call kind: every call is counted exactly once, as served
 /// (the mode's wait ran) or passed through (and why); seen = the sum.
 #[repr(C)]
@@ -130,6 +156,7 @@ pub struct Segment {
     pub dispatch: Dispatch,
     pub verbs: Verbs,
     pub calls: [CallCounters; CALL_SLOTS],
+    pub stalls: Stalls,
 }
 
 /// The hooked calls, as indices of [`Segment::calls`]. The socket calls
@@ -366,9 +393,10 @@ mod tests {
         assert_eq!(std::mem::size_of::<Dispatch>(), 8 * 8);
         assert_eq!(std::mem::size_of::<Verbs>(), 16 * 8);
         assert_eq!(std::mem::size_of::<CallCounters>(), 9 * 8);
+        assert_eq!(std::mem::size_of::<Stalls>(), 16 * 8);
         assert_eq!(
             std::mem::size_of::<Segment>(),
-            368 + 128 + 64 + 128 + 16 * 72
+            368 + 128 + 64 + 128 + 16 * 72 + 128
         );
         assert!(Call::ALL.len() <= CALL_SLOTS && Pass::ALL.len() <= PASS_SLOTS);
         for (i, c) in Call::ALL.iter().enumerate() {

@@ -3,6 +3,7 @@
 pub mod harness;
 pub mod ipc;
 pub mod load;
+pub mod odp;
 pub mod pingpong;
 pub mod rounds;
 pub mod share;
@@ -33,6 +34,10 @@ pub enum Bench {
     /// Open-loop request streams (Poisson, ON/OFF bursts) at several rates,
     /// with and without a CPU hog: p50/p99 latency and CPU per wait mode.
     Load(load::Args),
+    /// The ODP study's microbenchmarks: two READs an interval apart
+    /// (damming) and READs on N QPs at once (flood), pinned vs ODP vs ODP
+    /// prefetched (pinned only on a device without ODP).
+    Odp(odp::Args),
     /// The co-located load of `bench load --background` (one process).
     #[command(hide = true)]
     Busy(load::background::BusyArgs),
@@ -190,6 +195,7 @@ pub fn run(b: Bench) -> Result<()> {
         Bench::Pingpong(a) => pingpong::run(a),
         Bench::Ipc(a) => run_ipc(a),
         Bench::Load(a) => load::run(a),
+        Bench::Odp(a) => odp::run(a),
         Bench::Busy(a) => load::background::busy(a),
         Bench::Share(a) => share::run(a),
     }

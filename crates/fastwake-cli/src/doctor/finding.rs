@@ -20,11 +20,12 @@ pub mod anchor {
     pub const BUSY_POLL: &str = "busy-polling-sysctls";
     pub const RFS_XPS: &str = "rfs-and-xps-for-sockets";
     pub const IO_URING: &str = "io_uring";
+    pub const ODP: &str = "on-demand-paging-and-rdma-stalls";
     /// All of them.
     #[cfg(test)]
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 14] = [
         CPUS, PRESSURE, IRQ, ISOLATED, IDLE, GOVERNOR, WAKE_UP, RDMA, MEMLOCK, VECTORS, BUSY_POLL,
-        RFS_XPS, IO_URING,
+        RFS_XPS, IO_URING, ODP,
     ];
 }
 
@@ -195,6 +196,15 @@ pub(super) mod check {
         "completion vectors",
         anchor::VECTORS,
     );
+    pub const ODP: Check = Check::new("odp", Area::Rdma, "on-demand paging", anchor::ODP);
+    pub const PORT_ERROR_COUNTERS: Check = Check::new(
+        "port_error_counters",
+        Area::Rdma,
+        "port error counters",
+        anchor::ODP,
+    );
+    pub const QP_TIMEOUT: Check =
+        Check::new("qp_timeout", Area::Rdma, "rc qp timeout", anchor::ODP);
     pub const QEMU_ACCELERATION: Check = Check::new(
         "qemu_acceleration",
         Area::Rdma,

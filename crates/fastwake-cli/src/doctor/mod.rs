@@ -33,6 +33,7 @@ mod cpu;
 mod finding;
 mod host;
 mod net;
+mod odp;
 mod rdma;
 #[cfg(test)]
 mod tests;
@@ -43,6 +44,7 @@ use cpu::*;
 pub use finding::*;
 use host::*;
 use net::*;
+use odp::*;
 use rdma::*;
 use wake::*;
 
@@ -184,6 +186,10 @@ pub fn inspect() -> Report {
         has_cap(CAP_IPC_LOCK),
     ));
     r.push(judge_vectors(&vectors, &online_cpus()));
+    // Stalls (issue 18): ODP, retry counters, the QP timeout.
+    r.push(judge_odp(&odp_caps(&rdma_devs)));
+    r.push(judge_port_counters(&port_counters(&rdma_devs)));
+    r.push(qp_timeout_advice(!rdma_devs.is_empty()));
     r.push(qemu_acceleration());
 
     // network and io_uring

@@ -318,10 +318,27 @@ pub fn remove() {
     }
 }
 
+/// A function the destructor calls with the verbose flag, for the exit
+/// lines of a module that depends on this one (one: the stall monitor).
+static EXIT_LINES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Register `f` to print its exit lines from the destructor.
+pub fn on_exit(f: fn(bool)) {
+    EXIT_LINES.store(f as usize, Ordering::Release);
+}
+
 /// The library's destructor: the report (verbose), then the file goes.
 pub fn exit() {
     if crate::config::verbose() && !REPORTED.swap(true, Ordering::AcqRel) {
         report();
+    }
+    // Lines of modules above this one (the verbs stall monitor's), which
+    // register here: stats imports nothing from them.
+    let hook = EXIT_LINES.load(Ordering::Acquire);
+    if hook != 0 {
+        // SAFETY: only ever stored from a `fn(bool)` by `on_exit`.
+        let f = unsafe { std::mem::transmute::<usize, fn(bool)>(hook) };
+        f(crate::config::verbose());
     }
     remove();
 }

@@ -27,6 +27,10 @@
 
 mod dispatched;
 pub(crate) mod event;
+pub mod monitor;
+#[cfg(test)]
+mod monitor_tests;
+pub mod odp;
 mod ops;
 pub mod real;
 mod stats;
@@ -62,6 +66,8 @@ pub fn parse_vector(v: Option<&str>) -> Result<u8, String> {
 /// Constructor work: resolve symbols, read the verbs variables.
 pub fn init() {
     real::resolve();
+    monitor::init();
+    odp::init();
     match parse_vector(std::env::var("FASTWAKE_VERBS_VECTOR").ok().as_deref()) {
         Ok(v) => VECTOR.store(v, Ordering::Relaxed),
         Err(line) => {
@@ -126,6 +132,9 @@ fn wrap(ctx: *mut ibv_context, dev: *mut ibv_device) {
     }
     ops.poll_cq = Some(ops::poll_cq);
     ops.req_notify_cq = Some(ops::req_notify_cq);
+    // Issue 18: the stall monitor (ops.post_send) and the ODP guard.
+    monitor::wrap(ctx, &name);
+    odp::wrap(ctx);
     stats::add(|s| &s.ctx_wrapped, 1);
 }
 
@@ -157,6 +166,8 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
     let rc = unsafe { real(ctx) };
     if rc == 0 {
         table::remove_ctx(ctx);
+        monitor::unwrap(ctx);
+        odp::unwrap(ctx);
     }
     rc
 }
@@ -229,6 +240,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     // either delivered to the program (which must ack it, as without the
     // shim) or acked by the shim, so the real destroy's wait is balanced.
     let rc = unsafe { real(cq) };
+    if rc == 0 {
+        monitor::cq_destroyed(cq);
+    }
     if rc != 0
         && let Some(saved) = saved
         && !table::restore_cq(cq, saved)
@@ -273,11 +287,22 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             stats::add(|s| &s.waits, 1);
             crate::stats::served(Call::IbvGetCqEvent);
             // SAFETY: out-pointers checked non-null (caller's contract).
-            return unsafe { event::report(r, cq, cq_context) };
+            let rc = unsafe { event::report(r, cq, cq_context) };
+            if rc == 0 {
+                // SAFETY: as below.
+                monitor::looked(unsafe { *cq });
+            }
+            return rc;
         }
     }
     // SAFETY: the caller's contract, passed on.
-    unsafe { event::get_cq_event(real, channel, cq, cq_context) }
+    let rc = unsafe { event::get_cq_event(real, channel, cq, cq_context) };
+    if rc == 0 && !cq.is_null() {
+        // SAFETY: on success the out-pointer holds the CQ (an event is a
+        // look at it, for the stall monitor).
+        monitor::looked(unsafe { *cq });
+    }
+    rc
 }
 
 /// # Safety

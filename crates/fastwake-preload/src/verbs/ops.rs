@@ -10,11 +10,22 @@ use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
 /// `ops.poll_cq`: CQEs the shim stashed first, in order, then the
-/// provider's.
+/// provider's; the stall monitor sees what the program gets.
 ///
 /// # Safety
 /// The provider's poll_cq contract: a live CQ and room for `n` entries.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    let r = unsafe { poll_cq_inner(cq, n, wc) };
+    // SAFETY: wc holds r completions of the live cq.
+    unsafe { super::monitor::polled(cq, wc, r) };
+    r
+}
+
+/// # Safety
+/// As [`poll_cq`].
+#[inline(always)]
+unsafe fn poll_cq_inner(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: a live CQ (caller's contract) points at its live context.
     let ctx = unsafe { (*cq).context };
     let Some((real_poll, _)) = table::real_ops(ctx) else {

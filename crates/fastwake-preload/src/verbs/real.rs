@@ -33,7 +33,7 @@ pub struct VSym {
 }
 
 impl VSym {
-    const fn new(name: &'static CStr, version: Option<&'static CStr>) -> VSym {
+    pub const fn new(name: &'static CStr, version: Option<&'static CStr>) -> VSym {
         VSym {
             name,
             version,

@@ -16,10 +16,13 @@
 //!   with batched acks; the completion vector comes from
 //!   [`crate::affinity`].
 //! - [`qp`]: RC QPs and registered memory, for SEND/RECV ping-pong.
+//! - [`odp`]: a device's On-Demand-Paging capabilities and the ODP guard's
+//!   policy (issue 18).
 
 pub mod cq;
 pub mod device;
 pub mod loader;
+pub mod odp;
 pub mod qp;
 
 /// The libibverbs ABI, from its own crate (see [`fastwake_verbs_sys`]).

@@ -10,6 +10,10 @@ use super::sys::*;
 use crate::{Fail, Result};
 use std::sync::Arc;
 
+// RDMA READ, access flags, ODP prefetch (issue 18).
+mod read;
+pub use read::IBV_ACCESS_REMOTE_READ;
+
 /// Registered memory: a buffer the device may read and write.
 pub struct Mr {
     dev: Arc<Device>,
@@ -24,32 +28,7 @@ unsafe impl Send for Mr {}
 impl Mr {
     /// Register a zeroed buffer of `len` bytes (local write access).
     pub fn new(dev: &Arc<Device>, len: usize) -> Result<Mr> {
-        let mut buf = vec![0u8; len.max(1)].into_boxed_slice();
-        // SAFETY: pd is live; buf stays allocated (and unmoved: boxed) until
-        // the MR is deregistered in Drop.
-        let mr = unsafe {
-            (dev.lib.reg_mr)(
-                dev.pd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                IBV_ACCESS_LOCAL_WRITE,
-            )
-        };
-        if mr.is_null() {
-            return Err(Fail::new(
-                errno(),
-                format!(
-                    "ibv_reg_mr({} bytes): {}",
-                    buf.len(),
-                    std::io::Error::last_os_error()
-                ),
-            ));
-        }
-        Ok(Mr {
-            dev: Arc::clone(dev),
-            buf,
-            mr,
-        })
+        Mr::with_access(dev, len, IBV_ACCESS_LOCAL_WRITE)
     }
 
     /// The local key.
