@@ -293,6 +293,8 @@ fn totals(s: &Segment) -> Value {
             "events_real": l(&v.real), "events_swallowed": l(&v.swallowed),
             "blocked": l(&v.blocked), "arms_skipped": l(&v.arms_skipped),
             "stashed_cqes_delivered": l(&v.stash_delivered), "acks_absorbed": l(&v.acks_absorbed),
+            "channels": l(&v.channels), "fdset_ready": l(&v.fdset_ready),
+            "fdset_absorbed": l(&v.fdset_absorbed),
         },
     })
 }
@@ -655,6 +657,9 @@ fn table(s: &Snap, rates: Option<&Value>) -> String {
             "arms_skipped",
             "stashed_cqes_delivered",
             "acks_absorbed",
+            "channels",
+            "fdset_ready",
+            "fdset_absorbed",
         ] {
             row(&mut o, k, &["verbs", k]);
         }

@@ -34,7 +34,9 @@ pub fn resolve() {
 fn probe(fds: *mut pollfd, nfds: nfds_t, mask: *const u64) -> c_int {
     // SAFETY: the caller's fds as the real call would get them, and an
     // 8-byte kernel sigset or null.
-    unsafe { crate::sys::ppoll(fds, nfds, 0, mask) }
+    let n = unsafe { crate::sys::ppoll(fds, nfds, 0, mask) };
+    // Completion channels in the set: their CQs too (issue 15).
+    crate::verbs::channel_fds::after_poll(fds, nfds, n)
 }
 
 /// The first readable fd, for the peer-CPU sample.

@@ -105,7 +105,15 @@ pub struct Verbs {
     pub arms_skipped: AtomicU64,
     pub stash_delivered: AtomicU64,
     pub acks_absorbed: AtomicU64,
-    pub reserved: [AtomicU64; 5],
+    /// Completion channels seen created (issue 15: channels in fd sets).
+    pub channels: AtomicU64,
+    /// fd-set looks that reported a channel fd ready from a CQE (no
+    /// kernel event yet).
+    pub fdset_ready: AtomicU64,
+    /// Owed real events an fd-set look read and acked itself, so they did
+    /// not wake the program.
+    pub fdset_absorbed: AtomicU64,
+    pub reserved: [AtomicU64; 2],
 }
 
 /// One hooked call kind: every call is counted exactly once, as served

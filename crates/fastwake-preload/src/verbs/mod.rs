@@ -25,6 +25,7 @@
 //! channel; CQs armed solicited-only; programs using mlx5dv; contexts or CQs
 //! beyond the shim's tables (32 / 256); a bad `FASTWAKE_VERBS_VECTOR`.
 
+pub(crate) mod channel_fds;
 mod dispatched;
 pub(crate) mod event;
 mod ops;
@@ -62,6 +63,7 @@ pub fn parse_vector(v: Option<&str>) -> Result<u8, String> {
 /// Constructor work: resolve symbols, read the verbs variables.
 pub fn init() {
     real::resolve();
+    crate::fds::set_also_ready(channel_fds::set_ready);
     match parse_vector(std::env::var("FASTWAKE_VERBS_VECTOR").ok().as_deref()) {
         Ok(v) => VECTOR.store(v, Ordering::Relaxed),
         Err(line) => {
@@ -222,6 +224,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     let Some(real) = real::destroy_cq() else {
         return libc::ENOSYS;
     };
+    // A real event for it held for the program by an fd-set look: acked
+    // here, or the destroy would wait for it.
+    channel_fds::forget_cq(cq);
     // Forget the CQ first: a thread looking at a shared channel must not
     // poll a CQ being destroyed.
     let saved = table::cq_slot(cq).map(table::remove_cq);
@@ -260,6 +265,16 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         crate::stats::passed(Call::IbvGetCqEvent, why);
         // SAFETY: forwarding unchanged.
         return unsafe { real(channel, cq, cq_context) };
+    }
+    // A real event an fd-set look read for the program (channel_fds).
+    if !cq.is_null()
+        && !cq_context.is_null()
+        && let Some(ev) = channel_fds::take_pending(channel)
+    {
+        stats::add(|s| &s.waits, 1);
+        crate::stats::served(Call::IbvGetCqEvent);
+        // SAFETY: out-pointers checked non-null (caller's contract).
+        return unsafe { event::report(Ok(ev), cq, cq_context) };
     }
     // The front door: a blocking wait in dispatch mode goes to the CPU's
     // dispatcher; everything else (and a wait the dispatcher cannot take)
