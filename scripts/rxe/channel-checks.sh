@@ -186,6 +186,28 @@ check_ucx() {
     [[ $sum =~ fdset_ready=[1-9] ]] || { rxe_fail "$mode: no channel fd reported ready from a CQE:$sum"; return 1; }
 }
 
+# check_cq_ex MODE: channel-wait with extended receive CQs (start_poll/
+# end_poll), which the shim passes through: same checksum as without the
+# shim, the shim counted the extended CQs (cqs_ex_passed=2) and said once,
+# under FASTWAKE_VERBOSE, that they pass through.
+check_cq_ex() {
+    local mode=$1 exe out ref="$RXE_LOGDIR/.channel-wait-cqex.ref" line sum
+    exe=$(channel_wait_exe) || return
+    out="$RXE_LOGDIR/$RXE_CUR_NAME.out"
+    local -a pre=(env CHANNEL_WAIT_CQ_EX=1)
+    [ "$mode" = none ] || { rxe_need_preload || return; pre+=(LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$mode" FASTWAKE_VERBOSE=1); }
+    "${pre[@]}" "$exe" "$RXE_DEV" "$RXE_GID" 100 epoll >"$out" 2>&1 || { rxe_fail "cq_ex/$mode: $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
+    cat "$out"
+    line=$(rxe_last_match "$out" '^channel-wait ok ') || { rxe_fail "cq_ex/$mode: no 'channel-wait ok' line"; return 1; }
+    sum=$(channel_field "$line" sum)
+    if [ "$mode" = none ]; then echo "$sum" >"$ref"; rxe_info "extended CQs without the shim: $line"; return 0; fi
+    [ "$sum" = "$(cat "$ref" 2>/dev/null)" ] || { rxe_fail "cq_ex/$mode: checksum $sum differs from the run without the shim"; return 1; }
+    local verbs; verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "cq_ex/$mode: no verbs counters"; return 1; }
+    [ "$(channel_field "$verbs" cqs_ex_passed)" = 2 ] || { rxe_fail "cq_ex/$mode: extended CQs not counted: $verbs"; return 1; }
+    [ "$(grep -c 'extended CQs (ibv_create_cq_ex) pass through' "$out")" = 1 ] || { rxe_fail "cq_ex/$mode: no single pass-through note under FASTWAKE_VERBOSE"; return 1; }
+    rxe_info "extended CQs under shim $mode: checksum = no-shim, passed through and said so once; $(grep -o 'cqs_ex_passed=[0-9]*' <<<"$verbs") synthetic=$(channel_field "$verbs" synthetic)"
+}
+
 rxe_channel_checks() {
     local how m
     # The library's verbs tests under the shim (random bursts, random wait
@@ -207,6 +229,10 @@ rxe_channel_checks() {
         for m in $RXE_CHANNEL_MODES; do
             rxe_check "shim-channel-stress-$how-$m" check_channel_wait "$how" "$m" "$seed"
         done
+    done
+    rxe_check cq-ex-none check_cq_ex none
+    for m in $RXE_CHANNEL_MODES; do
+        rxe_check "shim-cq-ex-$m" check_cq_ex "$m"
     done
     rxe_check ucx-perftest-sleep-none check_ucx none
     for m in $RXE_CHANNEL_MODES; do

@@ -15,7 +15,9 @@
 // prints: "channel-wait ok n=N mode=M sum=S waits=W empty_wakes=E events=V"
 // (sum: checksum of every payload, the same for every run of N; empty_wakes:
 // waits that returned the fd ready but ibv_get_cq_event gave EAGAIN at once).
-// Exit 0 only when all N round trips were checked. Build: cc -O2 -pthread
+// With CHANNEL_WAIT_CQ_EX=1 the receive CQs are extended CQs
+// (ibv_create_cq_ex, read with ibv_start_poll/ibv_next_poll/ibv_end_poll),
+// which the shim passes through. Exit 0 only when all N round trips were checked. Build: cc -O2 -pthread
 // channel-wait.c -libverbs (scripts/rxe/verbs-checks.sh does, in the guest).
 #include <errno.h>
 #include <fcntl.h>
@@ -37,12 +39,14 @@ static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static int gid_index, use_epoll, iters;
 static unsigned seed;
+static int use_cq_ex;
 static union ibv_gid gid;
 
 struct end {
     const char *name;
     struct ibv_comp_channel *ch;
     struct ibv_cq *rcq, *scq;
+    struct ibv_cq_ex *rcq_ex; // with use_cq_ex: rcq is ibv_cq_ex_to_cq(rcq_ex)
     struct ibv_qp *qp;
     struct ibv_mr *mr;
     char *buf; // RECVS receive slots, then one send slot
@@ -68,7 +72,14 @@ static void setup(struct end *e) {
     if (!e->ch) die("ibv_create_comp_channel", e->name);
     int fl = fcntl(e->ch->fd, F_GETFL);
     if (fl < 0 || fcntl(e->ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) die("fcntl O_NONBLOCK", e->name);
-    e->rcq = ibv_create_cq(ctx, RECVS * 2, e, e->ch, 0);
+    if (use_cq_ex) {
+        struct ibv_cq_init_attr_ex ca = {.cqe = RECVS * 2, .cq_context = e, .channel = e->ch,
+            .wc_flags = IBV_WC_STANDARD_FLAGS};
+        e->rcq_ex = ibv_create_cq_ex(ctx, &ca);
+        e->rcq = e->rcq_ex ? ibv_cq_ex_to_cq(e->rcq_ex) : NULL;
+    } else {
+        e->rcq = ibv_create_cq(ctx, RECVS * 2, e, e->ch, 0);
+    }
     e->scq = ibv_create_cq(ctx, RECVS * 2, NULL, NULL, 0);
     if (!e->rcq || !e->scq) die("ibv_create_cq", e->name);
     e->buf = calloc(RECVS + 1, MSG);
@@ -113,6 +124,20 @@ static void fill(char *p, uint64_t seq) {
     for (int i = 8; i < MSG; i++) p[i] = (char)(seq * 31 + i);
 }
 
+// One receive completion if there is one: ibv_poll_cq, or an extended CQ's
+// start_poll/end_poll.
+static int poll_recv(struct end *e, struct ibv_wc *wc) {
+    if (!use_cq_ex) return ibv_poll_cq(e->rcq, 1, wc);
+    struct ibv_poll_cq_attr pa = {0};
+    int ret = ibv_start_poll(e->rcq_ex, &pa);
+    if (ret == ENOENT) return 0;
+    if (ret) return -1;
+    wc->wr_id = e->rcq_ex->wr_id;
+    wc->status = e->rcq_ex->status;
+    ibv_end_poll(e->rcq_ex);
+    return 1;
+}
+
 static void check(struct end *e, const char *p, uint64_t seq) {
     uint64_t got;
     memcpy(&got, p, 8);
@@ -149,10 +174,10 @@ static void send_msg(struct end *e, uint64_t seq) {
 static void recv_msg(struct end *e, uint64_t seq) {
     struct ibv_wc wc;
     for (;;) {
-        int n = ibv_poll_cq(e->rcq, 1, &wc);
+        int n = poll_recv(e, &wc);
         if (n == 0) {
             if (ibv_req_notify_cq(e->rcq, 0)) die("ibv_req_notify_cq", e->name);
-            n = ibv_poll_cq(e->rcq, 1, &wc);
+            n = poll_recv(e, &wc);
         }
         if (n < 0) die("ibv_poll_cq", e->name);
         if (n == 1) {
@@ -236,6 +261,7 @@ int main(int argc, char **argv) {
     iters = atoi(argv[3]);
     use_epoll = !strcmp(argv[4], "epoll");
     seed = argc == 6 ? (unsigned)strtoul(argv[5], NULL, 0) : 0;
+    use_cq_ex = getenv("CHANNEL_WAIT_CQ_EX") && !strcmp(getenv("CHANNEL_WAIT_CQ_EX"), "1");
     int n;
     struct ibv_device **list = ibv_get_device_list(&n), *dev = NULL;
     for (int i = 0; list && i < n; i++)

@@ -113,7 +113,9 @@ pub struct Verbs {
     /// Owed real events an fd-set look read and acked itself, so they did
     /// not wake the program.
     pub fdset_absorbed: AtomicU64,
-    pub reserved: [AtomicU64; 2],
+    /// Extended CQs created (passed through: `verbs/cq_ex.rs`).
+    pub cqs_ex: AtomicU64,
+    pub reserved: [AtomicU64; 1],
 }
 
 /// One hooked call kind: every call is counted exactly once, as served

@@ -21,11 +21,13 @@
 //!
 //! Passed through untouched: everything in mode `off`; providers other than
 //! rxe and mlx5; contexts that do not look like rdma-core's; extended CQs
-//! (`ibv_create_cq_ex`: start_poll/next_poll are not wrapped); CQs without a
+//! (`ibv_create_cq_ex`: start_poll/next_poll are not wrapped; counted and
+//! noted under `FASTWAKE_VERBOSE`, see [`cq_ex`]); CQs without a
 //! channel; CQs armed solicited-only; programs using mlx5dv; contexts or CQs
 //! beyond the shim's tables (32 / 256); a bad `FASTWAKE_VERBS_VECTOR`.
 
 pub(crate) mod channel_fds;
+mod cq_ex;
 mod dispatched;
 pub(crate) mod event;
 mod ops;
@@ -128,6 +130,9 @@ fn wrap(ctx: *mut ibv_context, dev: *mut ibv_device) {
     }
     ops.poll_cq = Some(ops::poll_cq);
     ops.req_notify_cq = Some(ops::req_notify_cq);
+    // SAFETY: `understood` accepted the context's layout; the program has
+    // not seen it yet.
+    unsafe { cq_ex::wrap(ctx) };
     stats::add(|s| &s.ctx_wrapped, 1);
 }
 
@@ -159,6 +164,7 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
     let rc = unsafe { real(ctx) };
     if rc == 0 {
         table::remove_ctx(ctx);
+        cq_ex::forget(ctx);
     }
     rc
 }
