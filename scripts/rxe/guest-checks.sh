@@ -146,6 +146,10 @@ rxe_check fastwake-run-hybrid-rc-pingpong-events check_fastwake_run_rc_pingpong
 rxe_check shim-rc-pingpong-events check_shim_rc_pingpong -e
 rxe_check shim-rc-pingpong        check_shim_rc_pingpong
 rxe_verbs_checks
+# --- issue 15: RDMA as really written ---
+. "$RXE_SELF_DIR/channel-checks.sh"
+rxe_channel_checks
+# --- end issue 15 ---
 # --- issue 18: stall monitor, ODP guard ---
 . "$RXE_SELF_DIR/stall-checks.sh"
 rxe_stall_checks

@@ -295,6 +295,8 @@ fn totals(s: &Segment) -> Value {
             "events_real": l(&v.real), "events_swallowed": l(&v.swallowed),
             "blocked": l(&v.blocked), "arms_skipped": l(&v.arms_skipped),
             "stashed_cqes_delivered": l(&v.stash_delivered), "acks_absorbed": l(&v.acks_absorbed),
+            "channels": l(&v.channels), "fdset_ready": l(&v.fdset_ready),
+            "fdset_absorbed": l(&v.fdset_absorbed), "cqs_ex_passed": l(&v.cqs_ex),
         },
         "stalls": {
             "completions": l(&st.completions), "stalls": l(&st.stalls), "episodes": l(&st.episodes),
@@ -674,6 +676,10 @@ fn table(s: &Snap, rates: Option<&Value>) -> String {
             "arms_skipped",
             "stashed_cqes_delivered",
             "acks_absorbed",
+            "channels",
+            "fdset_ready",
+            "fdset_absorbed",
+            "cqs_ex_passed",
         ] {
             row(&mut o, k, &["verbs", k]);
         }

@@ -59,7 +59,7 @@ fn probe(epfd: c_int, ev: *mut epoll_event, max: c_int, mask: *const u64, ns: u6
     }
     // SAFETY: the caller's own arguments, as the real call would get them;
     // sigsetsize 8 is the kernel's sigset size (a null mask is allowed).
-    unsafe {
+    let n = unsafe {
         libc::syscall(
             libc::SYS_epoll_pwait,
             epfd as c_long,
@@ -69,7 +69,9 @@ fn probe(epfd: c_int, ev: *mut epoll_event, max: c_int, mask: *const u64, ns: u6
             mask,
             8 as c_long,
         ) as c_int
-    }
+    };
+    // Completion channels registered in the set: their CQs too (issue 15).
+    crate::verbs::channel_fds::after_epoll(epfd, ev, max, n)
 }
 
 /// An fd among the first returned event, if registered as data.fd.
@@ -110,7 +112,9 @@ pub unsafe extern "C" fn epoll_wait(
     }
     let go = || {
         if crate::config::dispatch()
-            && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, wait::ms(timeout))
+            && let Some(n) = crate::fds::epoll_wait(epfd, wait::ms(timeout), || {
+                probe(epfd, events, maxevents, std::ptr::null())
+            })
         {
             crate::stats::served(Call::EpollWait);
             return n;
@@ -156,7 +160,9 @@ pub unsafe extern "C" fn epoll_pwait(
         // With a mask the wait must run under it; the futex sleep cannot.
         if sigmask.is_null()
             && crate::config::dispatch()
-            && let Some(n) = crate::fds::epoll_wait(epfd, events, maxevents, wait::ms(timeout))
+            && let Some(n) = crate::fds::epoll_wait(epfd, wait::ms(timeout), || {
+                probe(epfd, events, maxevents, std::ptr::null())
+            })
         {
             crate::stats::served(Call::EpollPwait);
             return n;
@@ -207,6 +213,9 @@ pub unsafe extern "C" fn epoll_ctl(
         let data = unsafe { std::ptr::addr_of!((*event).u64).read_unaligned() };
         peer::note_registered(fd, data);
     }
+    if r == 0 {
+        crate::verbs::channel_fds::note_epoll_ctl(epfd, op, fd, event);
+    }
     r
 }
 
@@ -242,9 +251,8 @@ pub unsafe extern "C" fn epoll_pwait2(
             && crate::config::dispatch()
             && let Some(n) = crate::fds::epoll_wait(
                 epfd,
-                events,
-                maxevents,
                 timeout_ns.map(std::time::Duration::from_nanos),
+                || probe(epfd, events, maxevents, std::ptr::null()),
             )
         {
             crate::stats::served(Call::EpollPwait2);

@@ -5,7 +5,7 @@
 use fastwake::Fail;
 use fastwake::source::{Peek, Rechecked, Source};
 use std::cell::RefCell;
-use std::ffi::{c_int, c_long};
+use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -110,8 +110,25 @@ fn ppoll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> c_int {
 
 impl Peek for FdsPeek {
     fn ready(&self) -> bool {
-        self.poll(0) != 0
+        // Completion channels in the set (or in an epoll fd of it): their
+        // armed CQs too, which signal before the fd does (issue 15).
+        self.poll(0) != 0 || also_ready(&self.fds)
     }
+}
+
+/// A second readiness test for peeked sets, installed by a hook family
+/// that knows fds the kernel reports late: the verbs hooks' completion
+/// channels, whose CQs signal before their fd does (issue 15). A function
+/// pointer, so this module does not import theirs (which imports this).
+static ALSO_READY: std::sync::OnceLock<fn(&[libc::pollfd]) -> bool> = std::sync::OnceLock::new();
+
+/// Install [`ALSO_READY`] (once, from the library constructor).
+pub(crate) fn set_also_ready(f: fn(&[libc::pollfd]) -> bool) {
+    let _ = ALSO_READY.set(f);
+}
+
+fn also_ready(set: &[libc::pollfd]) -> bool {
+    ALSO_READY.get().is_some_and(|f| f(set))
 }
 
 /// One hooked wait as a source: "taking" is the zero-timeout call that
@@ -132,7 +149,7 @@ impl<F: FnMut() -> c_int> Source for HookWait<'_, F> {
     }
 
     fn ready(&self) -> bool {
-        self.set.poll(0) != 0
+        self.set.ready()
     }
 
     fn try_take(&mut self) -> fastwake::Result<Option<c_int>> {
@@ -237,13 +254,13 @@ pub(crate) fn dispatched<I: Iterator<Item = libc::pollfd>>(
     })
 }
 
-/// `epoll_wait(epfd, events, max, timeout)` in dispatch mode (see
-/// [`dispatched`] for `None`).
+/// `epoll_wait(epfd, ..)` in dispatch mode (see [`dispatched`] for
+/// `None`); `take` is the hook's zero-timeout probe (it fills the caller's
+/// events).
 pub(crate) fn epoll_wait(
     epfd: c_int,
-    events: *mut libc::epoll_event,
-    max: c_int,
     timeout: Option<Duration>,
+    take: impl FnMut() -> c_int,
 ) -> Option<c_int> {
     let set = || {
         std::iter::once(libc::pollfd {
@@ -252,21 +269,7 @@ pub(crate) fn epoll_wait(
             revents: 0,
         })
     };
-    dispatched(set, timeout, || {
-        // SAFETY: the caller's epoll_wait arguments (checked non-null and
-        // positive by the hook); a raw syscall, not our hook.
-        unsafe {
-            libc::syscall(
-                libc::SYS_epoll_pwait,
-                epfd as c_long,
-                events,
-                max as c_long,
-                0 as c_long,
-                std::ptr::null::<u64>(),
-                8 as c_long,
-            ) as c_int
-        }
-    })
+    dispatched(set, timeout, take)
 }
 
 /// `poll(fds, nfds, timeout)` in dispatch mode (see [`dispatched`] for

@@ -30,12 +30,14 @@ pub fn resolve() {
     PPOLL.get();
 }
 
-/// `ppoll` with a zero timeout as a raw syscall (never our hook).
-/// With `ns` > 0, a pre-wake's timed look (ppoll's timeout is in ns).
+/// `ppoll` as a raw syscall (never our hook): a look with `ns` = 0, a
+/// pre-wake's timed look with `ns` > 0 (ppoll's timeout is in ns).
 fn probe(fds: *mut pollfd, nfds: nfds_t, mask: *const u64, ns: u64) -> c_int {
     // SAFETY: the caller's fds as the real call would get them, and an
     // 8-byte kernel sigset or null.
-    unsafe { crate::sys::ppoll_ns(fds, nfds, ns, mask) }
+    let n = unsafe { crate::sys::ppoll_ns(fds, nfds, ns, mask) };
+    // Completion channels in the set: their CQs too (issue 15).
+    crate::verbs::channel_fds::after_poll(fds, nfds, n)
 }
 
 /// The first readable fd, for the peer-CPU sample.

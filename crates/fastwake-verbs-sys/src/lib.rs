@@ -307,6 +307,20 @@ pub struct ibv_send_wr {
     pub _unions: [u64; 11],
 }
 
+/// Extended verbs live in `struct verbs_context`, which rdma-core places
+/// immediately before `struct ibv_context` and which "grows up" (new
+/// fields go at its start, so existing ones keep their distance to the
+/// context). `ibv_create_cq_ex` (static inline in verbs.h) calls the
+/// `create_cq_ex` slot found this many bytes before the context...
+pub const VERBS_CONTEXT_CREATE_CQ_EX_BACK: usize = 120;
+/// ...and only when the context's `sz` (the `size_t` just before it) is at
+/// least this much (the slot, and all after it, including the context).
+pub const VERBS_CONTEXT_CREATE_CQ_EX_SZ: usize =
+    VERBS_CONTEXT_CREATE_CQ_EX_BACK + std::mem::size_of::<ibv_context>();
+
+/// `verbs_context.create_cq_ex`.
+pub type CreateCqExFn = unsafe extern "C" fn(*mut ibv_context, *mut c_void) -> *mut c_void;
+
 pub const IBV_QPT_RC: c_uint = 2;
 pub const IBV_QPS_INIT: c_uint = 1;
 pub const IBV_QPS_RTR: c_uint = 2;

@@ -162,6 +162,11 @@ fn rust_layout() -> Vec<(String, usize)> {
 fn consts() -> Vec<(&'static str, i64)> {
     vec![
         ("IBV_QPT_RC", IBV_QPT_RC as i64),
+        (
+            "FW_CREATE_CQ_EX_BACK",
+            VERBS_CONTEXT_CREATE_CQ_EX_BACK as i64,
+        ),
+        ("FW_CREATE_CQ_EX_SZ", VERBS_CONTEXT_CREATE_CQ_EX_SZ as i64),
         ("IBV_QPS_INIT", IBV_QPS_INIT as i64),
         ("IBV_QPS_RTR", IBV_QPS_RTR as i64),
         ("IBV_QPS_RTS", IBV_QPS_RTS as i64),
@@ -201,6 +206,10 @@ fn consts() -> Vec<(&'static str, i64)> {
 fn c_probe(probe: &Probe, layout: &[(String, usize)]) -> String {
     let mut c = String::from("#include <stdio.h>\n#include <stddef.h>\n");
     c.push_str(&probe.include_line());
+    // Where `ibv_create_cq_ex` finds its slot: bytes before the context,
+    // and the `sz` that slot needs (verbs_get_ctx_op's test).
+    c.push_str("#define FW_CREATE_CQ_EX_BACK (offsetof(struct verbs_context, context) - offsetof(struct verbs_context, create_cq_ex))\n");
+    c.push_str("#define FW_CREATE_CQ_EX_SZ (sizeof(struct verbs_context) - offsetof(struct verbs_context, create_cq_ex))\n");
     c.push_str("int main(void){\n");
     for (k, _) in layout {
         let parts: Vec<&str> = k.split(' ').collect();

@@ -110,7 +110,17 @@ pub struct Verbs {
     pub arms_skipped: AtomicU64,
     pub stash_delivered: AtomicU64,
     pub acks_absorbed: AtomicU64,
-    pub reserved: [AtomicU64; 5],
+    /// Completion channels seen created (issue 15: channels in fd sets).
+    pub channels: AtomicU64,
+    /// fd-set looks that reported a channel fd ready from a CQE (no
+    /// kernel event yet).
+    pub fdset_ready: AtomicU64,
+    /// Owed real events an fd-set look read and acked itself, so they did
+    /// not wake the program.
+    pub fdset_absorbed: AtomicU64,
+    /// Extended CQs created (passed through: `verbs/cq_ex.rs`).
+    pub cqs_ex: AtomicU64,
+    pub reserved: [AtomicU64; 1],
 }
 
 /// The verbs completion-latency monitor and the ODP guard

@@ -436,7 +436,7 @@ pub fn report() {
         let mut w = Buf::<2048>::new();
         let _ = write!(
             w,
-            "verbs pid={pid} contexts wrapped={} passed={} cqs={} waits={} events synthetic={} real={} swallowed={} blocked={} arms_skipped={} stashed_cqes_delivered={} acks_absorbed={}",
+            "verbs pid={pid} contexts wrapped={} passed={} cqs={} waits={} events synthetic={} real={} swallowed={} blocked={} arms_skipped={} stashed_cqes_delivered={} acks_absorbed={} channels={} fdset_ready={} fdset_absorbed={} cqs_ex_passed={}",
             l(&v.ctx_wrapped),
             l(&v.ctx_passed),
             l(&v.cqs),
@@ -448,6 +448,10 @@ pub fn report() {
             l(&v.arms_skipped),
             l(&v.stash_delivered),
             l(&v.acks_absorbed),
+            l(&v.channels),
+            l(&v.fdset_ready),
+            l(&v.fdset_absorbed),
+            l(&v.cqs_ex),
         );
         emit(&w);
     }

@@ -42,7 +42,7 @@ use std::sync::atomic::Ordering;
 /// the fd only matters for CQs the shim does not manage or stale events.
 const FD_EVERY: u32 = 64;
 
-fn fd_readable(fd: c_int) -> bool {
+pub(super) fn fd_readable(fd: c_int) -> bool {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -176,7 +176,7 @@ fn synthetic_event(channel: *mut ibv_comp_channel) -> Option<Event> {
 ///
 /// # Safety
 /// `channel` is live.
-unsafe fn real_event(
+pub(super) unsafe fn real_event(
     real_get: GetCqEventFn,
     channel: *mut ibv_comp_channel,
 ) -> Result<Option<Event>, c_int> {
@@ -407,4 +407,35 @@ pub unsafe fn ack_cq_events(cq: *mut ibv_cq, n: u32) {
         // SAFETY: forwarding at most the real events delivered for cq.
         unsafe { real_ack(cq, fwd) };
     }
+}
+
+/// For `channel_fds`: does `channel` have an armed managed CQ with a CQE
+/// (stashing one if needed)? What a synthetic event would announce.
+pub(super) fn armed_cqe(channel: *mut ibv_comp_channel) -> bool {
+    armed_cq(channel, stash_one).is_some()
+}
+
+/// For `channel_fds`: does a managed CQ on `channel` owe the shim a real
+/// event (a synthetic one was given while its real arm was outstanding)?
+pub(super) fn owes(channel: *mut ibv_comp_channel) -> bool {
+    let ch = channel as usize;
+    CQS.iter().any(|s| {
+        s.channel.load(Ordering::Relaxed) == ch
+            && s.cq.load(Ordering::Acquire) != 0
+            && table::lock(s).swallow_next
+    })
+}
+
+/// Ack a real event the shim read and accounted as delivered (`classify`)
+/// but could not hand to the program (its CQ is being destroyed).
+///
+/// # Safety
+/// `cq` is live.
+pub(super) unsafe fn ack_undelivered(cq: *mut ibv_cq) {
+    if let Some(s) = table::cq_slot(cq) {
+        let mut st = table::lock(s);
+        st.real_unacked = st.real_unacked.saturating_sub(1);
+    }
+    // SAFETY: the shim read this event; acking it once balances it.
+    unsafe { real::ack_cq_events()(cq, 1) };
 }

@@ -21,10 +21,13 @@
 //!
 //! Passed through untouched: everything in mode `off`; providers other than
 //! rxe and mlx5; contexts that do not look like rdma-core's; extended CQs
-//! (`ibv_create_cq_ex`: start_poll/next_poll are not wrapped); CQs without a
+//! (`ibv_create_cq_ex`: start_poll/next_poll are not wrapped; counted and
+//! noted under `FASTWAKE_VERBOSE`, see [`cq_ex`]); CQs without a
 //! channel; CQs armed solicited-only; programs using mlx5dv; contexts or CQs
 //! beyond the shim's tables (32 / 256); a bad `FASTWAKE_VERBS_VECTOR`.
 
+pub(crate) mod channel_fds;
+mod cq_ex;
 mod dispatched;
 pub(crate) mod event;
 pub mod monitor;
@@ -68,6 +71,7 @@ pub fn init() {
     real::resolve();
     monitor::init();
     odp::init();
+    crate::fds::set_also_ready(channel_fds::set_ready);
     match parse_vector(std::env::var("FASTWAKE_VERBS_VECTOR").ok().as_deref()) {
         Ok(v) => VECTOR.store(v, Ordering::Relaxed),
         Err(line) => {
@@ -135,6 +139,9 @@ fn wrap(ctx: *mut ibv_context, dev: *mut ibv_device) {
     // Issue 18: the stall monitor (ops.post_send) and the ODP guard.
     monitor::wrap(ctx, &name);
     odp::wrap(ctx);
+    // SAFETY: `understood` accepted the context's layout; the program has
+    // not seen it yet.
+    unsafe { cq_ex::wrap(ctx) };
     stats::add(|s| &s.ctx_wrapped, 1);
 }
 
@@ -168,6 +175,7 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
         table::remove_ctx(ctx);
         monitor::unwrap(ctx);
         odp::unwrap(ctx);
+        cq_ex::forget(ctx);
     }
     rc
 }
@@ -233,6 +241,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     let Some(real) = real::destroy_cq() else {
         return libc::ENOSYS;
     };
+    // A real event for it held for the program by an fd-set look: acked
+    // here, or the destroy would wait for it.
+    channel_fds::forget_cq(cq);
     // Forget the CQ first: a thread looking at a shared channel must not
     // poll a CQ being destroyed.
     let saved = table::cq_slot(cq).map(table::remove_cq);
@@ -274,6 +285,16 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         crate::stats::passed(Call::IbvGetCqEvent, why);
         // SAFETY: forwarding unchanged.
         return unsafe { real(channel, cq, cq_context) };
+    }
+    // A real event an fd-set look read for the program (channel_fds).
+    if !cq.is_null()
+        && !cq_context.is_null()
+        && let Some(ev) = channel_fds::take_pending(channel)
+    {
+        stats::add(|s| &s.waits, 1);
+        crate::stats::served(Call::IbvGetCqEvent);
+        // SAFETY: out-pointers checked non-null (caller's contract).
+        return unsafe { event::report(Ok(ev), cq, cq_context) };
     }
     // The front door: a blocking wait in dispatch mode goes to the CPU's
     // dispatcher; everything else (and a wait the dispatcher cannot take)

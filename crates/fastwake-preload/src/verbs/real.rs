@@ -23,20 +23,35 @@ pub type DestroyCqFn = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
 pub type GetCqEventFn =
     unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
 pub type AckCqEventsFn = unsafe extern "C" fn(*mut ibv_cq, u32);
+pub type CreateCompChannelFn = unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel;
+pub type DestroyCompChannelFn = unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int;
 pub type Mlx5dvInitObjFn = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
 
 /// One versioned symbol, resolved once.
 pub struct VSym {
     name: &'static CStr,
     version: Option<&'static CStr>,
+    /// The library that defines it, for programs that load it locally.
+    lib: &'static CStr,
     addr: AtomicUsize,
 }
 
+const LIBIBVERBS: &CStr = c"libibverbs.so.1";
+
 impl VSym {
     pub const fn new(name: &'static CStr, version: Option<&'static CStr>) -> VSym {
+        VSym::in_lib(name, version, LIBIBVERBS)
+    }
+
+    const fn in_lib(
+        name: &'static CStr,
+        version: Option<&'static CStr>,
+        lib: &'static CStr,
+    ) -> VSym {
         VSym {
             name,
             version,
+            lib,
             addr: AtomicUsize::new(0),
         }
     }
@@ -47,19 +62,43 @@ impl VSym {
         if a != 0 {
             return a;
         }
-        // SAFETY: RTLD_NEXT lookups with NUL-terminated names.
-        let p = unsafe {
-            match self.version {
-                Some(v) => libc::dlvsym(libc::RTLD_NEXT, self.name.as_ptr(), v.as_ptr()),
-                None => libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()),
+        let mut p = self.lookup(libc::RTLD_NEXT);
+        if p == 0 {
+            // A library that dlopens its verbs with RTLD_LOCAL (UCX's
+            // libuct_ib module) binds to these hooks through the global
+            // scope, but RTLD_NEXT does not see its libibverbs: look in the
+            // already loaded library itself (never loading one). Without
+            // this every verbs call of such a program failed with ENOSYS
+            // under the shim: UCX found no RDMA device (issue 15).
+            // SAFETY: NUL-terminated names; RTLD_NOLOAD only returns an
+            // already loaded object, whose reference is dropped at once
+            // (it stays loaded: its loader holds it).
+            let h = unsafe { libc::dlopen(self.lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+            if !h.is_null() {
+                p = self.lookup(h);
+                // SAFETY: the handle dlopen just returned.
+                unsafe { libc::dlclose(h) };
             }
-        } as usize;
+        }
         self.addr.store(p, Ordering::Relaxed);
         p
+    }
+
+    fn lookup(&self, handle: *mut std::ffi::c_void) -> usize {
+        // SAFETY: a valid handle (RTLD_NEXT or a live dlopen handle) and
+        // NUL-terminated names.
+        (unsafe {
+            match self.version {
+                Some(v) => libc::dlvsym(handle, self.name.as_ptr(), v.as_ptr()),
+                None => libc::dlsym(handle, self.name.as_ptr()),
+            }
+        }) as usize
     }
 }
 
 const V11: Option<&CStr> = Some(c"IBVERBS_1.1");
+/// The completion-channel calls have no 1.1 twin: their only version.
+const V10: Option<&CStr> = Some(c"IBVERBS_1.0");
 
 pub static OPEN_DEVICE: VSym = VSym::new(c"ibv_open_device", V11);
 pub static CLOSE_DEVICE: VSym = VSym::new(c"ibv_close_device", V11);
@@ -68,7 +107,9 @@ pub static CREATE_CQ: VSym = VSym::new(c"ibv_create_cq", V11);
 pub static DESTROY_CQ: VSym = VSym::new(c"ibv_destroy_cq", V11);
 pub static GET_CQ_EVENT: VSym = VSym::new(c"ibv_get_cq_event", V11);
 pub static ACK_CQ_EVENTS: VSym = VSym::new(c"ibv_ack_cq_events", V11);
-pub static MLX5DV_INIT_OBJ: VSym = VSym::new(c"mlx5dv_init_obj", None);
+pub static CREATE_COMP_CHANNEL: VSym = VSym::new(c"ibv_create_comp_channel", V10);
+pub static DESTROY_COMP_CHANNEL: VSym = VSym::new(c"ibv_destroy_comp_channel", V10);
+pub static MLX5DV_INIT_OBJ: VSym = VSym::in_lib(c"mlx5dv_init_obj", None, c"libmlx5.so.1");
 
 /// Resolve all (from the library constructor). libibverbs may not be
 /// loaded at all: then every address stays 0 and the hooks are never
@@ -83,6 +124,8 @@ pub fn resolve() {
         &GET_CQ_EVENT,
         &ACK_CQ_EVENTS,
         &MLX5DV_INIT_OBJ,
+        &CREATE_COMP_CHANNEL,
+        &DESTROY_COMP_CHANNEL,
     ] {
         s.get();
     }
@@ -107,6 +150,16 @@ typed!(create_cq, CREATE_CQ, CreateCqFn);
 typed!(destroy_cq, DESTROY_CQ, DestroyCqFn);
 typed!(get_cq_event, GET_CQ_EVENT, GetCqEventFn);
 typed!(mlx5dv_init_obj, MLX5DV_INIT_OBJ, Mlx5dvInitObjFn);
+typed!(
+    create_comp_channel,
+    CREATE_COMP_CHANNEL,
+    CreateCompChannelFn
+);
+typed!(
+    destroy_comp_channel,
+    DESTROY_COMP_CHANNEL,
+    DestroyCompChannelFn
+);
 
 /// The real `ibv_ack_cq_events`. Only called for CQs the shim manages,
 /// which exist only if libibverbs is loaded.

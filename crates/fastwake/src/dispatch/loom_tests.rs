@@ -179,6 +179,45 @@ fn handoff_is_never_lost() {
     });
 }
 
+/// The watchdog parks while no thread waits (issue 15: it must not wake
+/// up while the program computes); a wait that starts meanwhile must wake
+/// it. Here the dispatcher never runs (starved of CPU, as next to a busy
+/// thread), so the watchdog's rescue is the waiter's only way out: a park
+/// that missed the wait shows as a loom deadlock. The watchdog runs its
+/// real look (`Hub::look`: the park and its re-check); its loop around
+/// it only adds the 1 ms period and the heartbeat test (a clock), so a
+/// polling look is followed by a rescue at once.
+#[test]
+fn parked_watchdog_meets_a_new_wait() {
+    use super::threads::Look;
+    loom::model(|| {
+        let (hub, src, i) = counts_hub(1);
+        let w = {
+            let hub = hub.clone();
+            loom::thread::spawn(move || {
+                let mut empty = 0;
+                loop {
+                    match hub.look(&mut empty) {
+                        Look::Dead => return,
+                        Look::Parked => {}
+                        Look::Polling => hub.rescue(),
+                        Look::Sleeping(_) => panic!("no dispatcher here went to sleep"),
+                    }
+                    loom::thread::yield_now();
+                }
+            })
+        };
+        let p = spawn_producer(&src, 1);
+        assert!(wait_counts(&hub, i, &src));
+        p.join().unwrap();
+        // Nobody waits now: the watchdog parks (or is about to); the
+        // death notice must still reach it.
+        hub.die();
+        w.join().unwrap();
+        assert_eq!(src.consumed.load(Ordering::SeqCst), 1);
+    });
+}
+
 /// A dispatcher dying while its waiter announces: the waiter never sleeps
 /// for ever; with no producer, the death notice is its only way out.
 #[test]

@@ -64,9 +64,13 @@ pub(crate) struct Hub {
     /// dispatcher keeps its own copies in its `Watch`). A read-write lock:
     /// a relaying thread preempted while reading must not block the others.
     pub(super) handles: RwLock<Vec<Option<Arc<dyn Peek>>>>,
-    /// Bumped when the dispatcher leaves its idle sleep or dies: the
-    /// watchdog sleeps on it meanwhile.
+    /// Bumped when the dispatcher leaves its idle sleep or dies, or when
+    /// a wait starts while the watchdog is parked: the watchdog sleeps on
+    /// it meanwhile.
     pub(super) awake: FutexWord,
+    /// Non-zero while the watchdog is parked because no thread waits
+    /// (`watchdog::park`): the next announced wait wakes it (`kick`).
+    pub(super) wd_parked: AtomicU32,
     pub(super) rescued: AtomicU64,
     pub(super) relayed: AtomicU64,
     /// `crate::fork::generation` when made: in a forked child, which has
@@ -110,6 +114,7 @@ impl Hub {
             heartbeat: AtomicU64::new(0),
             handles: RwLock::new(vec![None; cfg.capacity]),
             awake: FutexWord::new(0),
+            wd_parked: AtomicU32::new(0),
             rescued: AtomicU64::new(0),
             relayed: AtomicU64::new(0),
             generation: crate::fork::generation(),
@@ -165,7 +170,15 @@ impl Hub {
         if self.is_dead() {
             return None;
         }
-        let i = lock(&self.free).pop()?;
+        let Some(i) = lock(&self.free).pop() else {
+            // Slots of exited threads come back when the dispatcher drains
+            // its queue; a sleeping one drains only when kicked (it has no
+            // timer), so a full hub with frees queued kicks it.
+            if self.pending_flag.load(Ordering::SeqCst) {
+                self.kick();
+            }
+            return None;
+        };
         write(&self.handles)[i] = Some(peek.clone());
         lock(&self.pending).push((i, Some(peek)));
         self.pending_flag.store(true, Ordering::SeqCst);
@@ -200,9 +213,12 @@ impl Hub {
         self.stop.load(Ordering::Relaxed) != 0
     }
 
-    /// Wake the dispatcher if it sleeps (idle policy).
+    /// Wake the dispatcher if it sleeps (idle policy), and the watchdog if
+    /// it is parked. A waiter calls this after announcing its wait and a
+    /// `SeqCst` fence: that is one side of both Dekker pairs (with
+    /// `sleep_idle` and with `watchdog::park`).
     pub(crate) fn kick(&self) {
-        if self.mode.load(Ordering::SeqCst) == MODE_SLEEPING
+        let woke = self.mode.load(Ordering::SeqCst) == MODE_SLEEPING
             && self
                 .mode
                 .compare_exchange(
@@ -211,14 +227,21 @@ impl Hub {
                     Ordering::SeqCst,
                     Ordering::SeqCst,
                 )
-                .is_ok()
-        {
+                .is_ok();
+        if woke {
             self.kick.bump_and_wake_private();
-            // The watchdog sleeps while the dispatcher does; wake it here,
-            // not when the dispatcher gets going: a SCHED_IDLE dispatcher
-            // next to a busy thread may not run for hundreds of ms, and
-            // the waits that kicked it must be rescued meanwhile (measured:
-            // a 1k/s stream next to a CPU hog waited 434 ms at p50).
+        }
+        // A plain load first: the swap (a locked RMW on a shared line) only
+        // when the watchdog is parked, i.e. after a few ms without waits.
+        let parked = self.wd_parked.load(Ordering::SeqCst) != 0
+            && self.wd_parked.swap(0, Ordering::SeqCst) != 0;
+        if woke || parked {
+            // The watchdog sleeps while the dispatcher does, and while no
+            // thread waits; wake it here, not when the dispatcher gets
+            // going: a SCHED_IDLE dispatcher next to a busy thread may not
+            // run for hundreds of ms, and the waits that kicked it must be
+            // rescued meanwhile (measured: a 1k/s stream next to a CPU hog
+            // waited 434 ms at p50).
             self.awake.bump_and_wake_private();
         }
     }

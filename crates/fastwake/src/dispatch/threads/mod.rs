@@ -40,6 +40,8 @@ mod watchdog;
 pub use config::{Config, DEFAULT_RELAY};
 pub(crate) use hub::Hub;
 pub(crate) use registry::lookup;
+#[cfg(loom)]
+pub(in crate::dispatch) use watchdog::Look;
 
 use super::{DispatchStats, SchedPolicy, State};
 use crate::{Fail, Result};

@@ -1,0 +1,245 @@
+# shellcheck shell=bash
+# Issue 15 checks for the rxe-test guest (sourced by guest-checks.sh): RDMA
+# programs that wait for NON-BLOCKING completion channels in poll/epoll
+# sets, as UCX, rsockets' rpoll, libfabric and Ceph do. Each runs without
+# the shim and under several modes; results must be identical, and the
+# shim's counters must show the waits were served (not passed through).
+# TCG timings are not performance figures: none are compared here.
+
+RXE_CHANNEL_MODES=${RXE_CHANNEL_MODES:-hybrid adaptive dispatch}
+RXE_CHANNEL_ITERS=${RXE_CHANNEL_ITERS:-300}
+
+# The C program (scripts/rxe/channel-wait.c), built once per guest run with
+# the host root's compiler and rdma-core headers.
+channel_wait_exe() {
+    local exe="$RXE_LOGDIR/channel-wait" src="$RXE_SELF_DIR/channel-wait.c"
+    [ -x "$exe" ] && [ "$exe" -nt "$src" ] && { echo "$exe"; return 0; }
+    command -v cc >/dev/null || { rxe_reason "no C compiler (cc) in the host root"; return $RXE_SKIP; }
+    [ -f /usr/include/infiniband/verbs.h ] || { rxe_reason "no rdma-core headers (libibverbs-dev) in the host root"; return $RXE_SKIP; }
+    cc -O2 -pthread -o "$exe" "$src" -libverbs >"$RXE_LOGDIR/channel-wait.build.log" 2>&1 \
+        || { rxe_fail "channel-wait.c did not build: $(tail -n 1 "$RXE_LOGDIR/channel-wait.build.log")"; return 1; }
+    echo "$exe"
+}
+
+# channel_field LINE KEY: the value of KEY=... in LINE.
+channel_field() { [[ $1 =~ (^|[ ])$2=([^ ]+) ]] && echo "${BASH_REMATCH[2]}"; }
+
+# check_channel_wait HOW MODE: channel-wait in its HOW (epoll|poll) form,
+# MODE "none" (no shim: the reference) or a shim mode. Same n and payload
+# checksum as the reference; under a looking mode the shim must have
+# reported channel fds ready from CQEs (fdset_ready > 0) and served every
+# poll/epoll_wait; under dispatch some waits must have been handed off.
+check_channel_wait() {
+    local how=$1 mode=$2 seed=${3:-} exe out ref line
+    local tag="$how/$mode${seed:+ (stress seed $seed)}"
+    exe=$(channel_wait_exe) || return
+    out="$RXE_LOGDIR/$RXE_CUR_NAME.out"
+    ref="$RXE_LOGDIR/.channel-wait-$how${seed:+-stress}.ref"
+    local -a pre=()
+    [ "$mode" = none ] || { rxe_need_preload || return; pre=(env LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$mode" FASTWAKE_VERBOSE=1); }
+    "${pre[@]}" taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" "$RXE_CHANNEL_ITERS" "$how" $seed >"$out" 2>&1 \
+        || { rxe_fail "$tag: $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
+    cat "$out"
+    line=$(rxe_last_match "$out" '^channel-wait ok ') || { rxe_fail "$tag: no 'channel-wait ok' line"; return 1; }
+    local sum; sum=$(channel_field "$line" sum)
+    if [ "$mode" = none ]; then
+        echo "$sum" >"$ref"
+        rxe_info "$tag without the shim: $line"
+        return 0
+    fi
+    [ -s "$ref" ] || { rxe_fail "$tag: no reference run (channel-wait-$how-none must run first)"; return 1; }
+    [ "$sum" = "$(cat "$ref")" ] || { rxe_fail "$tag: payload checksum $sum differs from the run without the shim ($(cat "$ref"))"; return 1; }
+    local verbs calls
+    verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "$tag: no verbs counters (shim not loaded?)"; return 1; }
+    [[ $verbs == *"contexts wrapped=1"* ]] || { rxe_fail "$tag: the shim did not wrap the context: $verbs"; return 1; }
+    local call=epoll_wait; [ "$how" = poll ] && call=poll
+    calls=$(rxe_last_match "$out" "mode=$mode calls:") || { rxe_fail "$tag: no call counters"; return 1; }
+    [[ $calls =~ $call\ seen=([0-9]+)\ served=([0-9]+)\ passed=([0-9]+) ]] || { rxe_fail "$tag: no $call counters: $calls"; return 1; }
+    local seen=${BASH_REMATCH[1]} served=${BASH_REMATCH[2]} passed=${BASH_REMATCH[3]}
+    local ready absorbed synth
+    ready=$(channel_field "$verbs" fdset_ready); absorbed=$(channel_field "$verbs" fdset_absorbed)
+    [[ $verbs =~ events\ synthetic=([0-9]+) ]] && synth=${BASH_REMATCH[1]}
+    [ "$passed" = 0 ] && [ "$served" -gt 0 ] || { rxe_fail "$tag: $call seen=$seen served=$served passed=$passed"; return 1; }
+    [ "${ready:-0}" -gt 0 ] && [ "${synth:-0}" -gt 0 ] \
+        || { rxe_fail "$tag: no channel fd was reported ready from a CQE (fdset_ready=${ready:-?} synthetic=${synth:-?}): the channel was only waited on through its fd"; return 1; }
+    local extra=""
+    if [ "$mode" = dispatch ]; then
+        local d; d=$(rxe_last_match "$out" 'dispatch_waits=') || { rxe_fail "dispatch: no dispatch counters"; return 1; }
+        local h; h=$(channel_field "$d" handoffs)
+        [ "${h:-0}" -gt 0 ] || { rxe_fail "dispatch: no $call was handed off: $d"; return 1; }
+        extra="; dispatch_waits=$(channel_field "$d" dispatch_waits) handoffs=$h fallbacks=$(channel_field "$d" fallbacks)"
+        rxe_metric "channel-wait.$how.dispatch.handoffs" "$h"
+    fi
+    rxe_metric "channel-wait.$how.$mode.fdset_ready" "$ready"
+    rxe_info "$tag under the shim: n=$RXE_CHANNEL_ITERS round trips, checksum = no-shim; $call seen=$seen served=$served passed=$passed; channel fds ready from CQEs=$ready, owed events absorbed=$absorbed, synthetic events=$synth, empty wakes=$(channel_field "$line" empty_wakes)/$(channel_field "$line" waits)$extra"
+}
+
+# check_rstream MODE: rsockets' rstream in its rpoll mode (-T a, waiting
+# with -T b, verify data: -T v) between two processes; MODE "none" without the shim. The result
+# rows (bytes, transfers, iterations) must match the run without the shim;
+# under the shim the waiting polls must be served on both sides and some
+# channel fds reported ready from CQEs. (rstream treats POLLHUP as an error
+# even with data still to read: when the server's disconnect arrives with
+# the last data, the client exits 16. Seen once under dispatch in TCG.)
+check_rstream() {
+    local mode=$1 port; port=$(rxe_next_port)
+    command -v rstream >/dev/null || { rxe_reason "rstream not installed (rdmacm-utils)"; return $RXE_SKIP; }
+    local s="$RXE_LOGDIR/$RXE_CUR_NAME.server.log" c="$RXE_LOGDIR/$RXE_CUR_NAME.client.log"
+    local ref="$RXE_LOGDIR/.rstream.ref"
+    local -a pre=()
+    [ "$mode" = none ] || { rxe_need_preload || return; pre=(env LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$mode" FASTWAKE_VERBOSE=1); }
+    # -T b: blocking sockets, so rstream's rpoll waits with timeout -1
+    # (its default, non-blocking, polls with timeout 0: it never sleeps).
+    local args=(-T a -T b -T v -S 256 -C 200 -p "$port")
+    timeout -k 2 60 "${pre[@]}" taskset -c "$RXE_SERVER_CPU" rstream "${args[@]}" >"$s" 2>&1 &
+    local spid=$!
+    rxe_sleep 3
+    local crc=0 src=0
+    timeout -k 2 60 "${pre[@]}" taskset -c "$RXE_CLIENT_CPU" rstream -s "$RXE_IP" "${args[@]}" >"$c" 2>&1 || crc=$?
+    wait "$spid" || src=$?
+    cat "$s" "$c"
+    [ $crc = 0 ] && [ $src = 0 ] || { rxe_fail "$mode: rstream client exit $crc, server exit $src: $(grep -v '^$' "$c" "$s" | tail -n 1)"; return 1; }
+    # The result row: name bytes xfers iters total time Gb/sec usec/xfer
+    local row; row=$(rxe_last_match "$c" '^[0-9a-z_]+ +[0-9.]+[kmg]? +[0-9]+ +[0-9]+ +') || { rxe_fail "$mode: no result row"; return 1; }
+    local -a col; read -r -a col <<<"$row"
+    local key="${col[0]} ${col[1]} ${col[2]} ${col[3]} ${col[4]}"
+    if [ "$mode" = none ]; then
+        echo "$key" >"$ref"
+        rxe_info "rstream -T a -T b -T v without the shim: $row"
+        return 0
+    fi
+    [ "$key" = "$(cat "$ref" 2>/dev/null)" ] || { rxe_fail "$mode: result '$key' differs from the run without the shim '$(cat "$ref" 2>/dev/null)'"; return 1; }
+    local side verbs calls sum=""
+    for side in "$s" "$c"; do
+        verbs=$(rxe_last_match "$side" 'verbs pid=') || { rxe_fail "$mode: no verbs counters in $(basename "$side")"; return 1; }
+        calls=$(rxe_last_match "$side" "mode=$mode calls:") || { rxe_fail "$mode: no call counters in $(basename "$side")"; return 1; }
+        local p=""; [[ $calls =~ (poll\ seen=[0-9]+\ served=[0-9]+\ passed=[0-9]+) ]] && p=${BASH_REMATCH[1]}
+        sum="$sum $(basename "$side" .log | sed 's/.*\.//'): ${p:-poll not called}, channels=$(channel_field "$verbs" channels) fdset_ready=$(channel_field "$verbs" fdset_ready) fdset_absorbed=$(channel_field "$verbs" fdset_absorbed) synthetic=$(channel_field "$verbs" synthetic) real=$(channel_field "$verbs" real) swallowed=$(channel_field "$verbs" swallowed);"
+        if [ "$mode" = dispatch ]; then
+            local d; d=$(rxe_last_match "$side" 'dispatch_waits=') && sum="$sum $d;"
+        fi
+    done
+    rxe_info "rstream -T a -T b -T v under shim $mode: result = no-shim ($key);$sum"
+    # Served: the waiting polls served on both sides (zero-timeout polls,
+    # rpoll's own busy looks, pass through as they should), and CQ peeks
+    # made channel fds ready somewhere.
+    [[ $sum =~ server:\ poll\ seen=[0-9]+\ served=[1-9] ]] && [[ $sum =~ client:\ poll\ seen=[0-9]+\ served=[1-9] ]] \
+        || { rxe_fail "$mode: poll not served on both sides:$sum"; return 1; }
+    [[ $sum =~ fdset_ready=[1-9] ]] || { rxe_fail "$mode: no channel fd reported ready from a CQE:$sum"; return 1; }
+}
+
+# check_ucx MODE: ucx_perftest's tag-matching latency test with -E sleep
+# (UCX waits on its worker's event fd in epoll: ucp_worker_get_efd +
+# ucp_worker_arm) over RC verbs only (UCX_TLS=rc_verbs,self: never TCP;
+# UD times out on rxe under TCG), server and client as two processes; MODE "none" without
+# the shim. Same iteration count as without the shim; under the shim the
+# epoll waits served and channel fds reported ready from CQEs.
+check_ucx() {
+    local mode=$1 port; port=$(rxe_next_port)
+    command -v ucx_perftest >/dev/null || { rxe_reason "ucx_perftest not installed (apt-get install ucx-utils on the host)"; return $RXE_SKIP; }
+    local s="$RXE_LOGDIR/$RXE_CUR_NAME.server.log" c="$RXE_LOGDIR/$RXE_CUR_NAME.client.log"
+    local ref_err="$RXE_LOGDIR/.ucx.error"
+    local -a pre=(env UCX_TLS=rc_verbs,self UCX_NET_DEVICES="$RXE_DEV:1")
+    [ "$mode" = none ] || { rxe_need_preload || return; pre+=(LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$mode" FASTWAKE_VERBOSE=1); }
+    local args=(-t tag_lat -E sleep -n 200 -p "$port")
+    timeout -k 2 60 "${pre[@]}" taskset -c "$RXE_SERVER_CPU" ucx_perftest "${args[@]}" >"$s" 2>&1 &
+    local spid=$!
+    rxe_wait_listen "$port" 20 || { kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null; rxe_fail "$mode: ucx_perftest server did not listen: $(tail -n 2 "$s" | tr '\n' ' ')"; return 1; }
+    local crc=0 src=0
+    timeout -k 2 60 "${pre[@]}" taskset -c "$RXE_CLIENT_CPU" ucx_perftest "$RXE_IP" "${args[@]}" >"$c" 2>&1 || crc=$?
+    wait "$spid" || src=$?
+    cat "$s" "$c"
+    if [ $crc != 0 ] || [ $src != 0 ]; then
+        # UCX's first error or fatal line, without timestamps and addresses.
+        local err; err=$(grep -m1 -oE '(UCX +(ERROR|WARN) .*|Fatal: .*)' "$c" | sed -E 's/0x[0-9a-f]+/ADDR/g; s/ +/ /g')
+        if [ "$mode" = none ]; then
+            echo "$err" >"$ref_err"
+            rxe_reason "UCX cannot run over rxe here (client exit $crc, server exit $src): $err"
+            return $RXE_SKIP
+        fi
+        if [ -s "$ref_err" ] && [ "$err" = "$(cat "$ref_err")" ]; then
+            rxe_reason "UCX fails over rxe here exactly as without the shim ($err): nothing to serve"
+            return $RXE_SKIP
+        fi
+        rxe_fail "$mode: ucx_perftest failed differently from the run without the shim ($(cat "$ref_err" 2>/dev/null || echo 'which passed')): client exit $crc, server exit $src: $err"
+        return 1
+    fi
+    [ "$mode" = none ] && rm -f "$ref_err"
+    local row; row=$(rxe_last_match "$c" '^Final: +[0-9]+') || { rxe_fail "$mode: no 'Final:' row"; return 1; }
+    local -a col; read -r -a col <<<"$row"
+    [ "${col[1]}" = 200 ] || { rxe_fail "$mode: $row: not 200 iterations"; return 1; }
+    if [ "$mode" = none ]; then
+        rxe_info "ucx_perftest -t tag_lat -E sleep without the shim: $row"
+        return 0
+    fi
+    local side verbs calls sum=""
+    for side in "$s" "$c"; do
+        verbs=$(rxe_last_match "$side" 'verbs pid=') || { rxe_fail "$mode: no verbs counters in $(basename "$side")"; return 1; }
+        calls=$(rxe_last_match "$side" "mode=$mode calls:") || { rxe_fail "$mode: no call counters in $(basename "$side")"; return 1; }
+        local p=""; [[ $calls =~ (epoll_wait\ seen=[0-9]+\ served=[0-9]+\ passed=[0-9]+) ]] && p=${BASH_REMATCH[1]}
+        sum="$sum $(basename "$side" .log | sed 's/.*\.//'): ${p:-epoll_wait not called}, channels=$(channel_field "$verbs" channels) fdset_ready=$(channel_field "$verbs" fdset_ready) synthetic=$(channel_field "$verbs" synthetic) real=$(channel_field "$verbs" real);"
+        if [ "$mode" = dispatch ]; then
+            local d; d=$(rxe_last_match "$side" 'dispatch_waits=') && sum="$sum $d;"
+        fi
+    done
+    rxe_info "ucx_perftest -E sleep under shim $mode: 200 iterations as without the shim;$sum"
+    [[ $sum =~ fdset_ready=[1-9] ]] || { rxe_fail "$mode: no channel fd reported ready from a CQE:$sum"; return 1; }
+}
+
+# check_cq_ex MODE: channel-wait with extended receive CQs (start_poll/
+# end_poll), which the shim passes through: same checksum as without the
+# shim, the shim counted the extended CQs (cqs_ex_passed=2) and said once,
+# under FASTWAKE_VERBOSE, that they pass through.
+check_cq_ex() {
+    local mode=$1 exe out ref="$RXE_LOGDIR/.channel-wait-cqex.ref" line sum
+    exe=$(channel_wait_exe) || return
+    out="$RXE_LOGDIR/$RXE_CUR_NAME.out"
+    local -a pre=(env CHANNEL_WAIT_CQ_EX=1)
+    [ "$mode" = none ] || { rxe_need_preload || return; pre+=(LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$mode" FASTWAKE_VERBOSE=1); }
+    "${pre[@]}" "$exe" "$RXE_DEV" "$RXE_GID" 100 epoll >"$out" 2>&1 || { rxe_fail "cq_ex/$mode: $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
+    cat "$out"
+    line=$(rxe_last_match "$out" '^channel-wait ok ') || { rxe_fail "cq_ex/$mode: no 'channel-wait ok' line"; return 1; }
+    sum=$(channel_field "$line" sum)
+    if [ "$mode" = none ]; then echo "$sum" >"$ref"; rxe_info "extended CQs without the shim: $line"; return 0; fi
+    [ "$sum" = "$(cat "$ref" 2>/dev/null)" ] || { rxe_fail "cq_ex/$mode: checksum $sum differs from the run without the shim"; return 1; }
+    local verbs; verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "cq_ex/$mode: no verbs counters"; return 1; }
+    [ "$(channel_field "$verbs" cqs_ex_passed)" = 2 ] || { rxe_fail "cq_ex/$mode: extended CQs not counted: $verbs"; return 1; }
+    [ "$(grep -c 'extended CQs (ibv_create_cq_ex) pass through' "$out")" = 1 ] || { rxe_fail "cq_ex/$mode: no single pass-through note under FASTWAKE_VERBOSE"; return 1; }
+    rxe_info "extended CQs under shim $mode: checksum = no-shim, passed through and said so once; $(grep -o 'cqs_ex_passed=[0-9]*' <<<"$verbs") synthetic=$(channel_field "$verbs" synthetic)"
+}
+
+rxe_channel_checks() {
+    local how m
+    # The library's verbs tests under the shim (random bursts, random wait
+    # modes, destroy after odd events): the shim's blocking-channel path in
+    # more modes (its VerbsCq sleeps in a raw ppoll, not through the hooks).
+    for m in adaptive dispatch; do
+        rxe_check "verbs-tests-under-shim-$m" check_verbs_tests "$m"
+    done
+    for how in epoll poll; do
+        rxe_check "channel-wait-$how-none" check_channel_wait "$how" none
+        for m in $RXE_CHANNEL_MODES; do
+            rxe_check "shim-channel-wait-$how-$m" check_channel_wait "$how" "$m"
+        done
+        # Randomized stress (bursts, random pauses), a new seed per guest
+        # run, printed: zero lost/duplicated/reordered completions, same
+        # checksum, every destroy returns.
+        local seed=$((RANDOM + 1))
+        rxe_check "channel-stress-$how-none" check_channel_wait "$how" none "$seed"
+        for m in $RXE_CHANNEL_MODES; do
+            rxe_check "shim-channel-stress-$how-$m" check_channel_wait "$how" "$m" "$seed"
+        done
+    done
+    rxe_check cq-ex-none check_cq_ex none
+    for m in $RXE_CHANNEL_MODES; do
+        rxe_check "shim-cq-ex-$m" check_cq_ex "$m"
+    done
+    rxe_check ucx-perftest-sleep-none check_ucx none
+    for m in $RXE_CHANNEL_MODES; do
+        rxe_check "shim-ucx-perftest-sleep-$m" check_ucx "$m"
+    done
+    rxe_check rstream-rpoll-none check_rstream none
+    for m in $RXE_CHANNEL_MODES; do
+        rxe_check "shim-rstream-rpoll-$m" check_rstream "$m"
+    done
+}

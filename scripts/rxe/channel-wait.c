@@ -1,0 +1,310 @@
+// channel-wait: two threads ping-pong N messages over two RC QPs on one RDMA
+// device, each waiting for its receive completions the way UCX, rsockets'
+// rpoll, libfabric and Ceph do: a NON-BLOCKING completion channel whose fd
+// sits in an epoll (or poll) set; after the wait, ibv_get_cq_event until
+// EAGAIN, ack, re-arm, poll the CQ. Every message carries its sequence
+// number and a pattern, checked at both ends: a lost, duplicated or
+// reordered completion fails the run.
+//
+// usage: channel-wait DEV GID_INDEX N epoll|poll [SEED]
+// With SEED, a randomized stress: the client sends bursts of 1-8 messages
+// before reading their replies and both ends pause at random (0-300 us)
+// before some waits, so CQEs, arms, synthetic readiness and the kernel's
+// events race in ever other orders; the payloads (and so the checksum) do
+// not depend on the seed.
+// prints: "channel-wait ok n=N mode=M sum=S waits=W empty_wakes=E events=V"
+// (sum: checksum of every payload, the same for every run of N; empty_wakes:
+// waits that returned the fd ready but ibv_get_cq_event gave EAGAIN at once).
+// With CHANNEL_WAIT_CQ_EX=1 the receive CQs are extended CQs
+// (ibv_create_cq_ex, read with ibv_start_poll/ibv_next_poll/ibv_end_poll),
+// which the shim passes through. Exit 0 only when all N round trips were checked. Build: cc -O2 -pthread
+// channel-wait.c -libverbs (scripts/rxe/verbs-checks.sh does, in the guest).
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#define RECVS 16
+#define MSG 64
+#define WAIT_MS 10000
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static int gid_index, use_epoll, iters;
+static unsigned seed;
+static int use_cq_ex;
+static union ibv_gid gid;
+
+struct end {
+    const char *name;
+    struct ibv_comp_channel *ch;
+    struct ibv_cq *rcq, *scq;
+    struct ibv_cq_ex *rcq_ex; // with use_cq_ex: rcq is ibv_cq_ex_to_cq(rcq_ex)
+    struct ibv_qp *qp;
+    struct ibv_mr *mr;
+    char *buf; // RECVS receive slots, then one send slot
+    int ep;    // epoll fd (epoll mode)
+    unsigned unacked;
+    long waits, empty, events;
+    uint64_t sum;
+};
+
+static void die(const char *what, const char *who) {
+    fprintf(stderr, "channel-wait: %s: %s failed: %s\n", who, what, strerror(errno));
+    exit(1);
+}
+
+static void post_recv(struct end *e, int slot) {
+    struct ibv_sge sge = {(uintptr_t)(e->buf + slot * MSG), MSG, e->mr->lkey};
+    struct ibv_recv_wr wr = {.wr_id = (uint64_t)slot, .sg_list = &sge, .num_sge = 1}, *bad;
+    if (ibv_post_recv(e->qp, &wr, &bad)) die("ibv_post_recv", e->name);
+}
+
+static void setup(struct end *e) {
+    e->ch = ibv_create_comp_channel(ctx);
+    if (!e->ch) die("ibv_create_comp_channel", e->name);
+    int fl = fcntl(e->ch->fd, F_GETFL);
+    if (fl < 0 || fcntl(e->ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) die("fcntl O_NONBLOCK", e->name);
+    if (use_cq_ex) {
+        struct ibv_cq_init_attr_ex ca = {.cqe = RECVS * 2, .cq_context = e, .channel = e->ch,
+            .wc_flags = IBV_WC_STANDARD_FLAGS};
+        e->rcq_ex = ibv_create_cq_ex(ctx, &ca);
+        e->rcq = e->rcq_ex ? ibv_cq_ex_to_cq(e->rcq_ex) : NULL;
+    } else {
+        e->rcq = ibv_create_cq(ctx, RECVS * 2, e, e->ch, 0);
+    }
+    e->scq = ibv_create_cq(ctx, RECVS * 2, NULL, NULL, 0);
+    if (!e->rcq || !e->scq) die("ibv_create_cq", e->name);
+    e->buf = calloc(RECVS + 1, MSG);
+    e->mr = ibv_reg_mr(pd, e->buf, (RECVS + 1) * MSG, IBV_ACCESS_LOCAL_WRITE);
+    if (!e->mr) die("ibv_reg_mr", e->name);
+    struct ibv_qp_init_attr qa = {.send_cq = e->scq, .recv_cq = e->rcq, .qp_type = IBV_QPT_RC,
+        .cap = {.max_send_wr = 4, .max_recv_wr = RECVS, .max_send_sge = 1, .max_recv_sge = 1}};
+    e->qp = ibv_create_qp(pd, &qa);
+    if (!e->qp) die("ibv_create_qp", e->name);
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+        .qp_access_flags = 0};
+    if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+        die("ibv_modify_qp INIT", e->name);
+    for (int i = 0; i < RECVS; i++) post_recv(e, i);
+    if (use_epoll) {
+        e->ep = epoll_create1(0);
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = e};
+        if (e->ep < 0 || epoll_ctl(e->ep, EPOLL_CTL_ADD, e->ch->fd, &ev)) die("epoll", e->name);
+    }
+}
+
+static void connect_to(struct end *e, uint32_t qpn) {
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = qpn,
+        .rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
+        .ah_attr = {.is_global = 1, .port_num = 1, .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 1}}};
+    if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+        die("ibv_modify_qp RTR", e->name);
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.sq_psn = 0;
+    a.max_rd_atomic = 1;
+    if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+        die("ibv_modify_qp RTS", e->name);
+}
+
+static void fill(char *p, uint64_t seq) {
+    memcpy(p, &seq, 8);
+    for (int i = 8; i < MSG; i++) p[i] = (char)(seq * 31 + i);
+}
+
+// One receive completion if there is one: ibv_poll_cq, or an extended CQ's
+// start_poll/end_poll.
+static int poll_recv(struct end *e, struct ibv_wc *wc) {
+    if (!use_cq_ex) return ibv_poll_cq(e->rcq, 1, wc);
+    struct ibv_poll_cq_attr pa = {0};
+    int ret = ibv_start_poll(e->rcq_ex, &pa);
+    if (ret == ENOENT) return 0;
+    if (ret) return -1;
+    wc->wr_id = e->rcq_ex->wr_id;
+    wc->status = e->rcq_ex->status;
+    ibv_end_poll(e->rcq_ex);
+    return 1;
+}
+
+static void check(struct end *e, const char *p, uint64_t seq) {
+    uint64_t got;
+    memcpy(&got, p, 8);
+    int ok = got == seq;
+    for (int i = 8; ok && i < MSG; i++) ok = p[i] == (char)(seq * 31 + i);
+    if (!ok) {
+        fprintf(stderr, "channel-wait: %s: message %llu arrived as %llu or corrupt\n", e->name,
+                (unsigned long long)seq, (unsigned long long)got);
+        exit(1);
+    }
+    for (int i = 0; i < MSG; i++) e->sum = e->sum * 131 + (unsigned char)p[i];
+}
+
+static void send_msg(struct end *e, uint64_t seq) {
+    char *p = e->buf + RECVS * MSG;
+    fill(p, seq);
+    struct ibv_sge sge = {(uintptr_t)p, MSG, e->mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = seq, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+        .send_flags = IBV_SEND_SIGNALED}, *bad;
+    if (ibv_post_send(e->qp, &wr, &bad)) die("ibv_post_send", e->name);
+    struct ibv_wc wc;
+    int n;
+    while ((n = ibv_poll_cq(e->scq, 1, &wc)) == 0) // the send slot is reused: wait for it
+        ;
+    if (n < 0 || wc.status != IBV_WC_SUCCESS) {
+        fprintf(stderr, "channel-wait: %s: send %llu: %s\n", e->name, (unsigned long long)seq,
+                n < 0 ? "poll failed" : ibv_wc_status_str(wc.status));
+        exit(1);
+    }
+}
+
+// One receive completion, waited for like UCX/rsockets: poll, arm, poll,
+// wait for the fd, drain the channel until EAGAIN.
+static void recv_msg(struct end *e, uint64_t seq) {
+    struct ibv_wc wc;
+    for (;;) {
+        int n = poll_recv(e, &wc);
+        if (n == 0) {
+            if (ibv_req_notify_cq(e->rcq, 0)) die("ibv_req_notify_cq", e->name);
+            n = poll_recv(e, &wc);
+        }
+        if (n < 0) die("ibv_poll_cq", e->name);
+        if (n == 1) {
+            if (wc.status != IBV_WC_SUCCESS) {
+                fprintf(stderr, "channel-wait: %s: recv: %s\n", e->name, ibv_wc_status_str(wc.status));
+                exit(1);
+            }
+            check(e, e->buf + wc.wr_id * MSG, seq);
+            post_recv(e, (int)wc.wr_id);
+            return;
+        }
+        e->waits++;
+        int r;
+        if (use_epoll) {
+            struct epoll_event ev;
+            r = epoll_wait(e->ep, &ev, 1, WAIT_MS);
+            if (r == 1 && ev.data.ptr != e) {
+                fprintf(stderr, "channel-wait: %s: epoll_wait returned data %p, registered %p\n",
+                        e->name, ev.data.ptr, (void *)e);
+                exit(1);
+            }
+        } else {
+            struct pollfd p = {.fd = e->ch->fd, .events = POLLIN};
+            r = poll(&p, 1, WAIT_MS);
+            if (r == 1 && !(p.revents & POLLIN)) {
+                fprintf(stderr, "channel-wait: %s: poll revents %#x\n", e->name, p.revents);
+                exit(1);
+            }
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) die(use_epoll ? "epoll_wait" : "poll", e->name);
+        if (r == 0) {
+            fprintf(stderr, "channel-wait: %s: no completion event within %d ms (message %llu)\n",
+                    e->name, WAIT_MS, (unsigned long long)seq);
+            exit(1);
+        }
+        struct ibv_cq *cq;
+        void *cctx;
+        int got = 0;
+        while (ibv_get_cq_event(e->ch, &cq, &cctx) == 0) {
+            if (cq != e->rcq || cctx != e) {
+                fprintf(stderr, "channel-wait: %s: event for a foreign CQ\n", e->name);
+                exit(1);
+            }
+            got++;
+            e->events++;
+            if (++e->unacked >= 16) {
+                ibv_ack_cq_events(e->rcq, e->unacked);
+                e->unacked = 0;
+            }
+        }
+        if (errno != EAGAIN) die("ibv_get_cq_event", e->name);
+        if (!got) e->empty++;
+    }
+}
+
+static struct end ends[2] = {{.name = "client"}, {.name = "server"}};
+
+// A random pause before some waits (stress mode only).
+static void jitter(unsigned *r) {
+    if (seed && rand_r(r) % 4 == 0) usleep(rand_r(r) % 300);
+}
+
+static void *server(void *arg) {
+    struct end *e = arg;
+    unsigned r = seed * 7 + 1;
+    for (uint64_t i = 0; i < (uint64_t)iters; i++) {
+        jitter(&r);
+        recv_msg(e, 2 * i);
+        send_msg(e, 2 * i + 1);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: channel-wait DEV GID_INDEX N epoll|poll [SEED]\n");
+        return 2;
+    }
+    gid_index = atoi(argv[2]);
+    iters = atoi(argv[3]);
+    use_epoll = !strcmp(argv[4], "epoll");
+    seed = argc == 6 ? (unsigned)strtoul(argv[5], NULL, 0) : 0;
+    use_cq_ex = getenv("CHANNEL_WAIT_CQ_EX") && !strcmp(getenv("CHANNEL_WAIT_CQ_EX"), "1");
+    int n;
+    struct ibv_device **list = ibv_get_device_list(&n), *dev = NULL;
+    for (int i = 0; list && i < n; i++)
+        if (!strcmp(ibv_get_device_name(list[i]), argv[1])) dev = list[i];
+    if (!dev) {
+        fprintf(stderr, "channel-wait: no device %s\n", argv[1]);
+        return 1;
+    }
+    ctx = ibv_open_device(dev);
+    if (!ctx || !(pd = ibv_alloc_pd(ctx))) die("open/alloc_pd", "main");
+    if (ibv_query_gid(ctx, 1, gid_index, &gid)) die("ibv_query_gid", "main");
+    setup(&ends[0]);
+    setup(&ends[1]);
+    connect_to(&ends[0], ends[1].qp->qp_num);
+    connect_to(&ends[1], ends[0].qp->qp_num);
+    pthread_t t;
+    pthread_create(&t, NULL, server, &ends[1]);
+    struct end *c = &ends[0];
+    unsigned r = seed;
+    for (uint64_t i = 0; i < (uint64_t)iters;) {
+        uint64_t k = seed ? 1 + rand_r(&r) % 8 : 1;
+        if (k > (uint64_t)iters - i) k = (uint64_t)iters - i;
+        for (uint64_t j = 0; j < k; j++) send_msg(c, 2 * (i + j));
+        jitter(&r);
+        for (uint64_t j = 0; j < k; j++) recv_msg(c, 2 * (i + j) + 1);
+        i += k;
+    }
+    pthread_join(t, NULL);
+    long waits = 0, empty = 0, events = 0;
+    for (int i = 0; i < 2; i++) {
+        struct end *e = &ends[i];
+        waits += e->waits;
+        empty += e->empty;
+        events += e->events;
+        if (e->unacked) ibv_ack_cq_events(e->rcq, e->unacked);
+        // Destroy must not hang: every event read was acked.
+        if (ibv_destroy_qp(e->qp) || ibv_destroy_cq(e->rcq) || ibv_destroy_cq(e->scq) ||
+            ibv_destroy_comp_channel(e->ch) || ibv_dereg_mr(e->mr))
+            die("destroy", e->name);
+    }
+    ibv_dealloc_pd(pd);
+    ibv_close_device(ctx);
+    printf("channel-wait ok n=%d mode=%s sum=%016llx waits=%ld empty_wakes=%ld events=%ld\n", iters,
+           argv[4], (unsigned long long)(ends[0].sum ^ ends[1].sum), waits, empty, events);
+    return 0;
+}
