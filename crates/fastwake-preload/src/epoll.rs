@@ -39,13 +39,13 @@ pub fn resolve() {
 
 /// `epoll_pwait` with a zero timeout as a raw syscall (never our hook).
 fn probe(epfd: c_int, ev: *mut epoll_event, max: c_int, mask: *const u64, ns: u64) -> c_int {
-    if ns > 0 {
+    let n = if ns > 0 {
         // A pre-wake's timed look: epoll_pwait2 takes the timeout in ns
         // (epoll_pwait would round it up to a whole ms). ENOSYS before
         // Linux 5.11: the engine then stops offering pre-wakes.
         let ts = crate::wait::ns_to_ts(ns);
         // SAFETY: as below, with a live timespec.
-        return unsafe {
+        unsafe {
             libc::syscall(
                 libc::SYS_epoll_pwait2,
                 epfd as c_long,
@@ -55,20 +55,22 @@ fn probe(epfd: c_int, ev: *mut epoll_event, max: c_int, mask: *const u64, ns: u6
                 mask,
                 8 as c_long,
             ) as c_int
-        };
-    }
-    // SAFETY: the caller's own arguments, as the real call would get them;
-    // sigsetsize 8 is the kernel's sigset size (a null mask is allowed).
-    let n = unsafe {
-        libc::syscall(
-            libc::SYS_epoll_pwait,
-            epfd as c_long,
-            ev,
-            max as c_long,
-            0 as c_long,
-            mask,
-            8 as c_long,
-        ) as c_int
+        }
+    } else {
+        // SAFETY: the caller's own arguments, as the real call would get
+        // them; sigsetsize 8 is the kernel's sigset size (a null mask is
+        // allowed).
+        unsafe {
+            libc::syscall(
+                libc::SYS_epoll_pwait,
+                epfd as c_long,
+                ev,
+                max as c_long,
+                0 as c_long,
+                mask,
+                8 as c_long,
+            ) as c_int
+        }
     };
     // Completion channels registered in the set: their CQs too (issue 15).
     crate::verbs::channel_fds::after_epoll(epfd, ev, max, n)
@@ -113,7 +115,7 @@ pub unsafe extern "C" fn epoll_wait(
     let go = || {
         if crate::config::dispatch()
             && let Some(n) = crate::fds::epoll_wait(epfd, wait::ms(timeout), || {
-                probe(epfd, events, maxevents, std::ptr::null())
+                probe(epfd, events, maxevents, std::ptr::null(), 0)
             })
         {
             crate::stats::served(Call::EpollWait);
@@ -161,7 +163,7 @@ pub unsafe extern "C" fn epoll_pwait(
         if sigmask.is_null()
             && crate::config::dispatch()
             && let Some(n) = crate::fds::epoll_wait(epfd, wait::ms(timeout), || {
-                probe(epfd, events, maxevents, std::ptr::null())
+                probe(epfd, events, maxevents, std::ptr::null(), 0)
             })
         {
             crate::stats::served(Call::EpollPwait);
@@ -252,7 +254,7 @@ pub unsafe extern "C" fn epoll_pwait2(
             && let Some(n) = crate::fds::epoll_wait(
                 epfd,
                 timeout_ns.map(std::time::Duration::from_nanos),
-                || probe(epfd, events, maxevents, std::ptr::null()),
+                || probe(epfd, events, maxevents, std::ptr::null(), 0),
             )
         {
             crate::stats::served(Call::EpollPwait2);
