@@ -484,7 +484,9 @@ impl Learner {
             p => p,
         };
         // Fell behind: every spinning plan is what loses the CPU then.
-        if env.behind && !matches!(plan, Plan::Spin(0)) {
+        // (A producer on this CPU rules spinning out first, and is the
+        // better reason: its completions queue while this thread runs.)
+        if env.behind && !env.same_cpu && !matches!(plan, Plan::Spin(0)) {
             return match (plan, env.dispatch_waiters) {
                 (Plan::Dispatch, Some(_)) => (Plan::Dispatch, Reason::Dispatch),
                 _ => (Plan::Spin(0), Reason::Behind),
