@@ -275,8 +275,9 @@ fn adaptive_dispatches_next_to_a_sibling_when_a_dispatcher_serves_the_cpu() {
 }
 
 /// The backlog rule: a waiter that took 64 completions in a row without
-/// waiting was behind; its next adaptive waits do not spin for a while
-/// (then they may again), and the backlog is counted. 63 is not a backlog.
+/// waiting was behind; when such runs are a sustained share of its recent
+/// completions, its next adaptive waits do not spin for a while (then they
+/// may again), and the backlog is counted. 63 is not a backlog.
 #[test]
 fn adaptive_stops_spinning_after_a_backlog_and_resumes_later() {
     let mut g = adaptive(50_000);
@@ -287,7 +288,9 @@ fn adaptive_stops_spinning_after_a_backlog_and_resumes_later() {
     }
     assert!(matches!(g.plan(&facts(t)).0, Decision::Spin(_)));
     g.end(Ending::at(t + 10_000, 10_000, false));
-    for _ in 0..fastwake::wait::BACKLOG_RUN {
+    // A backlog that is a sustained share of the recent completions (the
+    // 400 waits fed above were one each): 256 of 720.
+    for _ in 0..4 * fastwake::wait::BACKLOG_RUN {
         g.found_ready();
     }
     assert_eq!(
