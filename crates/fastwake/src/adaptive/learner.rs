@@ -722,22 +722,26 @@ impl Learner {
             }
             _ => 0,
         };
-        self.prewake_frac = match self.plan {
-            Plan::Prewake {
-                sleep_ns,
-                spin_end_ns,
-            } => self
-                .prewake
-                .evaluate(
-                    Candidate {
-                        sleep_ns,
-                        spin_end_ns,
-                    },
-                    self.prewake_costs(),
-                )
-                .map_or(1.0, |f| self.share_of(f.spin)),
-            _ => 1.0,
+        self.prewake_frac = self
+            .prewake_figures(self.plan)
+            .map_or(1.0, |f| self.share_of(f.spin));
+    }
+
+    /// A pre-wake plan's predicted figures over the recent waits (`None`:
+    /// not a pre-wake, or too few waits).
+    fn prewake_figures(&self, plan: Plan) -> Option<prewake::Figures> {
+        let Plan::Prewake {
+            sleep_ns,
+            spin_end_ns,
+        } = plan
+        else {
+            return None;
         };
+        let c = Candidate {
+            sleep_ns,
+            spin_end_ns,
+        };
+        self.prewake.evaluate(c, self.prewake_costs())
     }
 
     fn prewake_costs(&self) -> prewake::Costs {
@@ -844,18 +848,8 @@ impl Learner {
                 })
                 .filter(|c| self.fits(c))
             }
-            Plan::Prewake {
-                sleep_ns,
-                spin_end_ns,
-            } => self
-                .prewake
-                .evaluate(
-                    Candidate {
-                        sleep_ns,
-                        spin_end_ns,
-                    },
-                    self.prewake_costs(),
-                )
+            Plan::Prewake { .. } => self
+                .prewake_figures(plan)
                 .map(|f| self.prewake_choice(f))
                 .filter(|c| self.fits(c)),
         }
