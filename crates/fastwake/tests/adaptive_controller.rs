@@ -866,3 +866,55 @@ fn prewake_is_not_planned_against_a_producer_on_its_cpu_or_past_the_cap() {
         fastwake::adaptive::explain(&s.core, None)
     );
 }
+
+/// Pre-wakes whose completions keep coming before the timer (whatever the
+/// cause) are paused for a while, then tried again.
+#[test]
+fn prewakes_that_keep_coming_early_are_paused() {
+    let dist = Dist::Steady {
+        d: 300_000.0,
+        jitter: 0.1,
+    };
+    let mut s = Sim::new(Config::default(), 21);
+    s.run(dist, 1_500);
+    assert!(matches!(s.core.current_plan(), Plan::Prewake { .. }));
+    // Every pre-wake now ends early: the completion before the timer.
+    let mut prewakes = 0;
+    for _ in 0..200 {
+        let p = s.core.plan(s.now, Env::default());
+        let (waited, arrival) = match p {
+            Plan::Prewake { sleep_ns, .. } => {
+                prewakes += 1;
+                (
+                    sleep_ns / 2,
+                    Some(fastwake::adaptive::prewake::Arrival::Early),
+                )
+            }
+            _ => (300_000, None),
+        };
+        s.core.record(Outcome {
+            waited_ns: waited + 5_000,
+            spun_ns: 0,
+            slept: true,
+            wake_ns: None,
+            arrival,
+            late_ns: None,
+        });
+        s.now += waited + 10_000;
+    }
+    let st = s.core.stats();
+    assert!(
+        st.prewake_pauses >= 1,
+        "{}",
+        fastwake::adaptive::explain(&s.core, None)
+    );
+    assert!(prewakes < 60, "{prewakes} pre-wakes planned of 200");
+    // After the pause, steady waits bring them back.
+    s.now += fastwake::adaptive::learner::PREWAKE_PAUSE_NS;
+    s.run(dist, 1_000);
+    assert!(
+        matches!(s.core.current_plan(), Plan::Prewake { .. }),
+        "{}",
+        fastwake::adaptive::explain(&s.core, None)
+    );
+}

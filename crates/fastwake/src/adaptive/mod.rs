@@ -309,6 +309,9 @@ pub struct AdaptiveStats {
     pub prewake_caught: u64,
     /// Pre-wakes whose completion came after the spin (slept again).
     pub prewake_late: u64,
+    /// Times pre-wakes were paused because most recent ones came early
+    /// ([`learner::PREWAKE_PAUSE_NS`]).
+    pub prewake_pauses: u64,
     /// Backlogs seen: runs of completions taken without waiting long
     /// enough to mean the waiter was off its CPU while they queued.
     pub backlogs: u64,
@@ -343,6 +346,7 @@ impl AdaptiveStats {
         prewake_early: 0,
         prewake_caught: 0,
         prewake_late: 0,
+        prewake_pauses: 0,
         backlogs: 0,
         behind: 0,
         margin_ns: 0,
@@ -455,11 +459,12 @@ pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
             _ => "not now".into(),
         };
         out += &format!(
-            "; prewake {:.0}% ({plan}; caught {}, early {}, late {}; margin {:.1}us; timer lateness {})",
+            "; prewake {:.0}% ({plan}; caught {}, early {}, late {}; paused {}; margin {:.1}us; timer lateness {})",
             pct(s.prewakes),
             s.prewake_caught,
             s.prewake_early,
             s.prewake_late,
+            s.prewake_pauses,
             s.margin_ns as f64 / 1000.0,
             match learner.prewake().margin_ns() {
                 Some(m) => format!(

@@ -404,9 +404,23 @@ impl Waiter {
                 return Err(err);
             }
             Ok(Some(c)) => {
-                e.slept = rep.sleeps > 0;
-                e.wake_ns = rep.wake_ns;
-                e.arrival = Some(Arrival::Early);
+                if t1 >= wake_at_ns {
+                    // The timer had expired by the time this thread ran:
+                    // the completion came after the timer, while the
+                    // thread was waking (a source's ring may have ended
+                    // the sleep just as well), so the timer's lateness is
+                    // at least what it was, and the wait was caught at
+                    // the first look after it. Counting it early (a
+                    // wake-up by the source) left the lateness unlearned
+                    // where it exceeds the sleep.
+                    e.late_ns = Some(t1 - wake_at_ns);
+                    e.slept = false;
+                    e.arrival = Some(Arrival::Caught);
+                } else {
+                    e.slept = rep.sleeps > 0;
+                    e.wake_ns = rep.wake_ns;
+                    e.arrival = Some(Arrival::Early);
+                }
                 self.governor.end(e);
                 return self.count(Ok(Some(c)), !e.slept);
             }
