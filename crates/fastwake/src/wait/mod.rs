@@ -326,9 +326,7 @@ impl Waiter {
         let asleep = self.governor.blocking(cpu);
         let r = block_until_ready(src, deadline, &mut rep);
         drop(asleep);
-        self.stats.sleeps += rep.sleeps as u64;
-        self.stats.rechecks_hit += rep.rechecks_hit as u64;
-        self.stats.spurious += rep.spurious as u64;
+        self.count_block(&rep);
         let slept = rep.sleeps > 0;
         self.governor.end(Ending {
             now_ns: monotonic_ns(),
