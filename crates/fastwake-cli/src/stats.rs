@@ -185,6 +185,10 @@ fn candidates(pid: Option<u32>) -> Vec<(u32, PathBuf)> {
     out
 }
 
+fn pid_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Is the segment's process alive and still the one that made it?
 #[derive(PartialEq, Debug)]
 enum Life {
@@ -381,7 +385,16 @@ fn list(a: &Args) -> Result<()> {
     for (pid, path) in candidates(None) {
         let m = match open(&path) {
             Ok(m) => m,
-            // Not ours to judge (another user's, a foreign file): skip.
+            // Only process `pid` writes `fastwake-<pid>`: with it gone, a
+            // segment it never finished (killed while creating it) or of
+            // another layout is stale all the same.
+            Err(Bad::Foreign(_)) if !pid_exists(pid) => {
+                if remove_stale(pid, &path, "is gone", a.json) {
+                    removed.push(pid);
+                }
+                continue;
+            }
+            // Not ours to judge (another user's, a live foreign file): skip.
             Err(_) => continue,
         };
         match life(&m) {
@@ -461,13 +474,20 @@ fn find(pid: u32) -> Result<Mapped> {
                 }
             },
             Err(Bad::Missing) => {}
+            Err(Bad::Foreign(_)) if !pid_exists(pid) => {
+                remove_stale(pid, path, "is gone", true);
+                last = Some(format!(
+                    "pid {pid}: stale segment {} (the process is gone; removed)",
+                    path.display()
+                ));
+            }
             Err(Bad::Io(l) | Bad::Foreign(l)) => last = Some(l),
         }
     }
     if let Some(l) = last {
         return Err(Fail::invalid(l));
     }
-    if Path::new(&format!("/proc/{pid}")).exists() {
+    if pid_exists(pid) {
         Err(Fail::invalid(format!(
             "pid {pid} is not shimmed: no segment {PREFIX}{pid} (not run under the shim, FASTWAKE_MODE=off, or the shim could not create it: FASTWAKE_VERBOSE=1 says why)"
         )))

@@ -106,3 +106,41 @@ fn the_lister_removes_the_segment_of_a_killed_process() {
     );
     assert_one_line_error(&["stats", "-p", &pid.to_string()], "no process");
 }
+
+#[test]
+fn the_lister_removes_a_segment_its_dead_process_never_finished() {
+    let _g = LISTING.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dir) = fastwake::preload_stats::dirs()
+        .into_iter()
+        .find(|d| d.is_dir())
+    else {
+        panic!("no segment directory exists")
+    };
+    // Killed while creating it: the file exists, sized, magic still 0.
+    let mut c = Command::new("true").spawn().expect("spawn true");
+    let dead = c.id();
+    c.wait().unwrap();
+    let stale = dir.join(format!("fastwake-{dead}"));
+    std::fs::write(&stale, [0u8; 64]).unwrap();
+    // The same for a live process (this test): still being created.
+    let me = std::process::id();
+    let live = dir.join(format!("fastwake-{me}"));
+    std::fs::write(&live, [0u8; 64]).unwrap();
+    let o = fastwake(&["stats"]);
+    let kept = live.exists();
+    let _ = std::fs::remove_file(&live);
+    assert!(o.status.success(), "{o:?}");
+    assert!(kept, "a live process's unfinished segment was removed");
+    assert!(
+        !stale.exists(),
+        "unfinished segment of dead {dead} not removed"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!("pid {dead} is gone")),
+        "{o:?}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains(&format!("pid {me} ")),
+        "a live process's unfinished segment was judged: {o:?}"
+    );
+}
