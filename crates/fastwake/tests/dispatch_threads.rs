@@ -974,3 +974,71 @@ fn a_forked_child_starts_its_own_dispatcher() {
         "the forked child failed ({st:#x})"
     );
 }
+
+/// The dispatcher's pre-wake (`learn_idle` with `prewake=on`): completions
+/// at a steady 400 µs are predictable, so the learned policy sleeps right
+/// after each hand-off and has its waiter come back shortly before the
+/// next completion, which is then handed off (caught) instead of waking
+/// the waiter in interrupt mode; with `prewake=off` the same stream is
+/// served by interrupt-mode wake-ups after each pause.
+#[test]
+fn a_learned_dispatcher_wakes_ahead_of_predictable_completions() {
+    let _g = spin_lock();
+    let (wcpu, pcpu) = cpus();
+    if wcpu == pcpu {
+        eprintln!("SKIPPED a_learned_dispatcher_wakes_ahead_of_predictable_completions: needs 2 CPUs");
+        return;
+    }
+    let run = |prewake: bool, n: u64| {
+        let mut cfg = Config::new(wcpu);
+        cfg.learn_idle = Some(fastwake::adaptive::Config {
+            prewake,
+            ..fastwake::adaptive::Config::default()
+        });
+        let d = Dispatcher::start(cfg).expect("start dispatcher");
+        let (mut tx, rx) = chan();
+        let start = Arc::new(Barrier::new(2));
+        let h = consumer(wcpu, rx, n, start.clone());
+        start.wait();
+        fastwake::cpu::pin(pcpu).unwrap();
+        let gap = Duration::from_micros(400);
+        let t0 = Instant::now();
+        for i in 0..n {
+            // A steady schedule, not gaps after each send: the stretches
+            // the dispatcher sees are the schedule's.
+            let due = t0 + gap * (i as u32 + 1);
+            while Instant::now() < due {
+                std::hint::spin_loop();
+            }
+            tx.send(i, b"x").unwrap();
+        }
+        let s = h.join().expect("consumer failed");
+        assert_eq!(s.completions, n);
+        (s, d.stats())
+    };
+    let n = 1_500;
+    let (off, off_d) = run(false, n);
+    let (on, on_d) = run(true, n);
+    eprintln!("prewake=off: {off:?}\n  {off_d:?}");
+    eprintln!("prewake=on: {on:?}\n  {on_d:?}");
+    assert_eq!(off_d.prewakes, 0, "prewake=off planned pre-wakes");
+    assert!(
+        on_d.prewakes >= n / 2,
+        "{} pre-wakes planned for {n} predictable completions",
+        on_d.prewakes
+    );
+    assert!(
+        on_d.prewake_caught * 2 >= on_d.prewakes,
+        "caught {} of {} pre-wakes",
+        on_d.prewake_caught,
+        on_d.prewakes
+    );
+    assert!(on.dispatch_resumed > 0, "no paused wait came back at the resume time");
+    // Served by hand-off instead of interrupt-mode wake-ups after a pause.
+    assert!(
+        on.handoffs > off.handoffs + n / 4,
+        "hand-offs with pre-wakes {} vs without {} of {n}",
+        on.handoffs,
+        off.handoffs
+    );
+}

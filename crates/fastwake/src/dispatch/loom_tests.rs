@@ -71,7 +71,7 @@ fn dispatch_with(hub: &Hub, w: Handover, idle_after: Option<u32>) {
         hub.turn(&mut w);
         turns += 1;
         if Some(turns) == idle_after {
-            hub.sleep_idle();
+            hub.sleep_idle(None);
         }
         loom::thread::yield_now();
     }

@@ -89,6 +89,19 @@ pub struct DispatchStats {
     /// The idle threshold in force now (learned with
     /// [`Config::learn_idle`]); `None`: never sleeps.
     pub idle_after: Option<std::time::Duration>,
+    /// Pre-wakes the learned idle policy planned ([`Config::learn_idle`]
+    /// with `prewake=on`): the dispatcher slept at once after a hand-off
+    /// and had its waiters come back shortly before the next completion
+    /// was due (see `docs/dispatch.md`).
+    pub prewakes: u64,
+    /// Of those, the completion came before the waiters came back (served
+    /// in interrupt mode).
+    pub prewake_early: u64,
+    /// The completion came while the dispatcher polled after the resume:
+    /// handed off, its wake-ups paid before it.
+    pub prewake_caught: u64,
+    /// No completion by the plan's spin end: the dispatcher slept again.
+    pub prewake_late: u64,
     /// State now.
     pub state: State,
 }

@@ -55,6 +55,9 @@ pub struct DispatchReport {
     pub fallbacks: u64,
     /// Waits handed back to interrupt mode by an idle dispatcher.
     pub paused: u64,
+    /// Of those, waits that came back to the dispatcher at its pre-wake's
+    /// resume time, before their completion.
+    pub resumed: u64,
 }
 
 struct Registration {
@@ -315,12 +318,27 @@ pub(crate) fn wait<S: Source + ?Sized>(
             HANDED => stats.handoffs += 1,
             PAUSED => {
                 // The dispatcher went idle: this one wait in interrupt mode,
-                // then wake the dispatcher so polling resumes.
+                // then wake the dispatcher so polling resumes. With a
+                // pre-wake (`threads::idle`), only until its resume time:
+                // then announce the wait again, which wakes it ahead of
+                // the completion.
                 stats.paused += 1;
                 let hub = hub.clone();
-                let (r, s) = interrupt(src, deadline, stats);
-                hub.kick();
-                return (r, slept || s);
+                let resume = hub.resume_at().filter(|r| deadline.is_none_or(|d| *r < d));
+                let (r, s) = match resume {
+                    Some(at) => {
+                        let _slack = crate::cpu::FineTimerSlack::set();
+                        interrupt(src, Some(at), stats)
+                    }
+                    None => interrupt(src, deadline, stats),
+                };
+                slept |= s;
+                if resume.is_some() && matches!(r, Ok(None)) {
+                    stats.resumed += 1;
+                    continue;
+                }
+                hub.returned();
+                return (r, slept);
             }
             DEAD => {
                 link.reg = None;

@@ -160,6 +160,9 @@ pub struct WaitStats {
     /// Dispatch mode: waits handed back to interrupt mode by an idle
     /// dispatcher.
     pub dispatch_paused: u64,
+    /// Dispatch mode: of the paused waits, those that came back to the
+    /// dispatcher at its pre-wake's resume time (before their completion).
+    pub dispatch_resumed: u64,
 }
 
 /// Waits for completions in one [`WaitMode`], keeping [`WaitStats`]: the
@@ -361,6 +364,7 @@ impl Waiter {
         s.relays += rep.relays;
         s.dispatch_fallbacks += rep.fallbacks;
         s.dispatch_paused += rep.paused;
+        s.dispatch_resumed += rep.resumed;
         let mut e = Ending::at(monotonic_ns(), 0, slept);
         e.failed = r.is_err();
         self.governor.end(e);

@@ -85,6 +85,16 @@ pub(crate) struct Hub {
     pub(super) notice_handoffs: AtomicU64,
     pub(super) scan_found: AtomicU64,
     pub(super) late_notices: AtomicU64,
+    /// The dispatcher's pre-wake (`idle` module): ns since `epoch` at which
+    /// the waiters it pauses now come back to it; 0: none. Written before
+    /// it pauses them (the pause's CAS publishes it).
+    pub(super) resume_at: AtomicU64,
+    /// Bumped by a paused waiter that got its completion in interrupt
+    /// mode, before it kicks the dispatcher: that kick ends a pre-wake's
+    /// sleep as early, where a new wait's does not.
+    pub(super) returned: AtomicU64,
+    /// The idle learner's pre-wake counters: planned, early, caught, late.
+    pub(super) prewakes: [AtomicU64; 4],
 }
 
 impl Hub {
@@ -123,6 +133,9 @@ impl Hub {
             notice_handoffs: AtomicU64::new(0),
             scan_found: AtomicU64::new(0),
             late_notices: AtomicU64::new(0),
+            resume_at: AtomicU64::new(0),
+            returned: AtomicU64::new(0),
+            prewakes: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
@@ -252,6 +265,23 @@ impl Hub {
         self.notices.is_some()
     }
 
+    /// When a waiter the dispatcher paused now should come back to it
+    /// (the dispatcher's pre-wake, `idle` module); `None`: when its
+    /// completion wakes it.
+    pub(crate) fn resume_at(&self) -> Option<Instant> {
+        match self.resume_at.load(Ordering::Acquire) {
+            0 => None,
+            ns => Some(self.epoch + Duration::from_nanos(ns)),
+        }
+    }
+
+    /// A paused waiter got its completion (in interrupt mode): kick the
+    /// dispatcher so polling resumes.
+    pub(crate) fn returned(&self) {
+        self.returned.fetch_add(1, Ordering::Relaxed);
+        self.kick();
+    }
+
     /// The idle threshold in force now (`None`: never sleeps).
     pub(crate) fn idle_threshold(&self) -> Option<Duration> {
         match self.idle_ns.load(Ordering::Relaxed) {
@@ -273,6 +303,10 @@ impl Hub {
             paused: self.paused.load(Ordering::Relaxed),
             registered: self.registered.load(Ordering::Relaxed),
             idle_after: self.idle_threshold(),
+            prewakes: self.prewakes[0].load(Ordering::Relaxed),
+            prewake_early: self.prewakes[1].load(Ordering::Relaxed),
+            prewake_caught: self.prewakes[2].load(Ordering::Relaxed),
+            prewake_late: self.prewakes[3].load(Ordering::Relaxed),
             state: self.state(),
         }
     }

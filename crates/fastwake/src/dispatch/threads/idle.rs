@@ -1,17 +1,63 @@
-//! The idle policy's threshold: how long a polling dispatcher keeps
-//! polling without a hand-off before it hands its waiters back to
-//! interrupt mode and sleeps. Fixed ([`Config::idle_after`]) or learned
-//! ([`Config::learn_idle`]).
+//! The idle policy: how long a polling dispatcher keeps polling without a
+//! hand-off before it hands its waiters back to interrupt mode and sleeps
+//! (fixed, [`Config::idle_after`], or learned, [`Config::learn_idle`]), and
+//! the dispatcher's pre-wake: when the gaps between hand-offs are
+//! predictable, it sleeps at once and has its waiters come back to it
+//! shortly before the next completion is due.
+//!
+//! # The dispatcher's pre-wake
+//!
+//! A sleeping dispatcher has handed its waiters back to interrupt mode, so
+//! the first completion after an idle period pays a full wake-up (4-20 µs
+//! here), and only the *next* wait is served by hand-off again. Where the
+//! learned gaps are concentrated (a steady service time, a periodic
+//! stream), the learner plans a pre-wake for the stretch ([`Plan::Prewake`],
+//! the same plan and margin rules as an adaptive wait's, see
+//! [`crate::adaptive::prewake`]): the dispatcher goes to sleep right after
+//! the hand-off and publishes a *resume time*; each waiter it pauses sleeps
+//! in interrupt mode only until then (a completion before it wakes the
+//! waiter as usual: *early*), then announces its wait again, which kicks
+//! the dispatcher awake ahead of the completion. The dispatcher then polls
+//! until the plan's spin end: a hand-off there is *caught* (the wake-ups
+//! were paid before the completion, so they cost no latency); none is
+//! *late*, and it sleeps again without a resume time. The timer lives in
+//! the waiters because only they can leave their interrupt-mode sleep; the
+//! dispatcher alone decides when.
+//!
+//! The lateness the learner learns is the dispatcher's own: from the
+//! resume time to its first pass after it, i.e. the waiter's timer, its
+//! announce and the switch to the dispatcher together.
 
 use super::Config;
+use crate::adaptive::prewake::Arrival;
+use crate::adaptive::{Learner, Model, Outcome, Plan};
 use std::time::{Duration, Instant};
 
-/// The dispatcher's idle threshold: fixed, or learned per dispatcher by an
-/// adaptive learner that sees each stretch from one hand-off to the next as a
-/// wait (see [`Config::learn_idle`]).
+/// The stretch in progress: from one hand-off (or wake-up) to the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stretch {
+    /// Poll for the threshold, then sleep until kicked.
+    Plain,
+    /// Sleep at once; have the waiters come back at `resume`; poll until
+    /// `spin_end`. `resumed`: when the dispatcher ran after `resume`.
+    Prewake {
+        resume: Instant,
+        spin_end: Instant,
+        resumed: Option<Instant>,
+    },
+}
+
+/// The dispatcher's idle threshold and pre-wake plan: fixed, or learned
+/// per dispatcher by an adaptive learner that sees each stretch from one
+/// hand-off to the next as a wait (see [`Config::learn_idle`]).
 pub(super) struct IdleClock {
     fixed: Option<Duration>,
-    learn: Option<(crate::adaptive::Learner, Instant)>,
+    learn: Option<Learner>,
+    /// Where the learner's clock starts.
+    epoch: Instant,
+    /// Start of the stretch in progress.
+    since: Instant,
+    stretch: Stretch,
     /// The threshold planned for the stretch in progress.
     now: Option<Duration>,
 }
@@ -20,66 +66,169 @@ impl IdleClock {
     pub(super) fn new(cfg: &Config, start: Instant) -> IdleClock {
         let mut c = IdleClock {
             fixed: cfg.idle_after,
-            learn: cfg.learn_idle.map(|a| {
-                (
-                    crate::adaptive::Learner::new(a, crate::adaptive::Model::default()),
-                    start,
-                )
-            }),
+            learn: cfg.learn_idle.map(|a| Learner::new(a, Model::default())),
+            epoch: start,
+            since: start,
+            stretch: Stretch::Plain,
             now: cfg.idle_after,
         };
         c.plan(start);
         c
     }
 
+    /// How long after the last hand-off (or wake-up) to go to sleep.
     pub(super) fn threshold(&self) -> Option<Duration> {
         self.now
     }
 
+    /// When the waiters paused now should come back (`None`: when their
+    /// completion wakes them).
+    pub(super) fn resume_at(&self) -> Option<Instant> {
+        match self.stretch {
+            Stretch::Prewake {
+                resume,
+                resumed: None,
+                ..
+            } => Some(resume),
+            _ => None,
+        }
+    }
+
+    /// The learner's counters (pre-wakes planned and where their
+    /// completions arrived), if the threshold is learned.
+    pub(super) fn stats(&self) -> Option<crate::adaptive::AdaptiveStats> {
+        self.learn.as_ref().map(Learner::stats)
+    }
+
+    fn ns(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
     fn plan(&mut self, at: Instant) {
-        let Some((learner, epoch)) = self.learn.as_mut() else {
+        self.since = at;
+        self.stretch = Stretch::Plain;
+        let Some(learner) = self.learn.as_mut() else {
             return;
         };
-        let ns = at.saturating_duration_since(*epoch).as_nanos() as u64;
-        // An idle threshold is a spin budget: no pre-wakes here (the
-        // dispatcher's own pre-wake is not built; docs/adaptive.md).
+        let ns = at.saturating_duration_since(self.epoch).as_nanos() as u64;
         let env = crate::adaptive::Env {
-            prewake: false,
+            prewake: learner.config().prewake,
             ..crate::adaptive::Env::FREE
         };
         let b = match learner.plan(ns, env) {
-            crate::adaptive::Plan::Spin(b) => Duration::from_nanos(b),
-            crate::adaptive::Plan::Dispatch | crate::adaptive::Plan::Prewake { .. } => {
+            Plan::Spin(b) => Duration::from_nanos(b),
+            Plan::Dispatch => Duration::ZERO,
+            Plan::Prewake {
+                sleep_ns,
+                spin_end_ns,
+            } => {
+                self.stretch = Stretch::Prewake {
+                    resume: at + Duration::from_nanos(sleep_ns),
+                    spin_end: at + Duration::from_nanos(spin_end_ns),
+                    resumed: None,
+                };
                 Duration::ZERO
             }
         };
         self.now = Some(self.fixed.map_or(b, |f| b.min(f)));
     }
 
-    /// A hand-off at `now`; the previous one (or wake-up) was at `since`.
-    pub(super) fn busy(&mut self, since: Instant, now: Instant) {
-        self.learned(since, now, None);
-    }
-
-    /// Woken from the idle sleep at `now`, having polled from `since`.
-    pub(super) fn woke(&mut self, since: Instant, now: Instant) {
-        let spun = self.now.unwrap_or_default();
-        self.learned(since, now, Some(spun));
-    }
-
-    fn learned(&mut self, since: Instant, now: Instant, slept_after: Option<Duration>) {
-        let Some((learner, _)) = self.learn.as_mut() else {
-            return;
+    /// A hand-off at `now`.
+    pub(super) fn busy(&mut self, now: Instant) {
+        let waited = self.ns(now) - self.ns(self.since);
+        let o = match self.stretch {
+            Stretch::Plain => Outcome {
+                arrival: None,
+                late_ns: None,
+                waited_ns: waited,
+                spun_ns: waited,
+                slept: false,
+                wake_ns: None,
+            },
+            // Polling after the resume: the plan's aim.
+            Stretch::Prewake {
+                resume,
+                resumed: Some(r),
+                ..
+            } => Outcome {
+                arrival: Some(Arrival::Caught),
+                late_ns: Some(r.saturating_duration_since(resume).as_nanos() as u64),
+                waited_ns: waited,
+                spun_ns: now.saturating_duration_since(r).as_nanos() as u64,
+                slept: false,
+                wake_ns: None,
+            },
+            // Before the dispatcher even went to sleep: early, and cheap.
+            Stretch::Prewake { resumed: None, .. } => Outcome {
+                arrival: Some(Arrival::Early),
+                late_ns: None,
+                waited_ns: waited,
+                spun_ns: waited,
+                slept: false,
+                wake_ns: None,
+            },
         };
-        let waited = now.saturating_duration_since(since).as_nanos() as u64;
-        learner.record(crate::adaptive::Outcome {
-            arrival: None,
-            late_ns: None,
-            waited_ns: waited,
-            spun_ns: slept_after.map_or(waited, |d| (d.as_nanos() as u64).min(waited)),
-            slept: slept_after.is_some(),
-            wake_ns: None,
-        });
+        self.learned(o, now);
+    }
+
+    /// Woken from the idle sleep at `now`. Returns whether the stretch
+    /// goes on (a pre-wake's resume: poll until its spin end).
+    pub(super) fn woke(&mut self, now: Instant) -> bool {
+        let waited = self.ns(now) - self.ns(self.since);
+        let o = match self.stretch {
+            Stretch::Prewake {
+                resume,
+                spin_end,
+                resumed: None,
+            } if now >= resume => {
+                self.stretch = Stretch::Prewake {
+                    resume,
+                    spin_end,
+                    resumed: Some(now),
+                };
+                self.now = Some(spin_end.saturating_duration_since(self.since));
+                return true;
+            }
+            // Kicked before the resume time: a waiter's completion woke
+            // it (or a new wait came).
+            Stretch::Prewake { resumed: None, .. } => Outcome {
+                arrival: Some(Arrival::Early),
+                late_ns: None,
+                waited_ns: waited,
+                spun_ns: 0,
+                slept: true,
+                wake_ns: None,
+            },
+            // Polled after the resume until the spin end, then slept.
+            Stretch::Prewake {
+                resume,
+                spin_end,
+                resumed: Some(r),
+            } => Outcome {
+                arrival: Some(Arrival::Late),
+                late_ns: Some(r.saturating_duration_since(resume).as_nanos() as u64),
+                waited_ns: waited,
+                spun_ns: spin_end.saturating_duration_since(r).as_nanos() as u64,
+                slept: true,
+                wake_ns: None,
+            },
+            Stretch::Plain => Outcome {
+                arrival: None,
+                late_ns: None,
+                waited_ns: waited,
+                spun_ns: (self.now.unwrap_or_default().as_nanos() as u64).min(waited),
+                slept: true,
+                wake_ns: None,
+            },
+        };
+        self.learned(o, now);
+        false
+    }
+
+    fn learned(&mut self, o: Outcome, now: Instant) {
+        if let Some(learner) = self.learn.as_mut() {
+            learner.record(o);
+        }
         self.plan(now);
     }
 }

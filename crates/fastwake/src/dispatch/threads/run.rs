@@ -47,7 +47,7 @@ impl Hub {
                 }
                 empty = 0;
                 let now = Instant::now();
-                idle.busy(last_busy, now);
+                idle.busy(now);
                 self.publish_idle(&idle);
                 last_busy = now;
                 self.beat(last_busy);
@@ -76,12 +76,17 @@ impl Hub {
                 if let Some(t) = idle.threshold()
                     && last_busy.elapsed() >= t
                 {
-                    self.sleep_idle();
-                    let now = Instant::now();
-                    idle.woke(last_busy, now);
+                    let (now, handed) = self.idle_period(&mut watch, idle.resume_at());
+                    if handed > 0 {
+                        idle.busy(now);
+                        last_busy = now;
+                    } else if !idle.woke(now) {
+                        // (A pre-wake's resume continues the stretch: the
+                        // threshold counts from its start.)
+                        last_busy = now;
+                    }
                     self.publish_idle(&idle);
-                    last_busy = now;
-                    self.beat(last_busy);
+                    self.beat(now);
                 }
             }
         }
@@ -192,10 +197,40 @@ impl Hub {
         handed
     }
 
+    /// One idle period: sleep until kicked. With a pre-wake's `resume`, a
+    /// kick before it that is not a paused waiter back with its completion
+    /// (a thread announcing a new wait, a registration) does not end the
+    /// period: that wait is served if ready, else paused until `resume`
+    /// too, and the sleep goes on. Returns when it woke and the hand-offs
+    /// made meanwhile.
+    fn idle_period(&self, watch: &mut Watch, resume: Option<Instant>) -> (Instant, u32) {
+        let returned = self.returned.load(Ordering::Relaxed);
+        loop {
+            self.sleep_idle(resume);
+            let now = Instant::now();
+            if resume.is_none_or(|r| now >= r)
+                || self.exit_requested()
+                || self.returned.load(Ordering::Relaxed) != returned
+            {
+                return (now, 0);
+            }
+            let handed = self.turn(watch);
+            if handed > 0 {
+                return (now, handed);
+            }
+            self.beat(now);
+        }
+    }
+
     /// Idle: hand every waiting thread back to interrupt mode and sleep
-    /// until one of them (or a new wait) kicks us.
-    pub(in crate::dispatch) fn sleep_idle(&self) {
+    /// until one of them (or a new wait) kicks us. With `resume` (a
+    /// pre-wake, `idle` module), the paused threads come back to us then.
+    pub(in crate::dispatch) fn sleep_idle(&self, resume: Option<Instant>) {
         let seq = self.kick.load();
+        let ns = resume.map_or(0, |r| {
+            r.saturating_duration_since(self.epoch).as_nanos().max(1) as u64
+        });
+        self.resume_at.store(ns, Ordering::Release);
         self.mode.store(MODE_SLEEPING, Ordering::SeqCst);
         // Dekker with a waiter's announce (`Slot::wait_hand_off`: WAITING
         // and its bit, a fence, then `kick` reads the mode): either the
@@ -254,6 +289,14 @@ impl Hub {
         let ns = idle.threshold().map_or(u64::MAX, |d| d.as_nanos() as u64);
         if self.idle_ns.load(Ordering::Relaxed) != ns {
             self.idle_ns.store(ns, Ordering::Relaxed);
+        }
+        if let Some(s) = idle.stats() {
+            let v = [s.prewakes, s.prewake_early, s.prewake_caught, s.prewake_late];
+            for (c, v) in self.prewakes.iter().zip(v) {
+                if c.load(Ordering::Relaxed) != v {
+                    c.store(v, Ordering::Relaxed);
+                }
+            }
         }
     }
 }
