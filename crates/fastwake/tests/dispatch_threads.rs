@@ -1001,7 +1001,7 @@ fn a_learned_dispatcher_wakes_ahead_of_predictable_completions() {
         let h = consumer(wcpu, rx, n, start.clone());
         start.wait();
         fastwake::cpu::pin(pcpu).unwrap();
-        let gap = Duration::from_micros(400);
+        let gap = Duration::from_micros(std::env::var("FW_GAP_US").ok().and_then(|v| v.parse().ok()).unwrap_or(400));
         let t0 = Instant::now();
         for i in 0..n {
             // A steady schedule, not gaps after each send: the stretches

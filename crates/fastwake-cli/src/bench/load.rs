@@ -83,9 +83,11 @@ pub struct Args {
     /// Idle policy of the dispatcher on the consumer's CPU, which runs only
     /// when --mode includes dispatch (adaptive then hands waits to it too):
     /// `fixed` (sleep after 2 ms without a hand-off) or `adaptive` (the
-    /// threshold learned by the adaptive controller; see
-    /// dispatch::Config::learn_idle).
-    #[arg(long, default_value = "fixed", value_parser = ["fixed", "adaptive"])]
+    /// threshold learned by the adaptive controller, with its pre-wake
+    /// where the gaps are predictable; see dispatch::Config::learn_idle),
+    /// or `adaptive:OPTIONS` as in `--mode adaptive:…` (e.g.
+    /// `adaptive:prewake=off`).
+    #[arg(long, default_value = "fixed", value_parser = parse_dispatcher)]
     pub dispatcher: String,
     /// Measured seconds per mode and scenario.
     #[arg(long, default_value_t = 2.0)]
@@ -456,6 +458,77 @@ struct Ends {
     waiter: Waiter,
 }
 
+/// The dispatcher's CPU, charged to the mode it served: its mode's cost
+/// wherever it falls. After a dispatch window it polls on until its idle
+/// threshold, into the next mode's window, and charging that to the next
+/// mode made fixed modes look dearer than they are (by ~2 ms per window,
+/// which is most of an interrupt-mode window's CPU at 1k/s). Adaptive is
+/// charged the windows in which it handed waits to the dispatcher.
+pub(super) struct HelperClock {
+    helper: Option<Arc<Dispatcher>>,
+    dispatch_row: Option<usize>,
+}
+
+/// Where a window started, for [`HelperClock::charge`].
+#[derive(Clone, Copy)]
+pub(super) struct HelperMark {
+    dispatched: u64,
+    cpu: Duration,
+}
+
+impl HelperClock {
+    pub(super) fn new<'a>(
+        helper: Option<Arc<Dispatcher>>,
+        waiters: impl Iterator<Item = &'a Waiter>,
+    ) -> HelperClock {
+        let dispatch_row = waiters
+            .into_iter()
+            .position(|w| w.mode() == WaitMode::Dispatch);
+        HelperClock {
+            helper,
+            dispatch_row,
+        }
+    }
+
+    fn cpu(&self) -> Duration {
+        self.helper
+            .as_ref()
+            .and_then(|d| d.cpu_time())
+            .unwrap_or_default()
+    }
+
+    fn dispatched(w: &Waiter) -> u64 {
+        w.stats().handoffs + w.stats().dispatch_fallbacks + w.stats().dispatch_paused
+    }
+
+    /// Pre-wakes planned for `w`'s waits: its own (adaptive), or its
+    /// dispatcher's (dispatch mode, a learned idle policy).
+    pub(super) fn prewakes(&self, w: &Waiter) -> u64 {
+        match (w.mode(), &self.helper) {
+            (WaitMode::Dispatch, Some(d)) => d.stats().prewakes,
+            _ => w.adaptive_stats().map_or(0, |s| s.prewakes),
+        }
+    }
+
+    /// At the start of a window of waits by `w`.
+    pub(super) fn mark(&self, w: &Waiter) -> HelperMark {
+        HelperMark {
+            dispatched: Self::dispatched(w),
+            cpu: self.cpu(),
+        }
+    }
+
+    /// At its end: the row to charge (the window's own, or dispatch's) and
+    /// the dispatcher CPU used since `m`.
+    pub(super) fn charge(&self, m: HelperMark, w: &Waiter, row: usize) -> (usize, Duration) {
+        let h = self.cpu().saturating_sub(m.cpu);
+        match self.dispatch_row {
+            Some(d) if Self::dispatched(w) == m.dispatched => (d, h),
+            _ => (row, h),
+        }
+    }
+}
+
 fn consumer(
     mut ends: Vec<Ends>,
     sent: Arc<Vec<AtomicU64>>,
@@ -467,21 +540,7 @@ fn consumer(
     fastwake::cpu::pin(cpu)?;
     let mut out: Vec<Measured> = (0..ends.len()).map(|_| Measured::new()).collect();
     let mut taken = vec![0u64; ends.len()];
-    let helper_cpu = || {
-        helper
-            .as_ref()
-            .and_then(|d| d.cpu_time())
-            .unwrap_or_default()
-    };
-    // The dispatcher's CPU is its mode's cost wherever it falls: after a
-    // dispatch window it polls on until its idle threshold, into the next
-    // mode's window, and charging that to the next mode made fixed modes
-    // look dearer than they are (by ~2 ms per window, which is most of an
-    // interrupt-mode window's CPU at 1k/s). Adaptive is charged the
-    // windows in which it handed waits to the dispatcher.
-    let dispatch_row = ends
-        .iter()
-        .position(|e| e.waiter.mode() == WaitMode::Dispatch);
+    let helper = HelperClock::new(helper, ends.iter().map(|e| &e.waiter));
     for s in &segs {
         let e = &mut ends[s.mode];
         loop {
@@ -489,13 +548,9 @@ fn consumer(
                 break;
             }
         }
-        let dispatched0 = e.waiter.stats().handoffs + e.waiter.stats().dispatch_fallbacks;
+        let mark = helper.mark(&e.waiter);
         let sleeps0 = e.waiter.stats().sleeps;
-        let (c0, h0, w0) = (
-            fastwake::cpu::thread_cpu_time(),
-            helper_cpu(),
-            Instant::now(),
-        );
+        let (c0, w0) = (fastwake::cpu::thread_cpu_time(), Instant::now());
         let o = &mut out[s.mode];
         loop {
             let tag = e.rx.wait(&mut e.waiter)?;
@@ -520,18 +575,13 @@ fn consumer(
             o.cpu += fastwake::cpu::thread_cpu_time() - c0;
             o.wall += w0.elapsed();
             o.sleeps += e.waiter.stats().sleeps - sleeps0;
-            let used_dispatcher =
-                e.waiter.stats().handoffs + e.waiter.stats().dispatch_fallbacks > dispatched0;
-            let h = helper_cpu().saturating_sub(h0);
-            match dispatch_row {
-                Some(d) if !used_dispatcher => out[d].helper_cpu += h,
-                _ => out[s.mode].helper_cpu += h,
-            }
+            let (row, h) = helper.charge(mark, &e.waiter, s.mode);
+            out[row].helper_cpu += h;
         }
     }
     for (e, o) in ends.iter().zip(out.iter_mut()) {
         o.explain = e.waiter.explain();
-        o.prewakes = e.waiter.adaptive_stats().map_or(0, |s| s.prewakes);
+        o.prewakes = helper.prewakes(&e.waiter);
     }
     Ok(out)
 }
@@ -631,16 +681,42 @@ fn run_scenario(
     Ok((rows, explains))
 }
 
+/// `--dispatcher`: `fixed`, or an adaptive mode whose options configure
+/// the learned idle policy.
+fn parse_dispatcher(s: &str) -> std::result::Result<String, String> {
+    let expected = || format!("'{s}': expected fixed, adaptive or adaptive:OPTIONS");
+    if s == "fixed" {
+        return Ok(s.to_string());
+    }
+    match s.parse::<WaitMode>() {
+        Ok(WaitMode::Adaptive(_)) => Ok(s.to_string()),
+        Err(e) if s.starts_with("adaptive:") => Err(e.to_string()),
+        _ => Err(expected()),
+    }
+}
+
+/// The learned idle policy `--dispatcher` asks for (`None`: fixed).
+fn learned_idle(s: &str) -> Option<fastwake::adaptive::Config> {
+    match s.parse::<WaitMode>() {
+        Ok(WaitMode::Adaptive(c)) => Some(c),
+        _ => None,
+    }
+}
+
+/// The dispatcher on the consumer's CPU, with the idle policy of
+/// `--dispatcher`.
+pub(super) fn start_dispatcher(a: &Args) -> Result<Arc<Dispatcher>> {
+    let mut dc = dispatch::Config::new(a.cpus.1);
+    dc.learn_idle = learned_idle(&a.dispatcher);
+    Ok(Arc::new(Dispatcher::start(dc)?))
+}
+
 /// The open-loop scenarios: producer and consumer, every mode interleaved.
 fn open_loop(a: &Args, sc: Scenario, modes: &[WaitMode]) -> Result<Vec<Measured>> {
     let (txs, ends): (Vec<Tx>, Vec<Ends>) = streams(&a.source, modes, a.size)?.into_iter().unzip();
     let sent: Arc<Vec<AtomicU64>> = Arc::new((0..modes.len()).map(|_| AtomicU64::new(0)).collect());
     let helper = if modes.contains(&WaitMode::Dispatch) {
-        let mut dc = dispatch::Config::new(a.cpus.1);
-        if a.dispatcher == "adaptive" {
-            dc.learn_idle = Some(fastwake::adaptive::Config::default());
-        }
-        Some(Arc::new(Dispatcher::start(dc)?))
+        Some(start_dispatcher(a)?)
     } else {
         None
     };

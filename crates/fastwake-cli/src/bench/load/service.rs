@@ -200,8 +200,10 @@ fn client(
     segs: Vec<Segment>,
     epoch: Instant,
     cpu: u32,
+    helper: Option<Arc<fastwake::dispatch::Dispatcher>>,
 ) -> Result<(Vec<ClientMeasured>, Ends)> {
     fastwake::cpu::pin(cpu)?;
+    let helper = super::HelperClock::new(helper, ends.iter().map(|(_, w)| w));
     let mut out: Vec<ClientMeasured> = (0..ends.len())
         .map(|_| ClientMeasured {
             m: Measured::new(),
@@ -212,6 +214,7 @@ fn client(
         let (c, w) = &mut ends[s.mode];
         let o = &mut out[s.mode];
         let sleeps0 = w.stats().sleeps;
+        let mark = helper.mark(w);
         let (c0, w0) = (fastwake::cpu::thread_cpu_time(), Instant::now());
         let end = now_ns(epoch) + s.ns;
         loop {
@@ -234,11 +237,13 @@ fn client(
             o.m.cpu += fastwake::cpu::thread_cpu_time() - c0;
             o.m.wall += w0.elapsed();
             o.m.sleeps += w.stats().sleeps - sleeps0;
+            let (row, h) = helper.charge(mark, w, s.mode);
+            out[row].m.helper_cpu += h;
         }
     }
     for ((_, w), o) in ends.iter().zip(out.iter_mut()) {
         o.m.explain = w.explain();
-        o.m.prewakes = w.adaptive_stats().map_or(0, |s| s.prewakes);
+        o.m.prewakes = helper.prewakes(w);
     }
     // The ends go back to the caller, to be dropped once the server has
     // stopped: a request queue closed under a polling server is an error.
@@ -254,12 +259,17 @@ pub(super) fn run(
 ) -> Result<Vec<ClientMeasured>> {
     let mut clients = Vec::new();
     let mut servers = Vec::new();
-    for m in modes {
-        if *m == WaitMode::Dispatch {
+    let helper = if modes.contains(&WaitMode::Dispatch) {
+        if a.dispatcher == "fixed" {
             return Err(Fail::invalid(
-                "bench load: the service scenarios do not run dispatch mode (one waiter per core: a dispatcher would poll for it); leave it out of --mode",
+                "bench load: the service scenarios run dispatch mode only with --dispatcher adaptive (with the fixed 2 ms idle threshold the dispatcher polls through every service time: poll mode on another thread)",
             ));
         }
+        Some(super::start_dispatcher(a)?)
+    } else {
+        None
+    };
+    for m in modes {
         let (c, s) = pair(&a.source, a.size)?;
         clients.push((c, Waiter::new(*m)));
         servers.push(s);
@@ -280,7 +290,7 @@ pub(super) fn run(
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn server: {e}")))?;
     let cli = std::thread::Builder::new()
         .name("fw-load-cli".into())
-        .spawn(move || client(clients, segs, epoch, cc))
+        .spawn(move || client(clients, segs, epoch, cc, helper))
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn client: {e}")))?;
     let cr = cli.join();
     stop.store(true, Ordering::Relaxed);

@@ -242,6 +242,12 @@ impl Hub {
                 )
                 .is_ok();
         if woke {
+            // Its heartbeat is as old as its sleep: without a fresh one,
+            // the next wait (this thread's own, a few µs on) would judge a
+            // dispatcher that has not had a chance to run yet starved and
+            // fall back to interrupt mode (after every idle period longer
+            // than `STALE`: half the waits of a 1k/s stream, measured).
+            self.beat(Instant::now());
             self.kick.bump_and_wake_private();
         }
         // A plain load first: the swap (a locked RMW on a shared line) only
