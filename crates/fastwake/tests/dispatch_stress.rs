@@ -116,11 +116,64 @@ fn tasks_run(sources: usize, per: u64, seed: u64) {
     );
 }
 
+/// Like [`produce`], but in bursts on a steady schedule (every 300 µs,
+/// most of them on time, some up to 100 µs early or late, a few pauses of
+/// several periods): gaps a learned dispatcher finds predictable, so it
+/// plans pre-wakes, with completions arriving early, caught and late.
+fn produce_steady(mut txs: Vec<Sender>, per: u64, seed: u64, cpu: u32) {
+    fastwake::cpu::pin(cpu).unwrap();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n = txs.len();
+    let mut sent = vec![0u64; n];
+    let mut open: Vec<usize> = (0..n).collect();
+    let period = Duration::from_micros(300);
+    let mut due = Instant::now();
+    while !open.is_empty() {
+        due += period;
+        let at = match rng.random_range(0..16) {
+            0 => due - Duration::from_micros(rng.random_range(1..100)),
+            1 => due + Duration::from_micros(rng.random_range(1..100)),
+            2 => {
+                due += period * rng.random_range(1..4);
+                due
+            }
+            _ => due,
+        };
+        while Instant::now() < at {
+            std::hint::spin_loop();
+        }
+        for _ in 0..rng.random_range(1..=4usize).min(open.len()) {
+            let k = rng.random_range(0..open.len());
+            let i = open[k];
+            txs[i].send(sent[i], &[0u8; 8]).unwrap();
+            sent[i] += 1;
+            if sent[i] == per {
+                open.swap_remove(k);
+            }
+        }
+    }
+}
+
 /// Threads: `sources` threads in dispatch mode on one CPU with its
 /// dispatcher, each expecting `per` tags.
 fn threads_run(sources: usize, per: u64, seed: u64) {
+    let s = threads_run_with(sources, per, seed, None, produce);
+    assert!(s.notices > 0, "the notices were never used");
+}
+
+/// Threads with a dispatcher configured by `learn` (its learned idle
+/// policy), fed by `producer`; returns its stats.
+fn threads_run_with(
+    sources: usize,
+    per: u64,
+    seed: u64,
+    learn: Option<fastwake::adaptive::Config>,
+    producer: fn(Vec<Sender>, u64, u64, u32),
+) -> fastwake::dispatch::DispatchStats {
     let (pcpu, wcpu) = common::two_cpus();
-    let d = Dispatcher::start(Config::new(wcpu)).expect("start dispatcher");
+    let mut cfg = Config::new(wcpu);
+    cfg.learn_idle = learn;
+    let d = Dispatcher::start(cfg).expect("start dispatcher");
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..sources).map(|_| chan()).unzip();
     let start = std::sync::Arc::new(std::sync::Barrier::new(sources + 1));
     let waiters: Vec<_> = rxs
@@ -148,7 +201,7 @@ fn threads_run(sources: usize, per: u64, seed: u64) {
         })
         .collect();
     start.wait();
-    produce(txs, per, seed, pcpu);
+    producer(txs, per, seed, pcpu);
     let mut handoffs = 0;
     for w in waiters {
         handoffs += w.join().unwrap().handoffs;
@@ -157,7 +210,6 @@ fn threads_run(sources: usize, per: u64, seed: u64) {
     eprintln!(
         "stress threads, {sources} sources x {per}: {handoffs} hand-offs; dispatcher {s:?} (seed {seed})"
     );
-    assert!(s.notices > 0, "the notices were never used");
     // Late notices popped by a relaying thread are not counted as late, so
     // only report here what the tasks run asserts.
     if s.scan_found > s.late_notices {
@@ -166,6 +218,7 @@ fn threads_run(sources: usize, per: u64, seed: u64) {
             s.scan_found - s.late_notices
         );
     }
+    s
 }
 
 #[test]
@@ -183,4 +236,27 @@ fn many_sources_random_ready_patterns_threads() {
     let seed = common::stress_seed();
     eprintln!("dispatch stress seed {seed} (FW_STRESS_SEED to replay)");
     threads_run(64, 600, seed);
+}
+
+/// The dispatcher's pre-wake under stress: a learned idle policy on a
+/// steady schedule with early, late and paused bursts over 8 threads
+/// plans pre-wakes whose completions come early, in the spin and late;
+/// every completion still arrives once, in order.
+#[test]
+fn steady_bursts_with_prewakes_threads() {
+    let _g = common::spin_lock();
+    let seed = common::stress_seed();
+    eprintln!("dispatch stress seed {seed} (FW_STRESS_SEED to replay)");
+    let s = threads_run_with(
+        8,
+        400,
+        seed,
+        Some(fastwake::adaptive::Config::default()),
+        produce_steady,
+    );
+    assert!(s.prewakes > 0, "no pre-wake planned (seed {seed}): {s:?}");
+    assert!(
+        s.prewake_caught > 0,
+        "no pre-wake caught its completion (seed {seed}): {s:?}"
+    );
 }

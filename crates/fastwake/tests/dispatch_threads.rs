@@ -976,7 +976,7 @@ fn a_forked_child_starts_its_own_dispatcher() {
 }
 
 /// The dispatcher's pre-wake (`learn_idle` with `prewake=on`): completions
-/// at a steady 400 µs are predictable, so the learned policy sleeps right
+/// every 400 µs (+0-40 µs) are predictable, so the learned policy sleeps right
 /// after each hand-off and has its waiter come back shortly before the
 /// next completion, which is then handed off (caught) instead of waking
 /// the waiter in interrupt mode; with `prewake=off` the same stream is
@@ -986,7 +986,9 @@ fn a_learned_dispatcher_wakes_ahead_of_predictable_completions() {
     let _g = spin_lock();
     let (wcpu, pcpu) = cpus();
     if wcpu == pcpu {
-        eprintln!("SKIPPED a_learned_dispatcher_wakes_ahead_of_predictable_completions: needs 2 CPUs");
+        eprintln!(
+            "SKIPPED a_learned_dispatcher_wakes_ahead_of_predictable_completions: needs 2 CPUs"
+        );
         return;
     }
     let run = |prewake: bool, n: u64| {
@@ -1001,12 +1003,14 @@ fn a_learned_dispatcher_wakes_ahead_of_predictable_completions() {
         let h = consumer(wcpu, rx, n, start.clone());
         start.wait();
         fastwake::cpu::pin(pcpu).unwrap();
-        let gap = Duration::from_micros(std::env::var("FW_GAP_US").ok().and_then(|v| v.parse().ok()).unwrap_or(400));
+        let gap = Duration::from_micros(400);
         let t0 = Instant::now();
         for i in 0..n {
             // A steady schedule, not gaps after each send: the stretches
             // the dispatcher sees are the schedule's.
-            let due = t0 + gap * (i as u32 + 1);
+            // 0-40 µs late, scattered: a service time of 400 µs + 10 %.
+            let jitter = Duration::from_micros(i.wrapping_mul(2_654_435_761) % 41);
+            let due = t0 + gap * (i as u32 + 1) + jitter;
             while Instant::now() < due {
                 std::hint::spin_loop();
             }
@@ -1033,7 +1037,10 @@ fn a_learned_dispatcher_wakes_ahead_of_predictable_completions() {
         on_d.prewake_caught,
         on_d.prewakes
     );
-    assert!(on.dispatch_resumed > 0, "no paused wait came back at the resume time");
+    assert!(
+        on.dispatch_resumed > 0,
+        "no paused wait came back at the resume time"
+    );
     // Served by hand-off instead of interrupt-mode wake-ups after a pause.
     assert!(
         on.handoffs > off.handoffs + n / 4,

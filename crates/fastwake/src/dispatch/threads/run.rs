@@ -291,7 +291,12 @@ impl Hub {
             self.idle_ns.store(ns, Ordering::Relaxed);
         }
         if let Some(s) = idle.stats() {
-            let v = [s.prewakes, s.prewake_early, s.prewake_caught, s.prewake_late];
+            let v = [
+                s.prewakes,
+                s.prewake_early,
+                s.prewake_caught,
+                s.prewake_late,
+            ];
             for (c, v) in self.prewakes.iter().zip(v) {
                 if c.load(Ordering::Relaxed) != v {
                     c.store(v, Ordering::Relaxed);
