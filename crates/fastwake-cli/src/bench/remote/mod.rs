@@ -120,8 +120,16 @@ fn disagreement(here: &Run, there: &Run) -> Option<String> {
     };
     differ("size", size(here), size(there));
     differ("-n", here.iters.to_string(), there.iters.to_string());
-    differ("--warmup", here.warmup.to_string(), there.warmup.to_string());
-    differ("--rounds", here.rounds.to_string(), there.rounds.to_string());
+    differ(
+        "--warmup",
+        here.warmup.to_string(),
+        there.warmup.to_string(),
+    );
+    differ(
+        "--rounds",
+        here.rounds.to_string(),
+        there.rounds.to_string(),
+    );
     differ("--mode", here.modes.join(","), there.modes.join(","));
     (!d.is_empty()).then(|| d.join("; "))
 }
@@ -273,7 +281,10 @@ pub fn run(a: &Args) -> Result<()> {
         Peer::Fastwake(_) => {
             let theirs = conn.blob(me.encode().as_bytes(), "parameters")?;
             let theirs = Params::decode(&String::from_utf8_lossy(&theirs)).map_err(|e| {
-                Fail::new(libc::EPROTO, format!("exchange with {}: {e}", conn.peer_name))
+                Fail::new(
+                    libc::EPROTO,
+                    format!("exchange with {}: {e}", conn.peer_name),
+                )
             })?;
             if let Some(d) = disagreement(&run, &theirs.run) {
                 return Err(Fail::invalid(format!(
@@ -323,7 +334,18 @@ pub fn run(a: &Args) -> Result<()> {
     let plain = matches!(peer, Peer::Perftest(_));
     let mut ends = modes
         .iter()
-        .map(|m| remote_end(&dev, *m, max, cpu, policy, plain, role, Arc::clone(&progress)))
+        .map(|m| {
+            remote_end(
+                &dev,
+                *m,
+                max,
+                cpu,
+                policy,
+                plain,
+                role,
+                Arc::clone(&progress),
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
     let mine: Vec<Dest> = ends.iter().map(dest_of).collect();
     let mut theirs = Vec::new();
@@ -380,7 +402,8 @@ pub fn run(a: &Args) -> Result<()> {
                 .zip(&samples)
                 .zip(&my_cpu)
                 .map(|((m, s), c)| {
-                    let mut r = Row::from_sample("verbs", &m.to_string(), "remote", size, s, *c, *c);
+                    let mut r =
+                        Row::from_sample("verbs", &m.to_string(), "remote", size, s, *c, *c);
                     if client {
                         r.cpu_us_per_op_pong = f64::NAN;
                     } else {

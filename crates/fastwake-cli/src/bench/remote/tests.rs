@@ -138,10 +138,16 @@ fn two_fastwake_ends_know_each_other_and_refuse_other_parameters() {
                 "parameters",
             )
             .unwrap();
-        (peer, Params::decode(&String::from_utf8(theirs).unwrap()).unwrap())
+        (
+            peer,
+            Params::decode(&String::from_utf8(theirs).unwrap()).unwrap(),
+        )
     });
     let mut conn = Conn::from_stream(c, true, "server");
-    assert_eq!(conn.versions().unwrap(), Peer::Fastwake(wire::FASTWAKE_PROTO));
+    assert_eq!(
+        conn.versions().unwrap(),
+        Peer::Fastwake(wire::FASTWAKE_PROTO)
+    );
     let mine = Params {
         run: run("poll", 64, 1000),
         version: "0".into(),
@@ -193,7 +199,8 @@ fn a_peer_of_another_protocol_is_one_line() {
 #[test]
 fn a_silent_or_vanishing_peer_is_one_line() {
     let (c, s) = pair();
-    c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     let mut conn = Conn::from_stream(c, true, "silent");
     let e = conn.versions().unwrap_err().to_string();
     assert!(e.contains("no answer"), "{e}");
@@ -202,7 +209,10 @@ fn a_silent_or_vanishing_peer_is_one_line() {
     drop(s);
     let mut conn = Conn::from_stream(c, true, "gone");
     let e = conn.versions().unwrap_err().to_string();
-    assert!(e.contains("closed the connection") || e.contains("reset"), "{e}");
+    assert!(
+        e.contains("closed the connection") || e.contains("reset"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -231,8 +241,14 @@ fn the_connect_to_nothing_is_one_line() {
     let port = l.local_addr().unwrap().port();
     drop(l);
     let e = Conn::connect("127.0.0.1", port).err().unwrap().to_string();
-    assert!(e.contains(&format!("cannot connect to 127.0.0.1:{port}")), "{e}");
-    let e = Conn::connect("no-such-host.invalid", 1).err().unwrap().to_string();
+    assert!(
+        e.contains(&format!("cannot connect to 127.0.0.1:{port}")),
+        "{e}"
+    );
+    let e = Conn::connect("no-such-host.invalid", 1)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("cannot resolve no-such-host.invalid"), "{e}");
 }
 
@@ -252,5 +268,9 @@ fn params_round_trip() {
         device: "mlx5_0".into(),
     };
     assert_eq!(Params::decode(&p.encode()).unwrap(), p);
-    assert!(Params::decode("sizes=1\n").unwrap_err().contains("no 'all'"));
+    assert!(
+        Params::decode("sizes=1\n")
+            .unwrap_err()
+            .contains("no 'all'")
+    );
 }

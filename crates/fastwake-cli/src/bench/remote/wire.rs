@@ -161,14 +161,20 @@ pub fn parse_version(m: &[u8]) -> std::result::Result<Peer, String> {
                 }
             })
             .collect();
-        return Err(format!("its first bytes are \"{}\"", shown.trim_end_matches('.')));
+        return Err(format!(
+            "its first bytes are \"{}\"",
+            shown.trim_end_matches('.')
+        ));
     }
     let version = String::from_utf8_lossy(v).into_owned();
     let rest = &m[(end + 1).min(m.len())..];
     let rest_end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
     let tail = String::from_utf8_lossy(&rest[..rest_end]);
     if let Some(n) = tail.strip_prefix("fastwake ") {
-        let n = n.trim().parse().map_err(|_| format!("fastwake protocol '{n}'"))?;
+        let n = n
+            .trim()
+            .parse()
+            .map_err(|_| format!("fastwake protocol '{n}'"))?;
         return Ok(Peer::Fastwake(n));
     }
     Ok(Peer::Perftest(version))
