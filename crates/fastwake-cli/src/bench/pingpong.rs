@@ -148,7 +148,7 @@ fn ends(
 }
 
 /// Warn about each option given for a source it does not apply to.
-pub(super) fn warn_unused_options(a: &Args) {
+fn warn_unused_options(a: &Args) {
     let src = a.source.as_str();
     let warn = |opt: &str, applies: &str| super::warn_unused(opt, applies, src);
     if src != "channel" && a.doorbell != "futex" {
@@ -196,7 +196,23 @@ pub fn run(a: Args) -> Result<()> {
         )));
     }
     if a.source == "verbs" && !a.local {
-        return super::remote::run(&a);
+        warn_unused_options(&a);
+        return super::remote::run(&super::remote::Opts {
+            common: &a.common,
+            modes: if a.events {
+                vec!["interrupt".into()]
+            } else {
+                a.mode.0.clone()
+            },
+            all: a.all,
+            dev: a.dev.as_deref(),
+            ib_port: a.ib_port,
+            gid_index: a.gid_index,
+            port: a.port,
+            host: a.host.as_deref(),
+            replace: &a.replace,
+            out_json: a.out_json.as_deref(),
+        });
     }
     a.common.validate()?;
     warn_unused_options(&a);

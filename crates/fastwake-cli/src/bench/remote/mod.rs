@@ -17,7 +17,6 @@
 pub mod wire;
 
 use super::harness::{self, Placement, Plan, Progress};
-use super::pingpong::Args;
 use super::sources::verbs::{VerbsEnd, remote_end};
 use super::stats::{self, Row, Sample};
 use fastwake::source::verbs::{Device, Endpoint};
@@ -31,6 +30,22 @@ use wire::{Conn, Dest, Peer};
 pub const MAX_SIZE: usize = 1 << 23;
 /// No message from the peer for this long during a run ends it.
 const STALL: Duration = Duration::from_secs(10);
+
+/// The options of `bench pingpong` this form uses (`bench::pingpong`
+/// fills it from its arguments).
+pub struct Opts<'a> {
+    pub common: &'a super::Common,
+    /// The `--mode` names (or `interrupt` for -e).
+    pub modes: Vec<String>,
+    pub all: bool,
+    pub dev: Option<&'a str>,
+    pub ib_port: u8,
+    pub gid_index: Option<u8>,
+    pub port: u16,
+    pub host: Option<&'a str>,
+    pub replace: &'a str,
+    pub out_json: Option<&'a std::path::Path>,
+}
 
 /// What an end runs; two fastwake ends must agree on all of it.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,7 +150,7 @@ fn disagreement(here: &Run, there: &Run) -> Option<String> {
 }
 
 /// The options of this run, checked.
-fn run_of(a: &Args) -> Result<(Run, Vec<WaitMode>)> {
+fn run_of(a: &Opts) -> Result<(Run, Vec<WaitMode>)> {
     let c = &a.common;
     if c.iters == 0 {
         return Err(Fail::invalid("--iters must be at least 1"));
@@ -148,11 +163,7 @@ fn run_of(a: &Args) -> Result<(Run, Vec<WaitMode>)> {
             "--size must be between 1 and {MAX_SIZE} with --source verbs"
         )));
     }
-    let names: Vec<String> = if a.events {
-        vec!["interrupt".into()]
-    } else {
-        a.mode.0.clone()
-    };
+    let names = a.modes.clone();
     let modes = names
         .iter()
         .map(|m| m.parse::<WaitMode>())
@@ -242,11 +253,10 @@ pub fn write_out_json(path: &std::path::Path, run: serde_json::Value, rows: &[Ro
 }
 
 /// Run one end of the two-process ping-pong.
-pub fn run(a: &Args) -> Result<()> {
-    super::pingpong::warn_unused_options(a);
+pub fn run(a: &Opts) -> Result<()> {
     let (run, modes) = run_of(a)?;
     let policy = a.replace.parse()?;
-    let dev = Arc::new(Device::open_port(a.dev.as_deref(), a.ib_port, a.gid_index)?);
+    let dev = Arc::new(Device::open_port(a.dev, a.ib_port, a.gid_index)?);
     let client = a.host.is_some();
     let role = if client { "client" } else { "server" };
     let cpu = if client {
@@ -258,7 +268,7 @@ pub fn run(a: &Args) -> Result<()> {
     // perftest sends a GID whenever it has a GID index: always on RoCE,
     // on InfiniBand only with -x.
     let with_gid = dev.is_roce() || a.gid_index.is_some();
-    let mut conn = match &a.host {
+    let mut conn = match a.host {
         Some(h) => Conn::connect(h, a.port)?,
         None => Conn::accept(a.port, || {
             eprintln!(
@@ -441,7 +451,7 @@ pub fn run(a: &Args) -> Result<()> {
         p["device"] = pp.device.clone().into();
     }
     meta["peer"] = p;
-    if let Some(path) = &a.out_json {
+    if let Some(path) = a.out_json {
         write_out_json(path, meta.clone(), &rows)?;
     }
     if a.common.json {
