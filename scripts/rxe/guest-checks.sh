@@ -90,7 +90,7 @@ check_send_lat() {
 check_fastwake_bench_pingpong() {
     rxe_need_fastwake || return
     local out="$RXE_LOGDIR/fastwake-bench-pingpong.out" rc=0
-    timeout -k 2 $((RXE_CHECK_TIMEOUT - 5)) "$RXE_FASTWAKE" bench pingpong --source verbs --dev "$RXE_DEV" \
+    timeout -k 2 $((RXE_CHECK_TIMEOUT - 5)) "$RXE_FASTWAKE" bench pingpong --source verbs --local --dev "$RXE_DEV" \
         --mode poll,interrupt,hybrid --iters 1000 --warmup 100 --rounds 2 --cpus "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" \
         >"$out" 2>&1 || rc=$?
     cat "$out"
@@ -149,6 +149,8 @@ rxe_verbs_checks
 # --- issue 15: RDMA as really written ---
 . "$RXE_SELF_DIR/channel-checks.sh"
 rxe_channel_checks
+. "$RXE_SELF_DIR/bench2-checks.sh"
+rxe_bench2_checks
 # --- end issue 15 ---
 # --- issue 18: stall monitor, ODP guard ---
 . "$RXE_SELF_DIR/stall-checks.sh"

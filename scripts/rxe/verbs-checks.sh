@@ -45,7 +45,7 @@ check_verbs_tests() {
 check_verbs_bench() {
     rxe_need_fastwake || return
     local out="$RXE_LOGDIR/verbs-bench.json"
-    "$RXE_FASTWAKE" bench pingpong --source verbs --dev "$RXE_DEV" --cpus "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" \
+    "$RXE_FASTWAKE" bench pingpong --source verbs --local --dev "$RXE_DEV" --cpus "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" \
         --mode poll,interrupt,hybrid,adaptive --iters 1000 --warmup 100 --rounds 5 --json >"$out" \
         || { rxe_fail "fastwake bench pingpong --source verbs failed: $(tail -n 1 "$out")"; return 1; }
     cat "$out"

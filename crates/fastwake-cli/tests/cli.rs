@@ -367,3 +367,86 @@ fn help_lists_the_values_of_every_enumerated_option() {
         assert!(help.contains(p), "run --help lacks {p}: {help}");
     }
 }
+
+/// The two-process verbs flags (perftest's -i, -x, -p, -a, -F, --out_json)
+/// parse; without an RDMA device both the server and the client form are
+/// one line, before any TCP; a HOST needs --source verbs.
+#[test]
+fn two_process_verbs_flags_and_errors_are_one_line() {
+    if std::path::Path::new("/dev/infiniband").exists() {
+        eprintln!("SKIPPED two_process_verbs_flags_and_errors_are_one_line: this host has RDMA");
+        return;
+    }
+    let no_rdma = "RDMA";
+    assert_one_line_error(&["bench", "pingpong", "--source", "verbs"], no_rdma);
+    assert_one_line_error(
+        &[
+            "bench",
+            "pingpong",
+            "--source",
+            "verbs",
+            "-d",
+            "rxe0",
+            "-i",
+            "2",
+            "-x",
+            "3",
+            "-p",
+            "18600",
+            "-a",
+            "-F",
+            "-e",
+            "--out_json",
+            "/dev/null",
+            "10.0.0.1",
+        ],
+        no_rdma,
+    );
+    assert_one_line_error(
+        &["bench", "pingpong", "--source", "verbs", "-i", "0"],
+        "--ib-port",
+    );
+    assert_one_line_error(
+        &["bench", "pingpong", "--source", "verbs", "-a", "-s", "8"],
+        "'--all' cannot be used with '--size",
+    );
+    assert_one_line_error(
+        &[
+            "bench", "pingpong", "--source", "verbs", "--local", "10.0.0.1",
+        ],
+        "cannot be used with",
+    );
+    assert_one_line_error(
+        &["bench", "pingpong", "--source", "tcp", "10.0.0.1"],
+        "a HOST (the client of a two-process run) needs --source verbs",
+    );
+}
+
+/// `--out-json FILE`: one object with the run metadata and the rows.
+#[test]
+fn out_json_writes_run_metadata_and_rows() {
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let path = std::env::temp_dir().join(format!("fw-out-json-{}.json", std::process::id()));
+    let o = fastwake(&[
+        "bench",
+        "pingpong",
+        "--mode",
+        "interrupt",
+        "-n",
+        "50",
+        "--warmup",
+        "5",
+        "--rounds",
+        "1",
+        "--out-json",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    for k in ["version", "host", "date", "command"] {
+        assert!(doc["run"][k].is_string(), "{k}: {doc}");
+    }
+    assert_eq!(doc["rows"].as_array().unwrap().len(), 1, "{doc}");
+    assert_eq!(doc["rows"][0]["iters"], 50);
+}

@@ -22,6 +22,15 @@ pub trait End: Send {
     fn recv(&mut self) -> Result<()>;
 }
 
+impl<T: End + ?Sized> End for Box<T> {
+    fn send(&mut self) -> Result<()> {
+        (**self).send()
+    }
+    fn recv(&mut self) -> Result<()> {
+        (**self).recv()
+    }
+}
+
 /// Where the two ends run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
@@ -100,12 +109,12 @@ pub fn run(cases: Vec<Case>, plan: Plan, progress: &Progress) -> Result<Vec<Row>
 
     let pong = std::thread::Builder::new()
         .name("fw-pong".into())
-        .spawn(move || pong_loop(pongs, &places2, plan))
+        .spawn(move || pong_loop(&mut pongs, &places2, plan, false))
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn pong thread: {e}")))?;
     let prog = progress.clone();
     let ping = std::thread::Builder::new()
         .name("fw-ping".into())
-        .spawn(move || ping_loop(pings, &places, plan, &prog))
+        .spawn(move || ping_loop(&mut pings, &places, plan, &prog))
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn ping thread: {e}")))?;
     let ping_r = ping
         .join()
@@ -114,7 +123,7 @@ pub fn run(cases: Vec<Case>, plan: Plan, progress: &Progress) -> Result<Vec<Row>
         .join()
         .map_err(|_| Fail::new(libc::EIO, "pong thread panicked"))?;
     let (samples, ping_cpu) = ping_r?;
-    let pong_cpu = pong_r?;
+    let (_, pong_cpu) = pong_r?;
     Ok(labels
         .into_iter()
         .zip(samples)
@@ -141,8 +150,10 @@ fn place(cpu: u32, current: &mut Option<u32>) -> Result<()> {
     Ok(())
 }
 
-fn ping_loop(
-    mut ends: Vec<Box<dyn End>>,
+/// The ping end of every case, in the schedule's turns (the two-process
+/// bench runs it alone in its client).
+pub(crate) fn ping_loop<E: End>(
+    ends: &mut [E],
     places: &[Placement],
     plan: Plan,
     progress: &Progress,
@@ -175,11 +186,17 @@ fn ping_loop(
     Ok((samples, cpu))
 }
 
-fn pong_loop(
-    mut ends: Vec<Box<dyn End>>,
+/// The pong end of every case, in the same turns. With `record`, it also
+/// times each of its replies to the next message (a round trip seen from
+/// this end, as perftest's server measures; off in the one-process bench,
+/// where it would only cost a clock read per message).
+pub(crate) fn pong_loop<E: End>(
+    ends: &mut [E],
     places: &[Placement],
     plan: Plan,
-) -> Result<Vec<Duration>> {
+    record: bool,
+) -> Result<(Vec<Sample>, Vec<Duration>)> {
+    let mut samples: Vec<Sample> = (0..ends.len()).map(|_| Sample::new()).collect();
     let mut cpu = vec![Duration::ZERO; ends.len()];
     let mut on = None;
     // The same turns as the ping end's, in the same order.
@@ -193,11 +210,23 @@ fn pong_loop(
             }
         }
         let c0 = fastwake::cpu::thread_cpu_time();
-        for _ in 0..t.amount {
-            end.recv()?;
-            end.send()?;
+        if record {
+            let mut replied: Option<Instant> = None;
+            for _ in 0..t.amount {
+                end.recv()?;
+                if let Some(t0) = replied {
+                    samples[i].record_rtt(t0.elapsed());
+                }
+                replied = Some(Instant::now());
+                end.send()?;
+            }
+        } else {
+            for _ in 0..t.amount {
+                end.recv()?;
+                end.send()?;
+            }
         }
         cpu[i] += fastwake::cpu::thread_cpu_time() - c0;
     }
-    Ok(cpu)
+    Ok((samples, cpu))
 }

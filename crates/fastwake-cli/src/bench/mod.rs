@@ -5,6 +5,7 @@ pub mod ipc;
 pub mod load;
 pub mod odp;
 pub mod pingpong;
+pub mod remote;
 pub mod rounds;
 pub mod share;
 pub mod sources;

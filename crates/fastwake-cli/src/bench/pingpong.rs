@@ -20,6 +20,43 @@ pub struct Args {
     /// the same as --mode interrupt.
     #[arg(short = 'e', long, conflicts_with = "mode")]
     pub events: bool,
+    /// `--source verbs`: run the client end of a two-process run against
+    /// the server on HOST (a `fastwake bench pingpong --source verbs`
+    /// without HOST, or perftest's `ib_send_lat`). Without HOST and
+    /// without --local, this process is the server: it waits for one
+    /// client.
+    #[arg(value_name = "HOST")]
+    pub host: Option<String>,
+    /// `--source verbs`: both ends in this process (the quick check; no
+    /// peer, no TCP exchange).
+    #[arg(long, conflicts_with = "host")]
+    pub local: bool,
+    /// `--source verbs`: the device's port (perftest's -i).
+    #[arg(short = 'i', long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
+    pub ib_port: u8,
+    /// `--source verbs`: GID index (perftest's -x; default: on RoCE the
+    /// first IPv4-mapped GID among 0-7, on InfiniBand none, as perftest).
+    #[arg(short = 'x', long)]
+    pub gid_index: Option<u8>,
+    /// Two-process `--source verbs`: the TCP port of the exchange
+    /// (perftest's -p; the server listens on it).
+    #[arg(short = 'p', long, default_value_t = super::remote::wire::DEFAULT_PORT)]
+    pub port: u16,
+    /// Two-process `--source verbs`: every size 2, 4, ... 8388608 bytes
+    /// (perftest's -a), one row each.
+    #[arg(short = 'a', long, conflicts_with = "size")]
+    pub all: bool,
+    /// Accepted for perftest's command lines (its -F: no warning when the
+    /// CPU frequency may change); fastwake bench prints no such warning
+    /// (`fastwake doctor` reports the frequency governor).
+    #[arg(short = 'F', long = "cpu-freq", alias = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// Also write the rows to FILE as one JSON object: `run` (fastwake
+    /// version, host, date, command, and for verbs the device, port, GID
+    /// and the peer) and `rows` (the objects --json prints). perftest's
+    /// spelling --out_json is accepted.
+    #[arg(long, value_name = "FILE", alias = "out_json")]
+    pub out_json: Option<std::path::PathBuf>,
     /// Completion source: channel (shared memory), verbs (RDMA RC
     /// send/recv), tcp (socket source) or uring (io_uring receives).
     #[arg(long, default_value = "channel", value_parser = ["channel", "verbs", "tcp", "uring"])]
@@ -81,7 +118,15 @@ fn ends(
         }
         "verbs" => {
             let policy = a.replace.parse()?;
-            let (p, q) = sources::verbs::pair(a.dev.as_deref(), mode, size, a.common.cpus, policy)?;
+            let (p, q) = sources::verbs::pair(
+                a.dev.as_deref(),
+                a.ib_port,
+                a.gid_index,
+                mode,
+                size,
+                a.common.cpus,
+                policy,
+            )?;
             Ok((Box::new(p), Box::new(q)))
         }
         "tcp" => {
@@ -116,6 +161,21 @@ fn warn_unused_options(a: &Args) {
         if a.replace != "report" {
             warn("--replace", "--source verbs");
         }
+        if a.ib_port != 1 {
+            warn("--ib-port", "--source verbs");
+        }
+        if a.gid_index.is_some() {
+            warn("--gid-index", "--source verbs");
+        }
+        if a.local {
+            warn("--local", "--source verbs");
+        }
+    }
+    if (src != "verbs" || a.local) && a.port != super::remote::wire::DEFAULT_PORT {
+        warn("--port", "two-process --source verbs");
+    }
+    if (src != "verbs" || a.local) && a.all {
+        warn("--all", "two-process --source verbs");
     }
     if !matches!(src, "tcp" | "uring") && a.net.net != "loopback" {
         warn("--net", "--source tcp and uring");
@@ -129,6 +189,31 @@ fn warn_unused_options(a: &Args) {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.host.is_some() && a.source != "verbs" {
+        return Err(Fail::invalid(format!(
+            "a HOST (the client of a two-process run) needs --source verbs, not --source {}",
+            a.source
+        )));
+    }
+    if a.source == "verbs" && !a.local {
+        warn_unused_options(&a);
+        return super::remote::run(&super::remote::Opts {
+            common: &a.common,
+            modes: if a.events {
+                vec!["interrupt".into()]
+            } else {
+                a.mode.0.clone()
+            },
+            all: a.all,
+            dev: a.dev.as_deref(),
+            ib_port: a.ib_port,
+            gid_index: a.gid_index,
+            port: a.port,
+            host: a.host.as_deref(),
+            replace: &a.replace,
+            out_json: a.out_json.as_deref(),
+        });
+    }
     a.common.validate()?;
     warn_unused_options(&a);
     let doorbell = parse_doorbell(&a.doorbell)?;
@@ -158,6 +243,19 @@ pub fn run(a: Args) -> Result<()> {
         });
     }
     let rows = measure(cases, &a.common)?;
+    if let Some(path) = &a.out_json {
+        let mut run = serde_json::to_value(crate::meta::RunMeta::now()).expect("meta serialises");
+        if a.source == "verbs" {
+            let first = fastwake::source::verbs::device_names()
+                .ok()
+                .and_then(|v| v.into_iter().next());
+            run["device"] = a.dev.clone().or(first).into();
+            run["ib_port"] = a.ib_port.into();
+            run["gid_index"] = a.gid_index.into();
+            run["role"] = "local".into();
+        }
+        super::remote::write_out_json(path, run, &rows)?;
+    }
     if a.common.json {
         stats::print_json(&rows);
     } else {

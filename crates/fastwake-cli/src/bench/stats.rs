@@ -1,7 +1,7 @@
 //! Latency statistics and the perftest-style report.
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Round-trip samples of one case.
@@ -46,7 +46,7 @@ impl Sample {
 }
 
 /// One report row: the JSON keys are the public contract of `--json`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Row {
     pub source: String,
     pub mode: String,

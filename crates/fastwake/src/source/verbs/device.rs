@@ -5,7 +5,8 @@ use super::sys::*;
 use crate::{Fail, Result};
 use std::ffi::CStr;
 
-/// An opened verbs device with one protection domain, on port 1.
+/// An opened verbs device with one protection domain, on one port (1
+/// unless [`Device::open_port`] chose another).
 pub struct Device {
     pub(crate) lib: &'static Verbs,
     pub(crate) ctx: *mut ibv_context,
@@ -51,7 +52,17 @@ impl Device {
     /// `gid_index`, or on RoCE the first IPv4-mapped one among 0..8 (RoCE v2
     /// on rxe and mlx5 with an IPv4 address).
     pub fn open(name: Option<&str>, gid_index: Option<u8>) -> Result<Device> {
+        Device::open_port(name, 1, gid_index)
+    }
+
+    /// [`Device::open`] on port `port` (perftest's `-i`): an error line
+    /// when the device has no such port, the port is not active, or
+    /// `gid_index` is beyond the port's GID table or holds no GID.
+    pub fn open_port(name: Option<&str>, port: u8, gid_index: Option<u8>) -> Result<Device> {
         let lib = verbs()?;
+        if port == 0 {
+            return Err(Fail::invalid("RDMA port numbers start at 1"));
+        }
         let mut n = 0;
         // SAFETY: n is a valid out-pointer; the list is freed below.
         let list = unsafe { (lib.get_device_list)(&mut n) };
@@ -120,7 +131,7 @@ impl Device {
             ctx,
             pd,
             name: dev_name,
-            port: 1,
+            port,
             port_attr: ibv_port_attr::default(),
             gid_index: 0,
             gid: ibv_gid::default(),
@@ -130,18 +141,40 @@ impl Device {
         let rc = unsafe { (lib.query_port)(ctx, dev.port, &mut dev.port_attr) };
         if rc != 0 {
             return Err(Fail::new(
-                rc,
-                format!("ibv_query_port({}, 1) failed", dev.name),
+                libc::EINVAL,
+                format!(
+                    "{} has no port {port} (ibv_query_port: {})",
+                    dev.name,
+                    std::io::Error::from_raw_os_error(rc)
+                ),
             ));
         }
         if dev.port_attr.state != IBV_PORT_ACTIVE {
             return Err(Fail::new(
                 libc::ENETDOWN,
                 format!(
-                    "{} port 1 is not active (state {})",
+                    "{} port {port} is not active (state {})",
                     dev.name, dev.port_attr.state
                 ),
             ));
+        }
+        if let Some(g) = gid_index {
+            let len = dev.port_attr.gid_tbl_len.max(0);
+            let bad = |why: String| {
+                Fail::new(
+                    libc::EINVAL,
+                    format!("GID index {g} of {} port {port}: {why}", dev.name),
+                )
+            };
+            if i32::from(g) >= len {
+                return Err(bad(format!("the port's GID table has {len} entries")));
+            }
+            let gid = dev
+                .query_gid(g)
+                .map_err(|_| bad("ibv_query_gid failed".into()))?;
+            if gid.raw == [0; 16] {
+                return Err(bad("no GID there (empty entry)".into()));
+            }
         }
         let pick = match gid_index {
             Some(g) => Some(g),
@@ -194,12 +227,12 @@ impl Device {
         self.port_attr.link_layer == IBV_LINK_LAYER_ETHERNET
     }
 
-    /// Port attributes of port 1.
+    /// Attributes of the port used.
     pub fn port_attr(&self) -> &ibv_port_attr {
         &self.port_attr
     }
 
-    /// The port number used (1).
+    /// The port number used.
     pub fn port(&self) -> u8 {
         self.port
     }

@@ -163,6 +163,18 @@ impl RcQp {
 
     /// Bring the QP to RTS connected to `remote`.
     pub fn connect(&self, remote: &Endpoint) -> Result<()> {
+        self.connect_mtu(remote, self.path_mtu())
+    }
+
+    /// The path MTU [`RcQp::connect`] uses: the port's active MTU, at most
+    /// 1024 (an `IBV_MTU_*` value, as perftest exchanges it).
+    pub fn path_mtu(&self) -> u32 {
+        self.dev.port_attr().active_mtu.clamp(1, IBV_MTU_1024)
+    }
+
+    /// [`RcQp::connect`] with path MTU `mtu` (an `IBV_MTU_*` value both
+    /// ends agreed on; RC needs the same on both).
+    pub fn connect_mtu(&self, remote: &Endpoint, mtu: u32) -> Result<()> {
         let dev = &self.dev;
         let mut a = ibv_qp_attr {
             qp_state: IBV_QPS_INIT,
@@ -188,7 +200,7 @@ impl RcQp {
         }
         let mut a = ibv_qp_attr {
             qp_state: IBV_QPS_RTR,
-            path_mtu: dev.port_attr().active_mtu.clamp(1, IBV_MTU_1024),
+            path_mtu: mtu,
             dest_qp_num: remote.qpn,
             rq_psn: remote.psn,
             max_dest_rd_atomic: 1,
@@ -262,6 +274,20 @@ impl RcQp {
         imm: u32,
         signaled: bool,
     ) -> Result<()> {
+        self.post_send_op(wr_id, mr, off, len, Some(imm), signaled)
+    }
+
+    /// [`RcQp::post_send`], a plain SEND (no immediate data: what
+    /// perftest's `ib_send_lat` sends) when `imm` is `None`.
+    pub fn post_send_op(
+        &self,
+        wr_id: u64,
+        mr: &Mr,
+        off: usize,
+        len: usize,
+        imm: Option<u32>,
+        signaled: bool,
+    ) -> Result<()> {
         let mut sge = ibv_sge {
             addr: mr.addr(off),
             length: len as u32,
@@ -276,9 +302,13 @@ impl RcQp {
             next: std::ptr::null_mut(),
             sg_list: &mut sge,
             num_sge: 1,
-            opcode: IBV_WR_SEND_WITH_IMM,
+            opcode: if imm.is_some() {
+                IBV_WR_SEND_WITH_IMM
+            } else {
+                IBV_WR_SEND
+            },
             send_flags: flags,
-            imm_data: imm,
+            imm_data: imm.unwrap_or(0),
             _unions: [0; 11],
         };
         let mut bad = std::ptr::null_mut();
