@@ -149,6 +149,8 @@ rxe_verbs_checks
 # --- issue 15: RDMA as really written ---
 . "$RXE_SELF_DIR/channel-checks.sh"
 rxe_channel_checks
+. "$RXE_SELF_DIR/capi-checks.sh"
+rxe_check c-abi-verbs             check_capi_verbs
 # --- end issue 15 ---
 # --- issue 18: stall monitor, ODP guard ---
 . "$RXE_SELF_DIR/stall-checks.sh"
