@@ -34,6 +34,13 @@ check_capi_verbs() {
     FASTWAKE_TEST_VERBS_DEV="$RXE_DEV" FASTWAKE_TEST_VERBS_GID="$RXE_GID" \
         taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" verbs "$RXE_CAPI_ITERS" >"$out" 2>&1 || rc=$?
     cat "$out"
+    if [ $rc -gt 128 ] && [ $rc != 137 ] && command -v gdb >/dev/null; then
+        # A crash: where, from a second run under gdb (the log keeps it).
+        echo "+ exit $rc: again under gdb for a backtrace"
+        FASTWAKE_TEST_VERBS_DEV="$RXE_DEV" FASTWAKE_TEST_VERBS_GID="$RXE_GID" \
+            taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" gdb -q -batch -ex run -ex 'thread apply all bt 12' \
+            --args "$exe" verbs "$RXE_CAPI_ITERS" 2>&1 | tail -n 60
+    fi
     summary=$(rxe_last_match "$out" '^c-abi: [0-9]+ passed, [0-9]+ failed') \
         || { rxe_fail "no 'c-abi: N passed' line (exit $rc): $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
     if line=$(rxe_last_match "$out" '^SKIPPED '); then

@@ -856,7 +856,7 @@ static void verbs_checks(int n) {
     int bad = ibv_destroy_qp(v_ping.qp) | ibv_destroy_qp(v_pong_end.qp);
     v_ping.qp = v_pong_end.qp = NULL;
     bad |= ibv_destroy_cq(v_ping.send_cq) | ibv_destroy_cq(v_ping.cq) | ibv_destroy_cq(v_pong_end.cq);
-    v_ping.send_cq = v_ping.cq = v_pong_end.cq = NULL;
+    v_ping.send_cq = v_ping.cq = v_pong_end.cq = v_pong_end.send_cq = NULL;
     check(!bad, "verbs: the program destroys its QPs and CQs (no unacked event left)", "a destroy failed");
     vend_free(&v_ping);
     vend_free(&v_pong_end);
@@ -871,6 +871,7 @@ static void verbs_checks(int n) {
 #endif
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* every line out before a crash, into a file too */
     /* `abi verbs [N]`: only the verbs part (the Soft-RoCE guest runs it). */
     if (argc > 1 && !strcmp(argv[1], "verbs")) {
         verbs_checks(argc > 2 ? atoi(argv[2]) : 500);
