@@ -172,6 +172,21 @@ fn notify_fd_of<S: Source + ?Sized>(src: Option<&S>) -> c_int {
         .map_or(-1, |f| f.as_raw_fd())
 }
 
+/// `fw_*_stats`: `make` the C struct from the live object `p` and store
+/// it at `out`.
+fn stats_of<T, S>(p: *const T, out: *mut S, make: impl FnOnce(&T) -> S) -> Result<(), Fail> {
+    // SAFETY: NULL or a live object from this library (the header's
+    // contract).
+    let o = unsafe { p.as_ref() }.ok_or_else(|| Fail::invalid("object pointer is NULL"))?;
+    if out.is_null() {
+        return Err(Fail::invalid("stats pointer is NULL"));
+    }
+    let s = make(o);
+    // SAFETY: non-null and writable per the header.
+    unsafe { *out = s };
+    Ok(())
+}
+
 fn destroy<T>(p: *mut T) {
     if !p.is_null() {
         // SAFETY: created by Box::into_raw here and destroyed once, per the
@@ -444,24 +459,17 @@ pub unsafe extern "C" fn fw_wait(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_waiter_stats(w: *const fw_waiter, out: *mut fw_wait_stats) -> c_int {
     guard(|| {
-        // SAFETY: NULL or a live waiter.
-        let w = unsafe { w.as_ref() }.ok_or_else(|| Fail::invalid("waiter is NULL"))?;
-        if out.is_null() {
-            return Err(Fail::invalid("stats pointer is NULL"));
-        }
-        let s = w.0.stats();
-        // SAFETY: non-null and writable per the header.
-        unsafe {
-            *out = fw_wait_stats {
+        stats_of(w, out, |w| {
+            let s = w.0.stats();
+            fw_wait_stats {
                 completions: s.completions,
                 without_sleep: s.without_sleep,
                 sleeps: s.sleeps,
                 rechecks_hit: s.rechecks_hit,
                 spurious: s.spurious,
                 spin_skipped_same_cpu: s.spin_skipped_same_cpu,
-            };
-        }
-        Ok(())
+            }
+        })
     })
 }
 
@@ -503,15 +511,9 @@ pub unsafe extern "C" fn fw_dispatcher_stats(
     out: *mut fw_dispatch_stats,
 ) -> c_int {
     guard(|| {
-        // SAFETY: NULL or a live dispatcher.
-        let d = unsafe { d.as_ref() }.ok_or_else(|| Fail::invalid("dispatcher is NULL"))?;
-        if out.is_null() {
-            return Err(Fail::invalid("stats pointer is NULL"));
-        }
-        let s = d.0.stats();
-        // SAFETY: non-null and writable per the header.
-        unsafe {
-            *out = fw_dispatch_stats {
+        stats_of(d, out, |d| {
+            let s = d.0.stats();
+            fw_dispatch_stats {
                 handoffs: s.handoffs,
                 rescued: s.rescued,
                 relayed: s.relayed,
@@ -525,9 +527,8 @@ pub unsafe extern "C" fn fw_dispatcher_stats(
                     fastwake::dispatch::State::Dead => 2,
                 },
                 reserved: 0,
-            };
-        }
-        Ok(())
+            }
+        })
     })
 }
 
@@ -783,23 +784,16 @@ pub unsafe extern "C" fn fw_verbs_cq_stats(
     out: *mut fw_verbs_stats,
 ) -> c_int {
     guard(|| {
-        // SAFETY: NULL or a live object.
-        let v = unsafe { v.as_ref() }.ok_or_else(|| Fail::invalid("object pointer is NULL"))?;
-        if out.is_null() {
-            return Err(Fail::invalid("stats pointer is NULL"));
-        }
-        let s = v.0.stats();
-        // SAFETY: non-null and writable per the header.
-        unsafe {
-            *out = fw_verbs_stats {
+        stats_of(v, out, |v| {
+            let s = v.0.stats();
+            fw_verbs_stats {
                 events: s.events,
                 acked: s.acked,
                 ack_calls: s.ack_calls,
                 arms: s.arms,
                 stashed: v.0.stashed() as u64,
-            };
-        }
-        Ok(())
+            }
+        })
     })
 }
 

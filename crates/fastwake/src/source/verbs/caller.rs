@@ -17,16 +17,12 @@
 //! existing CQ cannot be known from user space, so the caller chooses it
 //! at creation with [`vector_for_cpu`].
 
-use super::cq::{CqCore, CqStats, Wc, cq_ops};
+use super::cq::{CqCore, CqStats, Wc, cq_ops, cq_source};
 use super::loader::verbs;
 use super::sys::*;
 use crate::affinity::{self, Placement, VectorMap};
-use crate::source::{Peek, Rechecked, Source};
 use crate::{Fail, Result};
 use std::ffi::CStr;
-use std::os::fd::BorrowedFd;
-use std::sync::Arc;
-use std::time::Duration;
 
 /// How many events a [`CallerCq`] reads before it acks them in one call.
 pub const CALLER_ACK_BATCH: u32 = 16;
@@ -51,7 +47,7 @@ impl CallerCq {
     /// from an extended CQ with `ibv_cq_ex_to_cq`) and `channel` null or
     /// its completion channel; both must stay live until this value is
     /// dropped. While it lives, the CQ must be polled only through it
-    /// ([`Source::try_take`], [`CallerCq::poll`]: peeks, its own and a
+    /// ([`crate::Source::try_take`], [`CallerCq::poll`]: peeks, its own and a
     /// dispatcher's, move CQEs into a buffer these return first), and no
     /// one else may read events from the channel while a wait is under
     /// way.
@@ -124,37 +120,7 @@ impl CallerCq {
     }
 }
 
-impl Source for CallerCq {
-    type Completion = Wc;
-
-    fn name(&self) -> &'static str {
-        "verbs"
-    }
-
-    fn ready(&self) -> bool {
-        self.core.shared.ready()
-    }
-
-    fn try_take(&mut self) -> Result<Option<Wc>> {
-        self.core.shared.take()
-    }
-
-    fn arm(&mut self) -> Result<()> {
-        self.core.arm()
-    }
-
-    fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> Result<()> {
-        self.core.sleep(timeout)
-    }
-
-    fn notify_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.core.notify_fd()
-    }
-
-    fn peek(&self) -> Option<&Arc<dyn Peek>> {
-        Some(&self.core.peek)
-    }
-}
+cq_source!(CallerCq);
 
 impl Drop for CallerCq {
     fn drop(&mut self) {
@@ -209,10 +175,11 @@ mod tests {
     //! on hosts without rdma-core or a device. Events need a real channel
     //! (the Soft-RoCE guest: `c-abi-verbs`, `verbs-tests`).
     use super::*;
-    use crate::{WaitMode, Waiter};
+    use crate::{Source, WaitMode, Waiter};
     use std::collections::VecDeque;
     use std::ffi::{c_int, c_void};
     use std::sync::Mutex;
+    use std::time::Duration;
 
     type Queue = Mutex<VecDeque<u64>>;
 

@@ -4,10 +4,10 @@
 //! chosen completion vector and tears them down acking every event first
 //! (`ibv_destroy_cq` blocks forever on unacked events). Data path:
 //!
-//! - peek ([`Source::ready`], and [`Peek::ready`] from the dispatcher's
+//! - peek ([`crate::Source::ready`], and [`Peek::ready`] from the dispatcher's
 //!   thread): `poll_cq` into a small stash. For rxe and mlx5 polling reads a
 //!   user-mapped queue, no syscall. A CQE that was looked at is never lost:
-//!   it waits in the stash for [`Source::try_take`], which drains the stash
+//!   it waits in the stash for [`crate::Source::try_take`], which drains the stash
 //!   before polling again (under the stash lock, so order is kept).
 //! - arm: `req_notify_cq(cq, 0)` (one-shot; leaving it armed is harmless, it
 //!   only causes one event that the next sleep consumes).
@@ -25,7 +25,7 @@ use super::device::{Device, errno};
 use super::loader::Verbs;
 use super::sys::*;
 use crate::affinity::{self, Placement, ReplacePolicy, Replacement, Replacer, VectorMap};
-use crate::source::{Peek, Rechecked, Source};
+use crate::source::Peek;
 use crate::{Fail, Result};
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
@@ -241,7 +241,7 @@ pub(super) struct CqCore {
     notify_fn: ReqNotifyCqFn,
     pub(super) shared: Arc<Shared>,
     /// The dispatcher's handle on `shared`, made once (see
-    /// [`Source::peek`]).
+    /// [`crate::Source::peek`]).
     pub(super) peek: Arc<dyn Peek>,
     unacked: u32,
     ack_batch: u32,
@@ -338,19 +338,8 @@ impl CqCore {
         };
         // SAFETY: the channel outlives self's borrow.
         let fd = unsafe { BorrowedFd::borrow_raw((*ch.raw).fd) };
-        let mut pfd = [rustix::event::PollFd::new(
-            &fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let ts = timeout.map(|t| rustix::time::Timespec {
-            tv_sec: t.as_secs() as _,
-            tv_nsec: t.subsec_nanos() as _,
-        });
-        match rustix::event::poll(&mut pfd, ts.as_ref()) {
-            Ok(0) => return Ok(()),
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => return Ok(()),
-            Err(e) => return Err(Fail::os("poll completion channel", e)),
+        if !crate::source::wait_readable(fd, timeout, false, "poll completion channel")? {
+            return Ok(());
         }
         let mut ev_cq = std::ptr::null_mut();
         let mut ev_ctx = std::ptr::null_mut();
@@ -402,6 +391,51 @@ impl CqCore {
             .store(std::ptr::null_mut(), Ordering::Release);
     }
 }
+
+/// The one [`crate::Source`] implementation of the verbs CQ sources ([`VerbsCq`],
+/// [`super::CallerCq`]): every operation is their `core`'s ([`CqCore`]);
+/// `arm` first runs the lazy re-placement check of the field named, if any.
+macro_rules! cq_source {
+    ($ty:ty $(, $replacer:ident)?) => {
+        impl $crate::source::Source for $ty {
+            type Completion = $crate::source::verbs::Wc;
+
+            fn name(&self) -> &'static str {
+                "verbs"
+            }
+
+            fn ready(&self) -> bool {
+                self.core.shared.ready()
+            }
+
+            fn try_take(&mut self) -> $crate::Result<Option<$crate::source::verbs::Wc>> {
+                self.core.shared.take()
+            }
+
+            fn arm(&mut self) -> $crate::Result<()> {
+                $(self.$replacer.check();)?
+                self.core.arm()
+            }
+
+            fn sleep(
+                &mut self,
+                _proof: $crate::source::Rechecked,
+                timeout: Option<std::time::Duration>,
+            ) -> $crate::Result<()> {
+                self.core.sleep(timeout)
+            }
+
+            fn notify_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+                self.core.notify_fd()
+            }
+
+            fn peek(&self) -> Option<&std::sync::Arc<dyn $crate::source::Peek>> {
+                Some(&self.core.peek)
+            }
+        }
+    };
+}
+pub(super) use cq_source;
 
 /// A CQ with a completion channel, usable with every wait mode.
 pub struct VerbsCq {
@@ -512,38 +546,7 @@ impl VerbsCq {
     }
 }
 
-impl Source for VerbsCq {
-    type Completion = Wc;
-
-    fn name(&self) -> &'static str {
-        "verbs"
-    }
-
-    fn ready(&self) -> bool {
-        self.core.shared.ready()
-    }
-
-    fn try_take(&mut self) -> Result<Option<Wc>> {
-        self.core.shared.take()
-    }
-
-    fn arm(&mut self) -> Result<()> {
-        self.replacer.check();
-        self.core.arm()
-    }
-
-    fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> Result<()> {
-        self.core.sleep(timeout)
-    }
-
-    fn notify_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.core.notify_fd()
-    }
-
-    fn peek(&self) -> Option<&Arc<dyn Peek>> {
-        Some(&self.core.peek)
-    }
-}
+cq_source!(VerbsCq, replacer);
 
 impl Drop for VerbsCq {
     fn drop(&mut self) {
