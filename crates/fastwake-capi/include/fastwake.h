@@ -271,7 +271,8 @@ int fw_verbs_cq_create(struct ibv_cq *cq, struct ibv_comp_channel *channel, fw_v
  * copy up to max of them to wc (max >= 1) and their count to *n (may be
  * NULL; 0 on failure). ETIMEDOUT: none within timeout_ns (< 0: forever).
  * EINVAL: NULL w, v or wc, max < 1, a mode other than "poll" on a CQ without
- * a channel, or an event for another CQ on the channel. A work completion
+ * a channel, or an event for another CQ on the channel. EBADF: the channel's
+ * fd was closed. A work completion
  * with an error status is returned like any other (check wc[i].status);
  * an error of ibv_poll_cq itself is returned as its errno. A signal does not
  * end the wait unless fw_waiter_set_interruptible (dispatch mode). */

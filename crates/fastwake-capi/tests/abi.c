@@ -437,6 +437,7 @@ static void ring_checks(void) {
  * CQ and channel it created itself, in every mode. */
 #ifdef FW_TEST_VERBS
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 
 _Static_assert(sizeof(struct ibv_wc) == 48, "struct ibv_wc as fastwake-verbs-sys has it");
@@ -470,6 +471,10 @@ static int vend_init(struct vend *e, int cpu, int own_send_cq) {
     if (fw_verbs_comp_vector_for_cpu(vd.ctx, cpu, &vec)) return -1;
     e->ch = ibv_create_comp_channel(vd.ctx);
     if (!e->ch) return -1;
+    /* fastwake leaves a channel's fd as the program made it: the ping end's
+     * is non-blocking (as epoll programs make it), the pong end's blocking
+     * (rdma-core's default). */
+    if (own_send_cq && fcntl(e->ch->fd, F_SETFL, fcntl(e->ch->fd, F_GETFL) | O_NONBLOCK)) return -1;
     e->cq = ibv_create_cq(vd.ctx, 4 * V_DEPTH, NULL, e->ch, vec);
     e->send_cq = own_send_cq ? ibv_create_cq(vd.ctx, 4 * V_DEPTH, NULL, e->ch, vec) : e->cq;
     e->buf = calloc(V_DEPTH + 1, V_MSG);
