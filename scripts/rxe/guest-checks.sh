@@ -151,6 +151,8 @@ rxe_verbs_checks
 rxe_channel_checks
 . "$RXE_SELF_DIR/bench2-checks.sh"
 rxe_bench2_checks
+. "$RXE_SELF_DIR/capi-checks.sh"
+rxe_check c-abi-verbs             check_capi_verbs
 # --- end issue 15 ---
 # --- issue 18: stall monitor, ODP guard ---
 . "$RXE_SELF_DIR/stall-checks.sh"

@@ -66,6 +66,23 @@ typedef struct fw_waiter fw_waiter;     /* a wait mode plus its statistics */
 typedef struct fw_dispatcher fw_dispatcher; /* a per-core dispatcher thread */
 typedef struct fw_socket fw_socket;     /* a stream socket read in fixed-size messages */
 typedef struct fw_ring fw_ring;         /* a completion ring the caller owns (io_uring CQ) */
+typedef struct fw_verbs_cq fw_verbs_cq; /* an RDMA CQ (+ completion channel) the caller owns */
+
+/* libibverbs' types, declared only: include <infiniband/verbs.h> to use
+ * the fw_verbs_* functions; nothing else here needs it. */
+struct ibv_context;
+struct ibv_cq;
+struct ibv_comp_channel;
+struct ibv_wc;
+
+/* What a fw_verbs_cq did (fw_verbs_cq_stats). */
+struct fw_verbs_stats {
+    uint64_t events;    /* completion events fastwake read from the channel */
+    uint64_t acked;     /* of those, acked with ibv_ack_cq_events so far */
+    uint64_t ack_calls; /* ibv_ack_cq_events calls (acks are batched) */
+    uint64_t arms;      /* ibv_req_notify_cq calls */
+    uint64_t stashed;   /* work completions polled by a peek, not yet returned */
+};
 
 /* Version of this ABI in the loaded library; compare with FW_ABI_VERSION. */
 uint32_t fw_abi_version(void);
@@ -190,6 +207,94 @@ int fw_ring_create(const unsigned *head, const unsigned *tail, int fd, int kind,
  * was closed. */
 int fw_ring_wait(fw_waiter *w, fw_ring *r, int64_t timeout_ns, unsigned *ready);
 void fw_ring_destroy(fw_ring *r);
+
+/* ---- RDMA verbs: a CQ and completion channel the caller created ----------
+ *
+ * fw_verbs_cq_create(cq, channel, &v) makes the caller's CQ a source for
+ * every wait mode above, "dispatch" and "adaptive" included (a dispatcher
+ * peeks the CQ); fw_verbs_cq_wait(w, v, timeout_ns, wc, max, &n) waits and
+ * returns work completions, like ibv_poll_cq after ibv_get_cq_event:
+ *
+ *     struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+ *     int vec;
+ *     fw_verbs_comp_vector_for_cpu(ctx, -1, &vec);   // the vector for this CPU
+ *     struct ibv_cq *cq = ibv_create_cq(ctx, 256, NULL, ch, vec);
+ *     fw_verbs_cq *v; fw_waiter *w; struct ibv_wc wc[16]; int n;
+ *     fw_verbs_cq_create(cq, ch, &v);
+ *     fw_waiter_create("hybrid:20us", &w);
+ *     ... post work ...
+ *     if (fw_verbs_cq_wait(w, v, -1, wc, 16, &n) == 0)
+ *         for (int i = 0; i < n; i++) handle(&wc[i]);
+ *     ...
+ *     fw_verbs_cq_destroy(v);        // first: acks every event fastwake read
+ *     ibv_destroy_cq(cq);            // then the caller's own teardown
+ *     ibv_destroy_comp_channel(ch);
+ *
+ * Ownership. The CQ and the channel stay the caller's: fastwake creates
+ * and destroys neither, and leaves the channel's fd as it is (blocking or
+ * not). Both must outlive the fw_verbs_cq. Destroy the fw_verbs_cq before
+ * ibv_destroy_cq (and before destroying anything its CQ depends on).
+ *
+ * What fastwake does to them. It polls the CQ (ibv_poll_cq, through the
+ * context's ops as verbs.h does), arms it (ibv_req_notify_cq(cq, 0)), reads
+ * events from the channel (ibv_get_cq_event) and acks them
+ * (ibv_ack_cq_events).
+ *
+ * Rules, while the fw_verbs_cq exists:
+ *   - Poll the CQ only through fastwake: fw_verbs_cq_wait and fw_verbs_cq_poll,
+ *     not ibv_poll_cq. fastwake's peeks (a hybrid or poll spin, the re-check
+ *     after arming, a dispatcher on another thread) take CQEs from the CQ
+ *     and keep them for the caller; the two calls return those first, in
+ *     the CQ's order. A direct ibv_poll_cq could return later CQEs first.
+ *   - Acks: fastwake acks exactly the events it read, in batches of 16, and
+ *     all that are left when the fw_verbs_cq is destroyed (so ibv_destroy_cq
+ *     never blocks because of fastwake). Events the caller reads itself with
+ *     ibv_get_cq_event (between fastwake's waits, never during one) are the
+ *     caller's to ack. A wait may leave the CQ armed: that arm's event may
+ *     then sit in the channel for the caller's next read, an event that
+ *     brings no CQE, which rdma-core allows.
+ *   - The channel must serve this CQ only while fastwake waits on it. An
+ *     event for another CQ on the same channel is acked (so that CQ's
+ *     ibv_destroy_cq does not hang) and the wait fails with EINVAL.
+ *   - One thread at a time uses a fw_verbs_cq, as for the other sources.
+ *     Posting work requests on the CQ's QPs from any thread is fine.
+ * A CQ created without a completion channel (channel NULL in both calls) can
+ * be waited on with a "poll" waiter only.
+ */
+
+/* Make the caller's cq a source. channel is the completion channel cq was
+ * created with, or NULL if it was created with none. EINVAL: cq NULL,
+ * channel not the CQ's, or out NULL; ENOTSUP: the provider has no
+ * poll_cq/req_notify_cq ops, or libibverbs.so.1 cannot be loaded. */
+int fw_verbs_cq_create(struct ibv_cq *cq, struct ibv_comp_channel *channel, fw_verbs_cq **out);
+/* Wait, in w's mode, until the CQ has at least one work completion, then
+ * copy up to max of them to wc (max >= 1) and their count to *n (may be
+ * NULL; 0 on failure). ETIMEDOUT: none within timeout_ns (< 0: forever).
+ * EINVAL: NULL w, v or wc, max < 1, a mode other than "poll" on a CQ without
+ * a channel, or an event for another CQ on the channel. EBADF: the channel's
+ * fd was closed. A work completion
+ * with an error status is returned like any other (check wc[i].status);
+ * an error of ibv_poll_cq itself is returned as its errno. A signal does not
+ * end the wait unless fw_waiter_set_interruptible (dispatch mode). */
+int fw_verbs_cq_wait(fw_waiter *w, fw_verbs_cq *v, int64_t timeout_ns, struct ibv_wc *wc, int max,
+                     int *n);
+/* Without waiting: copy up to max work completions to wc, *n = how many
+ * (0: none). What to call instead of ibv_poll_cq while v exists. */
+int fw_verbs_cq_poll(fw_verbs_cq *v, struct ibv_wc *wc, int max, int *n);
+int fw_verbs_cq_stats(const fw_verbs_cq *v, struct fw_verbs_stats *out);
+/* Ack every event fastwake read, stop peeking, free v. The CQ and the
+ * channel are left to the caller. NULL is accepted. */
+void fw_verbs_cq_destroy(fw_verbs_cq *v);
+
+/* The completion vector (for ibv_create_cq) whose completions are signalled
+ * on CPU cpu (-1: the CPU the calling thread runs on now): the vector whose
+ * interrupt is delivered to that CPU (mlx5: /proc/interrupts and the IRQ's
+ * effective affinity), vector = CPU on providers without interrupts (rxe,
+ * siw), else vector 0. The same choice fastwake makes for its own CQs
+ * (docs/verbs.md, "Completion-vector affinity"). Create the CQ of a thread
+ * pinned to a CPU on that CPU's vector and its wake-ups stay on that CPU.
+ * EINVAL: ctx or vector NULL, cpu < -1 or not a CPU of this host. */
+int fw_verbs_comp_vector_for_cpu(struct ibv_context *ctx, int cpu, int *vector);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@
 
 use fastwake::source::channel::{self, Config, Doorbell, Receiver, Sender, SharedChannel};
 use fastwake::{Fail, Source, WaitMode, Waiter};
+use fastwake_verbs_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_wc};
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -58,6 +59,17 @@ pub struct fw_waiter(Waiter);
 pub struct fw_dispatcher(fastwake::dispatch::Dispatcher);
 pub struct fw_socket(fastwake::source::socket::SocketSource);
 pub struct fw_ring(fastwake::source::ring::ExternalRing);
+pub struct fw_verbs_cq(fastwake::source::verbs::CallerCq);
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct fw_verbs_stats {
+    pub events: u64,
+    pub acked: u64,
+    pub ack_calls: u64,
+    pub arms: u64,
+    pub stashed: u64,
+}
 
 /// `fw_ring_create`'s kinds, as the header defines them.
 pub const FW_RING_LEVEL: c_int = 0;
@@ -158,6 +170,21 @@ fn wait_for<S: Source + ?Sized>(
 fn notify_fd_of<S: Source + ?Sized>(src: Option<&S>) -> c_int {
     src.and_then(|s| s.notify_fd())
         .map_or(-1, |f| f.as_raw_fd())
+}
+
+/// `fw_*_stats`: `make` the C struct from the live object `p` and store
+/// it at `out`.
+fn stats_of<T, S>(p: *const T, out: *mut S, make: impl FnOnce(&T) -> S) -> Result<(), Fail> {
+    // SAFETY: NULL or a live object from this library (the header's
+    // contract).
+    let o = unsafe { p.as_ref() }.ok_or_else(|| Fail::invalid("object pointer is NULL"))?;
+    if out.is_null() {
+        return Err(Fail::invalid("stats pointer is NULL"));
+    }
+    let s = make(o);
+    // SAFETY: non-null and writable per the header.
+    unsafe { *out = s };
+    Ok(())
 }
 
 fn destroy<T>(p: *mut T) {
@@ -432,24 +459,17 @@ pub unsafe extern "C" fn fw_wait(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_waiter_stats(w: *const fw_waiter, out: *mut fw_wait_stats) -> c_int {
     guard(|| {
-        // SAFETY: NULL or a live waiter.
-        let w = unsafe { w.as_ref() }.ok_or_else(|| Fail::invalid("waiter is NULL"))?;
-        if out.is_null() {
-            return Err(Fail::invalid("stats pointer is NULL"));
-        }
-        let s = w.0.stats();
-        // SAFETY: non-null and writable per the header.
-        unsafe {
-            *out = fw_wait_stats {
+        stats_of(w, out, |w| {
+            let s = w.0.stats();
+            fw_wait_stats {
                 completions: s.completions,
                 without_sleep: s.without_sleep,
                 sleeps: s.sleeps,
                 rechecks_hit: s.rechecks_hit,
                 spurious: s.spurious,
                 spin_skipped_same_cpu: s.spin_skipped_same_cpu,
-            };
-        }
-        Ok(())
+            }
+        })
     })
 }
 
@@ -491,15 +511,9 @@ pub unsafe extern "C" fn fw_dispatcher_stats(
     out: *mut fw_dispatch_stats,
 ) -> c_int {
     guard(|| {
-        // SAFETY: NULL or a live dispatcher.
-        let d = unsafe { d.as_ref() }.ok_or_else(|| Fail::invalid("dispatcher is NULL"))?;
-        if out.is_null() {
-            return Err(Fail::invalid("stats pointer is NULL"));
-        }
-        let s = d.0.stats();
-        // SAFETY: non-null and writable per the header.
-        unsafe {
-            *out = fw_dispatch_stats {
+        stats_of(d, out, |d| {
+            let s = d.0.stats();
+            fw_dispatch_stats {
                 handoffs: s.handoffs,
                 rescued: s.rescued,
                 relayed: s.relayed,
@@ -513,9 +527,8 @@ pub unsafe extern "C" fn fw_dispatcher_stats(
                     fastwake::dispatch::State::Dead => 2,
                 },
                 reserved: 0,
-            };
-        }
-        Ok(())
+            }
+        })
     })
 }
 
@@ -674,6 +687,152 @@ pub unsafe extern "C" fn fw_ring_destroy(r: *mut fw_ring) {
     destroy(r)
 }
 
+/// The caller's `struct ibv_wc` array of `max` entries, or why not.
+fn wc_out<'a>(wc: *mut ibv_wc, max: c_int) -> Result<&'a mut [ibv_wc], Fail> {
+    if wc.is_null() {
+        return Err(Fail::invalid("the work completion array is NULL"));
+    }
+    if max < 1 {
+        return Err(Fail::invalid(format!(
+            "max is {max}: room for at least one work completion is needed"
+        )));
+    }
+    // SAFETY: per the header, wc points to max writable struct ibv_wc
+    // (whose layout fastwake-verbs-sys checks against verbs.h).
+    Ok(unsafe { std::slice::from_raw_parts_mut(wc, max as usize) })
+}
+
+fn store_count(n: *mut c_int, v: usize) {
+    if !n.is_null() {
+        // SAFETY: NULL or writable per the header.
+        unsafe { *n = v as c_int };
+    }
+}
+
+/// # Safety
+/// `cq` is a live CQ and `channel` NULL or its channel, both outliving the
+/// object (the header's contract); `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_verbs_cq_create(
+    cq: *mut ibv_cq,
+    channel: *mut ibv_comp_channel,
+    out_v: *mut *mut fw_verbs_cq,
+) -> c_int {
+    guard(|| {
+        check_out(out_v)?;
+        // SAFETY: the caller's promise above, passed on unchanged;
+        // from_raw checks NULL, the channel against the CQ's and the ops.
+        let src = unsafe { fastwake::source::verbs::CallerCq::from_raw(cq, channel) }?;
+        out(out_v, fw_verbs_cq(src))
+    })
+}
+
+/// # Safety
+/// `w` and `v` from this library; `wc` writable for `max` entries; `n`
+/// NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_verbs_cq_wait(
+    w: *mut fw_waiter,
+    v: *mut fw_verbs_cq,
+    timeout_ns: i64,
+    wc: *mut ibv_wc,
+    max: c_int,
+    n: *mut c_int,
+) -> c_int {
+    store_count(n, 0);
+    guard(|| {
+        let w = obj(w)?;
+        let v = obj(v)?;
+        let out = wc_out(wc, max)?;
+        if !v.0.has_channel() && w.0.mode() != WaitMode::Poll {
+            return Err(Fail::invalid(format!(
+                "the CQ has no completion channel: only a \"poll\" waiter can wait on it, not \"{}\"",
+                w.0.mode()
+            )));
+        }
+        out[0] = wait_for(&mut w.0, &mut v.0, timeout_ns)?;
+        let more = v.0.poll(&mut out[1..])?;
+        store_count(n, 1 + more);
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `v` from this library; `wc` writable for `max` entries; `n` NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_verbs_cq_poll(
+    v: *mut fw_verbs_cq,
+    wc: *mut ibv_wc,
+    max: c_int,
+    n: *mut c_int,
+) -> c_int {
+    store_count(n, 0);
+    guard(|| {
+        let v = obj(v)?;
+        let got = v.0.poll(wc_out(wc, max)?)?;
+        store_count(n, got);
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `v` from this library; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_verbs_cq_stats(
+    v: *const fw_verbs_cq,
+    out: *mut fw_verbs_stats,
+) -> c_int {
+    guard(|| {
+        stats_of(v, out, |v| {
+            let s = v.0.stats();
+            fw_verbs_stats {
+                events: s.events,
+                acked: s.acked,
+                ack_calls: s.ack_calls,
+                arms: s.arms,
+                stashed: v.0.stashed() as u64,
+            }
+        })
+    })
+}
+
+/// # Safety
+/// `v` is NULL or from this library, destroyed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_verbs_cq_destroy(v: *mut fw_verbs_cq) {
+    destroy(v)
+}
+
+/// # Safety
+/// `ctx` NULL or an open context; `vector` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_verbs_comp_vector_for_cpu(
+    ctx: *mut ibv_context,
+    cpu: c_int,
+    vector: *mut c_int,
+) -> c_int {
+    guard(|| {
+        if vector.is_null() {
+            return Err(Fail::invalid("vector pointer is NULL"));
+        }
+        let cpu = match cpu {
+            -1 => None,
+            c if c < 0 => {
+                return Err(Fail::invalid(format!(
+                    "cpu {c}: a CPU number or -1 (the calling thread's)"
+                )));
+            }
+            c => Some(c as u32),
+        };
+        // SAFETY: ctx is NULL (refused there) or open, per the header.
+        let p = unsafe { fastwake::source::verbs::vector_for_cpu(ctx, cpu) }?;
+        // SAFETY: non-null (checked) and writable per the header.
+        unsafe { *vector = p.vector as c_int };
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod abi_sizes {
     use super::*;
@@ -691,6 +850,10 @@ mod abi_sizes {
         assert_eq!(std::mem::size_of::<fw_dispatch_stats>(), 64);
         assert_eq!(std::mem::offset_of!(fw_dispatch_stats, idle_after_ns), 48);
         assert_eq!(std::mem::offset_of!(fw_dispatch_stats, state), 56);
+        assert_eq!(std::mem::size_of::<fw_verbs_stats>(), 40);
+        assert_eq!(std::mem::offset_of!(fw_verbs_stats, stashed), 32);
+        // fw_verbs_cq_wait fills the caller's struct ibv_wc array.
+        assert_eq!(std::mem::size_of::<ibv_wc>(), 48);
     }
 
     #[test]

@@ -391,18 +391,20 @@ pub(crate) fn wait_eventfd(
     what: &str,
 ) -> Result<()> {
     use std::os::fd::AsFd;
-    wait_readable(efd.as_fd(), timeout, true, what)
+    wait_readable(efd.as_fd(), timeout, true, what).map(drop)
 }
 
 /// Sleep until `fd` is readable or `timeout` passes; with `drain`, read
 /// the eventfd counter it then holds (the fd must be non-blocking if
-/// anyone else may drain it). Returns on signal or spuriously.
+/// anyone else may drain it). Returns on signal or spuriously; `true` when
+/// the fd was readable (a read of it will not block, unless someone else
+/// reads first).
 pub(crate) fn wait_readable(
     fd: BorrowedFd<'_>,
     timeout: Option<Duration>,
     drain: bool,
     what: &str,
-) -> Result<()> {
+) -> Result<bool> {
     let mut fds = [rustix::event::PollFd::new(
         &fd,
         rustix::event::PollFlags::IN,
@@ -422,9 +424,9 @@ pub(crate) fn wait_readable(
                 let mut b = [0u8; 8];
                 let _ = rustix::io::read(fd, &mut b);
             }
-            Ok(())
+            Ok(true)
         }
-        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(false),
         Err(e) => Err(crate::Fail::os(what, e)),
     }
 }

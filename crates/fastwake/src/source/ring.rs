@@ -199,7 +199,7 @@ impl Source for ExternalRing {
     fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> Result<()> {
         // SAFETY: the caller of `new` keeps the fd open while we live.
         let fd = unsafe { BorrowedFd::borrow_raw(self.fd) };
-        super::wait_readable(fd, timeout, self.kind == RingFd::EventFd, "poll ring fd")
+        super::wait_readable(fd, timeout, self.kind == RingFd::EventFd, "poll ring fd").map(drop)
     }
 
     fn notify_fd(&self) -> Option<BorrowedFd<'_>> {

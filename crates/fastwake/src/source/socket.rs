@@ -432,7 +432,7 @@ impl Source for SocketSource {
             // rounds it up to a whole ms, which made every pre-wake sleep
             // past its completion (measured: all 8,576 woken by the
             // socket, wake p50 as interrupt mode's).
-            return super::wait_readable(self.ep.as_fd(), timeout, false, "ppoll socket");
+            return super::wait_readable(self.ep.as_fd(), timeout, false, "ppoll socket").map(drop);
         }
         let mut evs = [std::mem::MaybeUninit::<rustix::event::epoll::Event>::uninit(); 1];
         let ts = timeout.map(|d| rustix::time::Timespec {

@@ -4,10 +4,10 @@
 //! chosen completion vector and tears them down acking every event first
 //! (`ibv_destroy_cq` blocks forever on unacked events). Data path:
 //!
-//! - peek ([`Source::ready`], and [`Peek::ready`] from the dispatcher's
+//! - peek ([`crate::Source::ready`], and [`Peek::ready`] from the dispatcher's
 //!   thread): `poll_cq` into a small stash. For rxe and mlx5 polling reads a
 //!   user-mapped queue, no syscall. A CQE that was looked at is never lost:
-//!   it waits in the stash for [`Source::try_take`], which drains the stash
+//!   it waits in the stash for [`crate::Source::try_take`], which drains the stash
 //!   before polling again (under the stash lock, so order is kept).
 //! - arm: `req_notify_cq(cq, 0)` (one-shot; leaving it armed is harmless, it
 //!   only causes one event that the next sleep consumes).
@@ -16,11 +16,16 @@
 //!   an arm left over from an earlier wait produces one); it is tolerated.
 //!   Events are acked in batches: `ibv_ack_cq_events` takes the CQ's mutex,
 //!   so one ack per event would add a lock round trip to every wake-up.
+//!
+//! Both paths live in `CqCore`, which does not care who owns the CQ: the
+//! same code serves a CQ and channel the caller created and keeps
+//! ([`super::CallerCq`], the C ABI's `fw_verbs_cq`).
 
 use super::device::{Device, errno};
+use super::loader::Verbs;
 use super::sys::*;
 use crate::affinity::{self, Placement, ReplacePolicy, Replacement, Replacer, VectorMap};
-use crate::source::{Peek, Rechecked, Source};
+use crate::source::Peek;
 use crate::{Fail, Result};
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
@@ -77,11 +82,13 @@ pub struct CqStats {
     pub ack_calls: u64,
     /// Arms (`req_notify_cq`).
     pub arms: u64,
+    /// Events acked so far (`events` minus those read since the last ack).
+    pub acked: u64,
 }
 
 /// What the owner and [`Peek`] handles share: the CQ (null once dropped),
 /// its poll op and the stash of CQEs polled but not yet taken.
-struct Shared {
+pub(super) struct Shared {
     cq: AtomicPtr<ibv_cq>,
     poll_fn: PollCqFn,
     stash: Mutex<VecDeque<Wc>>,
@@ -93,7 +100,7 @@ struct Shared {
 
 // SAFETY: the CQ pointer is only dereferenced (by the provider's poll_cq,
 // which locks the CQ internally) under the stash lock and only while non-null;
-// Drop nulls it under that lock before destroying the CQ.
+// CqCore::release nulls it under that lock before the CQ may be destroyed.
 unsafe impl Send for Shared {}
 // SAFETY: as above; every other field is Sync.
 unsafe impl Sync for Shared {}
@@ -110,7 +117,7 @@ impl Shared {
             return;
         }
         let mut wc = [Wc::default(); POLL_BATCH];
-        // SAFETY: cq is live (non-null under the lock, see Drop); wc has room
+        // SAFETY: cq is live (non-null under the lock, see CqCore::release); wc has room
         // for POLL_BATCH entries.
         let n = unsafe { (self.poll_fn)(cq, POLL_BATCH as i32, wc.as_mut_ptr()) };
         if n < 0 {
@@ -121,7 +128,7 @@ impl Shared {
         self.stashed.store(st.len(), Ordering::Release);
     }
 
-    fn ready(&self) -> bool {
+    pub(super) fn ready(&self) -> bool {
         if self.stashed.load(Ordering::Acquire) > 0 || self.poll_error.load(Ordering::Acquire) != 0
         {
             return true;
@@ -131,7 +138,46 @@ impl Shared {
         !st.is_empty() || self.poll_error.load(Ordering::Acquire) != 0
     }
 
-    fn take(&self) -> Result<Option<Wc>> {
+    /// Work completions looked at (polled by a peek) and not taken yet.
+    pub(super) fn stashed(&self) -> usize {
+        self.stashed.load(Ordering::Acquire)
+    }
+
+    /// Take up to `out.len()` completions, in the CQ's order: the stash
+    /// first, then one `poll_cq` for the rest. Ok(0): none.
+    pub(super) fn take_into(&self, out: &mut [Wc]) -> Result<usize> {
+        let mut st = self.lock();
+        let mut n = 0;
+        while n < out.len()
+            && let Some(w) = st.pop_front()
+        {
+            out[n] = w;
+            n += 1;
+        }
+        self.stashed.store(st.len(), Ordering::Release);
+        let cq = self.cq.load(Ordering::Acquire);
+        if n < out.len() && !cq.is_null() {
+            let want = (out.len() - n).min(i32::MAX as usize) as i32;
+            // SAFETY: cq is live (non-null under the lock, see
+            // CqCore::release); out[n..] has room for `want` entries.
+            let got = unsafe { (self.poll_fn)(cq, want, out[n..].as_mut_ptr()) };
+            if got < 0 {
+                self.poll_error.store(-got, Ordering::Release);
+            } else {
+                n += got as usize;
+            }
+        }
+        // A poll error is reported once nothing polled before it is left.
+        if n == 0 {
+            let e = self.poll_error.swap(0, Ordering::AcqRel);
+            if e != 0 {
+                return Err(Fail::new(e, format!("ibv_poll_cq failed (errno {e})")));
+            }
+        }
+        Ok(n)
+    }
+
+    pub(super) fn take(&self) -> Result<Option<Wc>> {
         let mut st = self.lock();
         if st.is_empty() {
             self.fill(&mut st);
@@ -158,20 +204,244 @@ impl Peek for VerbsPeek {
     // No summary flag: the producer is the NIC, which cannot raise one.
 }
 
+/// The provider's `poll_cq` and `req_notify_cq` ops of a context (what
+/// verbs.h's inline `ibv_poll_cq` / `ibv_req_notify_cq` call), or why a CQ
+/// of it cannot be a source.
+///
+/// # Safety
+/// `ctx` must be an open context.
+pub(super) unsafe fn cq_ops(
+    ctx: *mut ibv_context,
+    name: &str,
+) -> Result<(PollCqFn, ReqNotifyCqFn)> {
+    // SAFETY: the caller's promise: ctx is open.
+    let ops = unsafe { &(*ctx).ops };
+    match (ops.poll_cq, ops.req_notify_cq) {
+        (Some(p), Some(n)) => Ok((p, n)),
+        _ => Err(Fail::unsupported(format!(
+            "{name}: provider has no poll_cq/req_notify_cq (extended-CQ-only provider)"
+        ))),
+    }
+}
+
+/// A completion channel a [`CqCore`] reads events from.
+struct Channel {
+    lib: &'static Verbs,
+    raw: *mut ibv_comp_channel,
+}
+
+/// What every verbs CQ source does, whoever owns the CQ ([`VerbsCq`] creates
+/// its own, [`super::CallerCq`] waits on the caller's): the data path (the
+/// stash and the dispatcher's peek handle) and the event path (arm, sleep
+/// on the channel, batched acks).
+pub(super) struct CqCore {
+    cq: *mut ibv_cq,
+    /// `None`: a CQ without a completion channel (only poll mode waits).
+    channel: Option<Channel>,
+    notify_fn: ReqNotifyCqFn,
+    pub(super) shared: Arc<Shared>,
+    /// The dispatcher's handle on `shared`, made once (see
+    /// [`crate::Source::peek`]).
+    pub(super) peek: Arc<dyn Peek>,
+    unacked: u32,
+    ack_batch: u32,
+    stats: CqStats,
+}
+
+impl CqCore {
+    /// # Safety
+    /// `cq` must stay live, and `channel` (null: none) must be its channel
+    /// and stay live, until [`CqCore::release`] has returned; `poll_fn` and
+    /// `notify_fn` are the ops of `cq`'s context.
+    pub(super) unsafe fn new(
+        cq: *mut ibv_cq,
+        channel: *mut ibv_comp_channel,
+        lib: Option<&'static Verbs>,
+        (poll_fn, notify_fn): (PollCqFn, ReqNotifyCqFn),
+        ack_batch: u32,
+    ) -> Result<CqCore> {
+        let channel = match (channel.is_null(), lib) {
+            (true, _) => None,
+            (false, Some(lib)) => Some(Channel { lib, raw: channel }),
+            (false, None) => return Err(Fail::invalid("a completion channel needs libibverbs")),
+        };
+        let shared = Arc::new(Shared {
+            cq: AtomicPtr::new(cq),
+            poll_fn,
+            stash: Mutex::new(VecDeque::with_capacity(POLL_BATCH)),
+            stashed: AtomicUsize::new(0),
+            poll_error: AtomicI32::new(0),
+        });
+        Ok(CqCore {
+            cq,
+            channel,
+            notify_fn,
+            peek: Arc::new(VerbsPeek(Arc::clone(&shared))),
+            shared,
+            unacked: 0,
+            ack_batch: ack_batch.max(1),
+            stats: CqStats::default(),
+        })
+    }
+
+    pub(super) fn raw(&self) -> *mut ibv_cq {
+        self.cq
+    }
+
+    pub(super) fn has_channel(&self) -> bool {
+        self.channel.is_some()
+    }
+
+    pub(super) fn stats(&self) -> CqStats {
+        self.stats
+    }
+
+    /// Events read and not acked yet.
+    pub(super) fn unacked(&self) -> u32 {
+        self.unacked
+    }
+
+    /// Ack every event read so far.
+    pub(super) fn ack(&mut self) {
+        if let Some(ch) = &self.channel
+            && self.unacked > 0
+        {
+            // SAFETY: cq is live and we read exactly `unacked` events for it.
+            unsafe { (ch.lib.ack_cq_events)(self.cq, self.unacked) };
+            self.stats.acked += u64::from(self.unacked);
+            self.unacked = 0;
+            self.stats.ack_calls += 1;
+        }
+    }
+
+    pub(super) fn arm(&mut self) -> Result<()> {
+        if self.channel.is_none() {
+            return Err(Fail::invalid(
+                "the CQ has no completion channel: only poll mode can wait on it",
+            ));
+        }
+        self.stats.arms += 1;
+        // SAFETY: cq is live.
+        let rc = unsafe { (self.notify_fn)(self.cq, 0) };
+        if rc != 0 {
+            return Err(Fail::new(
+                rc,
+                format!("ibv_req_notify_cq failed (errno {rc})"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn sleep(&mut self, timeout: Option<Duration>) -> Result<()> {
+        let Some(ch) = &self.channel else {
+            return Err(Fail::invalid("the CQ has no completion channel"));
+        };
+        // SAFETY: the channel outlives self's borrow.
+        let fd = unsafe { BorrowedFd::borrow_raw((*ch.raw).fd) };
+        if !crate::source::wait_readable(fd, timeout, false, "poll completion channel")? {
+            return Ok(());
+        }
+        let mut ev_cq = std::ptr::null_mut();
+        let mut ev_ctx = std::ptr::null_mut();
+        // SAFETY: the channel is live and readable (a blocking channel only
+        // blocks if someone else read the event meanwhile, which the
+        // sources' contracts exclude); out-pointers valid.
+        let rc = unsafe { (ch.lib.get_cq_event)(ch.raw, &mut ev_cq, &mut ev_ctx) };
+        if rc != 0 {
+            let e = errno();
+            if e == libc::EAGAIN || e == libc::EINTR {
+                return Ok(());
+            }
+            return Err(Fail::new(e, "ibv_get_cq_event failed"));
+        }
+        if ev_cq != self.cq {
+            // Only a caller's channel shared with other CQs does this. The
+            // event is not ours to keep, and an unacked one would make
+            // ibv_destroy_cq of its CQ hang: ack it and say so.
+            // SAFETY: the kernel reported an event for ev_cq, a live CQ on
+            // this channel (a CQ with unacked events cannot be destroyed).
+            unsafe { (ch.lib.ack_cq_events)(ev_cq, 1) };
+            return Err(Fail::invalid(format!(
+                "the completion channel delivered an event for another CQ ({ev_cq:p}; acked and dropped): a channel fastwake waits on must serve only that CQ"
+            )));
+        }
+        self.stats.events += 1;
+        self.unacked += 1;
+        if self.unacked >= self.ack_batch {
+            self.ack();
+        }
+        Ok(())
+    }
+
+    pub(super) fn notify_fd(&self) -> Option<BorrowedFd<'_>> {
+        // SAFETY: the channel (and its fd) lives as long as self.
+        self.channel
+            .as_ref()
+            .map(|ch| unsafe { BorrowedFd::borrow_raw((*ch.raw).fd) })
+    }
+
+    /// Before the CQ may be destroyed: ack every event read (ibv_destroy_cq
+    /// blocks forever on unacked ones) and stop the peek handles, which may
+    /// outlive us, from polling it.
+    pub(super) fn release(&mut self) {
+        self.ack();
+        let _st = self.shared.lock();
+        self.shared
+            .cq
+            .store(std::ptr::null_mut(), Ordering::Release);
+    }
+}
+
+/// The one [`crate::Source`] implementation of the verbs CQ sources ([`VerbsCq`],
+/// [`super::CallerCq`]): every operation is their `core`'s ([`CqCore`]);
+/// `arm` first runs the lazy re-placement check of the field named, if any.
+macro_rules! cq_source {
+    ($ty:ty $(, $replacer:ident)?) => {
+        impl $crate::source::Source for $ty {
+            type Completion = $crate::source::verbs::Wc;
+
+            fn name(&self) -> &'static str {
+                "verbs"
+            }
+
+            fn ready(&self) -> bool {
+                self.core.shared.ready()
+            }
+
+            fn try_take(&mut self) -> $crate::Result<Option<$crate::source::verbs::Wc>> {
+                self.core.shared.take()
+            }
+
+            fn arm(&mut self) -> $crate::Result<()> {
+                $(self.$replacer.check();)?
+                self.core.arm()
+            }
+
+            fn sleep(
+                &mut self,
+                _proof: $crate::source::Rechecked,
+                timeout: Option<std::time::Duration>,
+            ) -> $crate::Result<()> {
+                self.core.sleep(timeout)
+            }
+
+            fn notify_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+                self.core.notify_fd()
+            }
+
+            fn peek(&self) -> Option<&std::sync::Arc<dyn $crate::source::Peek>> {
+                Some(&self.core.peek)
+            }
+        }
+    };
+}
+pub(super) use cq_source;
+
 /// A CQ with a completion channel, usable with every wait mode.
 pub struct VerbsCq {
     dev: Arc<Device>,
-    cq: *mut ibv_cq,
-    channel: *mut ibv_comp_channel,
-    notify_fn: ReqNotifyCqFn,
-    shared: Arc<Shared>,
-    /// The dispatcher's handle on `shared`, made once (see
-    /// [`Source::peek`]).
-    peek: Arc<dyn Peek>,
-    unacked: u32,
-    ack_batch: u32,
+    core: CqCore,
     replacer: Replacer,
-    stats: CqStats,
 }
 
 // SAFETY: the CQ and channel belong to this value; libibverbs objects may be
@@ -196,13 +466,7 @@ impl VerbsCq {
             }
         };
         // SAFETY: the context is open for the lifetime of dev.
-        let ops = unsafe { &(*dev.ctx).ops };
-        let (Some(poll_fn), Some(notify_fn)) = (ops.poll_cq, ops.req_notify_cq) else {
-            return Err(Fail::unsupported(format!(
-                "{}: provider has no poll_cq/req_notify_cq (extended-CQ-only provider)",
-                dev.name()
-            )));
-        };
+        let ops = unsafe { cq_ops(dev.ctx, dev.name()) }?;
         // SAFETY: ctx is open.
         let channel = unsafe { (lib.create_comp_channel)(dev.ctx) };
         if channel.is_null() {
@@ -245,30 +509,19 @@ impl VerbsCq {
             }
             return Err(e);
         }
-        let shared = Arc::new(Shared {
-            cq: AtomicPtr::new(cq),
-            poll_fn,
-            stash: Mutex::new(VecDeque::with_capacity(POLL_BATCH)),
-            stashed: AtomicUsize::new(0),
-            poll_error: AtomicI32::new(0),
-        });
+        // SAFETY: cq and channel were created above and are destroyed in
+        // Drop, after release; the ops are the context's.
+        let core = unsafe { CqCore::new(cq, channel, Some(lib), ops, cfg.ack_batch) }?;
         Ok(VerbsCq {
             dev: Arc::clone(dev),
-            cq,
-            channel,
-            notify_fn,
-            peek: Arc::new(VerbsPeek(Arc::clone(&shared))),
-            shared,
-            unacked: 0,
-            ack_batch: cfg.ack_batch.max(1),
+            core,
             replacer: Replacer::new(placement, cfg.policy),
-            stats: CqStats::default(),
         })
     }
 
     /// The raw CQ, for creating QPs on it.
     pub fn raw(&self) -> *mut ibv_cq {
-        self.cq
+        self.core.raw()
     }
 
     /// The device.
@@ -289,111 +542,24 @@ impl VerbsCq {
 
     /// Event-path counters.
     pub fn stats(&self) -> CqStats {
-        self.stats
-    }
-
-    fn ack(&mut self) {
-        if self.unacked > 0 {
-            // SAFETY: cq is live and we read exactly `unacked` events for it.
-            unsafe { (self.dev.lib.ack_cq_events)(self.cq, self.unacked) };
-            self.unacked = 0;
-            self.stats.ack_calls += 1;
-        }
+        self.core.stats()
     }
 }
 
-impl Source for VerbsCq {
-    type Completion = Wc;
-
-    fn name(&self) -> &'static str {
-        "verbs"
-    }
-
-    fn ready(&self) -> bool {
-        self.shared.ready()
-    }
-
-    fn try_take(&mut self) -> Result<Option<Wc>> {
-        self.shared.take()
-    }
-
-    fn arm(&mut self) -> Result<()> {
-        self.replacer.check();
-        self.stats.arms += 1;
-        // SAFETY: cq is live.
-        let rc = unsafe { (self.notify_fn)(self.cq, 0) };
-        if rc != 0 {
-            return Err(Fail::new(
-                rc,
-                format!("ibv_req_notify_cq failed (errno {rc})"),
-            ));
-        }
-        Ok(())
-    }
-
-    fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> Result<()> {
-        // SAFETY: the channel outlives self's borrow.
-        let fd = unsafe { BorrowedFd::borrow_raw((*self.channel).fd) };
-        let mut pfd = [rustix::event::PollFd::new(
-            &fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let ts = timeout.map(|t| rustix::time::Timespec {
-            tv_sec: t.as_secs() as _,
-            tv_nsec: t.subsec_nanos() as _,
-        });
-        match rustix::event::poll(&mut pfd, ts.as_ref()) {
-            Ok(0) => return Ok(()),
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => return Ok(()),
-            Err(e) => return Err(Fail::os("poll completion channel", e)),
-        }
-        let mut ev_cq = std::ptr::null_mut();
-        let mut ev_ctx = std::ptr::null_mut();
-        // SAFETY: the channel is live and non-blocking; out-pointers valid.
-        let rc = unsafe { (self.dev.lib.get_cq_event)(self.channel, &mut ev_cq, &mut ev_ctx) };
-        if rc != 0 {
-            let e = errno();
-            if e == libc::EAGAIN || e == libc::EINTR {
-                return Ok(());
-            }
-            return Err(Fail::new(e, "ibv_get_cq_event failed"));
-        }
-        debug_assert_eq!(ev_cq, self.cq, "private channel delivers only our CQ");
-        self.stats.events += 1;
-        self.unacked += 1;
-        if self.unacked >= self.ack_batch {
-            self.ack();
-        }
-        Ok(())
-    }
-
-    fn notify_fd(&self) -> Option<BorrowedFd<'_>> {
-        // SAFETY: the channel (and its fd) lives as long as self.
-        Some(unsafe { BorrowedFd::borrow_raw((*self.channel).fd) })
-    }
-
-    fn peek(&self) -> Option<&Arc<dyn Peek>> {
-        Some(&self.peek)
-    }
-}
+cq_source!(VerbsCq, replacer);
 
 impl Drop for VerbsCq {
     fn drop(&mut self) {
-        // Every event read must be acked before destroy, or it blocks forever.
-        self.ack();
-        // Peek handles may outlive us: stop them polling before the CQ goes.
-        {
-            let _st = self.shared.lock();
-            self.shared
-                .cq
-                .store(std::ptr::null_mut(), Ordering::Release);
-        }
+        self.core.release();
+        let lib = self.dev.lib;
         // SAFETY: QPs using this CQ are destroyed by their owners first; cq and
-        // channel were created in new() and are destroyed once.
+        // channel were created in new() and are destroyed once, after
+        // release() acked every event and stopped the peek handles.
         unsafe {
-            (self.dev.lib.destroy_cq)(self.cq);
-            (self.dev.lib.destroy_comp_channel)(self.channel);
+            (lib.destroy_cq)(self.core.cq);
+            if let Some(ch) = &self.core.channel {
+                (lib.destroy_comp_channel)(ch.raw);
+            }
         }
     }
 }

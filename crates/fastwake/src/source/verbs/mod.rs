@@ -15,10 +15,14 @@
 //!   stash, arm = `req_notify_cq`, sleep = channel fd + `ibv_get_cq_event`
 //!   with batched acks; the completion vector comes from
 //!   [`crate::affinity`].
+//! - [`caller`]: [`CallerCq`], a CQ and channel the *caller* created and
+//!   keeps, as a source (the C ABI's `fw_verbs_cq`), and [`vector_for_cpu`]
+//!   for a CQ the caller creates.
 //! - [`qp`]: RC QPs and registered memory, for SEND/RECV ping-pong.
 //! - [`odp`]: a device's On-Demand-Paging capabilities and the ODP guard's
 //!   policy (issue 18).
 
+pub mod caller;
 pub mod cq;
 pub mod device;
 pub mod loader;
@@ -28,6 +32,7 @@ pub mod qp;
 /// The libibverbs ABI, from its own crate (see [`fastwake_verbs_sys`]).
 use fastwake_verbs_sys as sys;
 
+pub use caller::{CallerCq, vector_for_cpu};
 pub use cq::{CqConfig, CqStats, Vector, VerbsCq, Wc};
 pub use device::{Device, device_names};
 pub use qp::{Endpoint, Mr, RcQp};
