@@ -1049,3 +1049,124 @@ fn a_learned_dispatcher_wakes_ahead_of_predictable_completions() {
         off.handoffs
     );
 }
+
+/// A thread that computes on the dispatcher's core between its waits keeps
+/// the `SCHED_IDLE` dispatcher off the CPU while it runs, so every wait
+/// starts with a heartbeat as old as the computation. That silence is the
+/// waiter's own doing, not starvation: the waits must still be handed off
+/// (they all fell back to interrupt mode when the computation lasted over
+/// the 500 µs staleness limit: found by the C ABI's verbs check in the
+/// Soft-RoCE guest, whose round trips take about that long under TCG).
+#[test]
+fn a_waiter_that_computes_between_waits_is_still_handed_off() {
+    let _g = spin_lock();
+    let (wcpu, pcpu) = cpus();
+    if wcpu == pcpu {
+        eprintln!("SKIPPED a_waiter_that_computes_between_waits_is_still_handed_off: needs 2 CPUs");
+        return;
+    }
+    let mut cfg = Config::new(wcpu);
+    cfg.idle_after = None;
+    let d = Dispatcher::start(cfg).expect("start dispatcher");
+    const N: u64 = 150;
+    let (mut req_tx, mut req_rx) = chan();
+    let (mut rep_tx, mut rep_rx) = chan();
+    // The server: polls for each request (bounded by WAIT), replies 30 µs
+    // later, so the reply lands while the client waits.
+    let server = std::thread::spawn(move || {
+        fastwake::cpu::pin(pcpu).unwrap();
+        let mut w = Waiter::new(WaitMode::Poll);
+        for i in 0..N {
+            let m = w.wait_timeout(&mut req_rx, WAIT).unwrap().expect("request");
+            assert_eq!(m.tag, i, "lost or duplicated request");
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_micros(30) {
+                std::hint::spin_loop();
+            }
+            rep_tx.send(i, b"r").unwrap();
+        }
+    });
+    fastwake::cpu::pin(wcpu).unwrap();
+    let mut w = Waiter::new(WaitMode::Dispatch);
+    for i in 0..N {
+        compute(Duration::from_millis(1));
+        req_tx.send(i, b"q").unwrap();
+        let m = w
+            .wait_timeout(&mut rep_rx, WAIT)
+            .unwrap()
+            .unwrap_or_else(|| panic!("reply {i} not delivered within {WAIT:?}"));
+        assert_eq!(m.tag, i, "lost or duplicated reply");
+    }
+    server.join().expect("server failed");
+    let s = w.stats();
+    eprintln!(
+        "1 ms of computing between waits: {s:?}; dispatcher {:?}",
+        d.stats()
+    );
+    assert_eq!(s.completions, N);
+    // Most waits are handed off; a few may find the reply already there
+    // or be rescued when the host preempts the dispatcher's vCPU.
+    assert!(
+        s.handoffs >= N / 2,
+        "{} of {N} waits handed off ({} fallbacks to interrupt mode)",
+        s.handoffs,
+        s.dispatch_fallbacks
+    );
+}
+
+/// The other side of trusting a silent dispatcher: when a busy thread did
+/// take its core, the watchdog serves the one wait that trusted it, and
+/// that wait ends untrusted, so the next ones fall back to interrupt mode
+/// instead of each waiting for the watchdog.
+#[test]
+fn a_starved_dispatcher_is_trusted_for_one_wait_only() {
+    let _g = spin_lock();
+    let (wcpu, pcpu) = cpus();
+    if wcpu == pcpu {
+        eprintln!("SKIPPED a_starved_dispatcher_is_trusted_for_one_wait_only: needs 2 CPUs");
+        return;
+    }
+    let mut cfg = Config::new(wcpu);
+    cfg.idle_after = None;
+    let d = Dispatcher::start(cfg).expect("start dispatcher");
+    const STARVED: u64 = 5;
+    let (mut tx, rx) = chan();
+    let start = Arc::new(Barrier::new(2));
+    let h = consumer(wcpu, rx, 1 + STARVED, start.clone());
+    start.wait();
+    fastwake::cpu::pin(pcpu).unwrap();
+    // A healthy hand-off first: the consumer trusts the dispatcher.
+    std::thread::sleep(Duration::from_millis(20));
+    tx.send(0, b"x").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hog = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            fastwake::cpu::pin(wcpu).unwrap();
+            let t0 = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && t0.elapsed() < WAIT {
+                std::hint::spin_loop();
+            }
+        })
+    };
+    for i in 1..=STARVED {
+        std::thread::sleep(Duration::from_millis(20));
+        tx.send(i, b"x").unwrap();
+    }
+    let s = h.join().expect("consumer failed");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    hog.join().unwrap();
+    let ds = d.stats();
+    eprintln!("{STARVED} waits next to a busy thread: {s:?}; dispatcher {ds:?}");
+    assert_eq!(s.completions, 1 + STARVED);
+    // Trusted forever, every starved wait would wait for the watchdog.
+    // The dispatcher gets the odd slice next to the hog (SCHED_IDLE's
+    // weight is not 0), so one more trusted wait is allowed.
+    assert!(
+        ds.rescued <= 2 && s.dispatch_fallbacks >= STARVED - 2,
+        "starved waits: {} rescued by the watchdog, {} fell back",
+        ds.rescued,
+        s.dispatch_fallbacks
+    );
+}

@@ -79,6 +79,15 @@ pub struct Link {
     /// The handle of the source registered last.
     peek: Option<Arc<dyn Peek>>,
     relay: RelayHistory,
+    /// The dispatcher was seen running when this thread last woke from a
+    /// wait on its core. Its silence since then is then this thread's own
+    /// doing (a `SCHED_IDLE` dispatcher cannot run while the threads of its
+    /// core compute), not starvation, and is no reason to fall back: a
+    /// program that computed over 500 µs between waits had every wait
+    /// fall back to interrupt mode. If a busy thread did take the core
+    /// meanwhile, the watchdog serves the one wait that trusted it, and
+    /// that wait ends untrusted.
+    trusted: bool,
     /// A signal ends the wait with `EINTR` (see
     /// [`crate::Waiter::set_interruptible`]).
     pub(crate) interruptible: bool,
@@ -186,6 +195,7 @@ impl Link {
             return true;
         }
         self.reg = None;
+        self.trusted = false;
         self.peek = Some(peek.clone());
         let Some(hub) = crate::cpu::current().and_then(lookup) else {
             return false;
@@ -238,6 +248,21 @@ pub(crate) fn wait<S: Source + ?Sized>(
     link: &mut Link,
     stats: &mut DispatchReport,
 ) -> (Result<Option<S::Completion>>, bool) {
+    let (r, slept) = wait_once(src, deadline, link, stats);
+    // Only a sleep gives the dispatcher its core: after one, whether it
+    // ran says whether it gets the CPU (see `Link::trusted`).
+    if slept && let Some(reg) = link.reg.as_ref() {
+        link.trusted = !reg.hub.stale();
+    }
+    (r, slept)
+}
+
+fn wait_once<S: Source + ?Sized>(
+    src: &mut S,
+    deadline: Option<Instant>,
+    link: &mut Link,
+    stats: &mut DispatchReport,
+) -> (Result<Option<S::Completion>>, bool) {
     if !link.ensure(src) {
         stats.fallbacks += 1;
         return interrupt(src, deadline, stats);
@@ -252,7 +277,7 @@ pub(crate) fn wait<S: Source + ?Sized>(
         }
         let reg = link.reg.as_ref().expect("registered above");
         let hub = &reg.hub;
-        if hub.stale() {
+        if hub.stale() && !link.trusted {
             // The dispatcher is not getting the CPU: do not count on it.
             stats.fallbacks += 1;
             let (r, s) = interrupt(src, deadline, stats);

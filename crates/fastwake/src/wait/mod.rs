@@ -155,7 +155,9 @@ pub struct WaitStats {
     pub relays: u64,
     /// Dispatch mode: waits done in interrupt mode because no live
     /// dispatcher served the CPU, the source has no peek handle, or the
-    /// dispatcher was starved of CPU (not seen running for 500 µs).
+    /// dispatcher was starved of CPU (not seen running for 500 µs, unless
+    /// it was running when this thread last woke from a wait on its core:
+    /// then the silence is this thread's own computing).
     pub dispatch_fallbacks: u64,
     /// Dispatch mode: waits handed back to interrupt mode by an idle
     /// dispatcher.
