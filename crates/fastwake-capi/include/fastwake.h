@@ -59,6 +59,27 @@ struct fw_dispatch_stats {
     uint32_t reserved;
 };
 
+/* Pre-wakes ("sleep, then poll") of an adaptive waiter
+ * (fw_waiter_prewake_stats) or of a dispatcher with a learned idle policy
+ * (fw_dispatcher_prewake_stats). Where the recent waits are concentrated
+ * (a steady service time, a periodic stream) the controller plans a
+ * pre-wake: sleep until a timer set a margin before the shortest recent
+ * wait, then spin until a high order statistic of the waits; a completion
+ * during the sleep wakes it as in interrupt mode. A dispatcher does the
+ * same with the gaps between its hand-offs: it sleeps right after a
+ * hand-off, the waiters it paused come back to it at the timer, and it
+ * polls until the spin's end. The counters count from the waiter's
+ * creation or the dispatcher's start; margin_ns is the value now. */
+struct fw_prewake_stats {
+    uint64_t prewakes;  /* pre-wakes planned */
+    uint64_t early;     /* of those, the completion came before the timer */
+    uint64_t caught;    /* it came while spinning (polling) after the timer: the aim */
+    uint64_t late;      /* none by the spin's end: slept again until it came */
+    uint64_t pauses;    /* times pre-wakes were paused (for 1 s) because most recent ones came early */
+    uint64_t margin_ns; /* margin in force: how far before the shortest recent wait the timer is set; 0: no pre-wake plan now */
+    uint64_t reserved[2]; /* 0 (room for later counters within ABI 1) */
+};
+
 typedef struct fw_shared fw_shared;     /* a channel's shared memory, to hand to another process */
 typedef struct fw_sender fw_sender;     /* producing end */
 typedef struct fw_receiver fw_receiver; /* consuming end */
@@ -147,6 +168,17 @@ int fw_waiter_create(const char *mode, fw_waiter **out);
 int fw_wait(fw_waiter *w, fw_receiver *rx, int64_t timeout_ns, uint64_t *tag, void *buf,
             size_t buf_len, size_t *len);
 int fw_waiter_stats(const fw_waiter *w, struct fw_wait_stats *out);
+/* The pre-wake counters of w's adaptive controller (struct
+ * fw_prewake_stats above). Between waits, early + caught + late ==
+ * prewakes, less one for each wait that was planned as a pre-wake and
+ * ended without a completion (ETIMEDOUT, EPIPE, any other error). All
+ * zero, with success, for a waiter whose mode is not "adaptive" (a
+ * "dispatch" waiter's pre-wakes are its dispatcher's:
+ * fw_dispatcher_prewake_stats), with "adaptive:prewake=off", and for an
+ * adaptive waiter that has planned none: waits too irregular, too few
+ * yet, a producer on its CPU, or the CPU cap spent. EINVAL: w or out
+ * NULL. */
+int fw_waiter_prewake_stats(const fw_waiter *w, struct fw_prewake_stats *out);
 /* Dispatch-mode waits (and adaptive waits handed to a dispatcher): with
  * on != 0, a signal that interrupts the sleep ends the wait with EINTR, as
  * a blocking syscall does; with 0 (the default) the wait sleeps on until a
@@ -164,6 +196,15 @@ void fw_waiter_destroy(fw_waiter *w);
  * CPU; EBUSY: a dispatcher already serves it. */
 int fw_dispatcher_start(uint32_t cpu, int64_t idle_after_ns, int learn_idle, fw_dispatcher **out);
 int fw_dispatcher_stats(const fw_dispatcher *d, struct fw_dispatch_stats *out);
+/* The pre-wake counters of d's learned idle policy (struct
+ * fw_prewake_stats above; its "waits" are the gaps between hand-offs, its
+ * "timer" the time the waiters it paused come back to it, its "spin" its
+ * polling after that). Always early + caught + late <= prewakes: a
+ * pre-wake's arrival is counted when the next hand-off or wake-up ends its
+ * gap, so once hand-offs stop prewakes exceeds that sum by at most one.
+ * All zero, with success, for a dispatcher started with learn_idle == 0,
+ * and until its gaps are regular enough. EINVAL: d or out NULL. */
+int fw_dispatcher_prewake_stats(const fw_dispatcher *d, struct fw_prewake_stats *out);
 /* Stop it: its waiters fall back to interrupt mode, none is lost. */
 void fw_dispatcher_stop(fw_dispatcher *d);
 

@@ -52,6 +52,48 @@ pub struct fw_dispatch_stats {
     pub reserved: u32,
 }
 
+/// Pre-wake ("sleep, then poll") counters of an adaptive waiter or of a
+/// dispatcher with a learned idle policy.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct fw_prewake_stats {
+    pub prewakes: u64,
+    pub early: u64,
+    pub caught: u64,
+    pub late: u64,
+    pub pauses: u64,
+    pub margin_ns: u64,
+    pub reserved: [u64; 2],
+}
+
+impl From<&fastwake::adaptive::AdaptiveStats> for fw_prewake_stats {
+    fn from(s: &fastwake::adaptive::AdaptiveStats) -> Self {
+        fw_prewake_stats {
+            prewakes: s.prewakes,
+            early: s.prewake_early,
+            caught: s.prewake_caught,
+            late: s.prewake_late,
+            pauses: s.prewake_pauses,
+            margin_ns: s.margin_ns,
+            reserved: [0; 2],
+        }
+    }
+}
+
+impl From<&fastwake::dispatch::DispatchStats> for fw_prewake_stats {
+    fn from(s: &fastwake::dispatch::DispatchStats) -> Self {
+        fw_prewake_stats {
+            prewakes: s.prewakes,
+            early: s.prewake_early,
+            caught: s.prewake_caught,
+            late: s.prewake_late,
+            pauses: s.prewake_pauses,
+            margin_ns: s.margin_ns,
+            reserved: [0; 2],
+        }
+    }
+}
+
 pub struct fw_shared(SharedChannel);
 pub struct fw_sender(Sender);
 pub struct fw_receiver(Receiver);
@@ -474,6 +516,21 @@ pub unsafe extern "C" fn fw_waiter_stats(w: *const fw_waiter, out: *mut fw_wait_
 }
 
 /// # Safety
+/// `w` from this library; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_waiter_prewake_stats(
+    w: *const fw_waiter,
+    out: *mut fw_prewake_stats,
+) -> c_int {
+    guard(|| {
+        stats_of(w, out, |w| {
+            w.0.adaptive_stats()
+                .map_or_else(fw_prewake_stats::default, |s| (&s).into())
+        })
+    })
+}
+
+/// # Safety
 /// `w` is NULL or from this library, destroyed once.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_waiter_destroy(w: *mut fw_waiter) {
@@ -530,6 +587,16 @@ pub unsafe extern "C" fn fw_dispatcher_stats(
             }
         })
     })
+}
+
+/// # Safety
+/// `d` from this library; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_dispatcher_prewake_stats(
+    d: *const fw_dispatcher,
+    out: *mut fw_prewake_stats,
+) -> c_int {
+    guard(|| stats_of(d, out, |d| (&d.0.stats()).into()))
 }
 
 /// # Safety
@@ -852,8 +919,82 @@ mod abi_sizes {
         assert_eq!(std::mem::offset_of!(fw_dispatch_stats, state), 56);
         assert_eq!(std::mem::size_of::<fw_verbs_stats>(), 40);
         assert_eq!(std::mem::offset_of!(fw_verbs_stats, stashed), 32);
+        assert_eq!(std::mem::size_of::<fw_prewake_stats>(), 64);
+        assert_eq!(std::mem::offset_of!(fw_prewake_stats, pauses), 32);
+        assert_eq!(std::mem::offset_of!(fw_prewake_stats, margin_ns), 40);
+        assert_eq!(std::mem::offset_of!(fw_prewake_stats, reserved), 48);
         // fw_verbs_cq_wait fills the caller's struct ibv_wc array.
         assert_eq!(std::mem::size_of::<ibv_wc>(), 48);
+    }
+
+    /// A bit pattern no counter has, to see that a call wrote every field.
+    const JUNK: fw_prewake_stats = fw_prewake_stats {
+        prewakes: u64::MAX,
+        early: u64::MAX,
+        caught: u64::MAX,
+        late: u64::MAX,
+        pauses: u64::MAX,
+        margin_ns: u64::MAX,
+        reserved: [u64::MAX; 2],
+    };
+
+    fn waiter(mode: &CStr) -> *mut fw_waiter {
+        let mut w = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated mode and a writable out pointer.
+        assert_eq!(unsafe { fw_waiter_create(mode.as_ptr(), &mut w) }, 0);
+        w
+    }
+
+    #[test]
+    fn waiter_prewake_stats_are_zero_outside_adaptive_and_refuse_null() {
+        let mut out = JUNK;
+        // SAFETY: a NULL waiter (refused) and a writable `out`.
+        let rc = unsafe { fw_waiter_prewake_stats(std::ptr::null(), &mut out) };
+        assert_eq!(rc, libc::EINVAL);
+        assert_eq!(out, JUNK, "a failed call wrote the output");
+        for mode in [
+            c"interrupt",
+            c"hybrid:20us",
+            c"poll",
+            c"dispatch",
+            c"adaptive",
+        ] {
+            let w = waiter(mode);
+            let mut out = JUNK;
+            // SAFETY: a live waiter from fw_waiter_create and a writable `out`.
+            let rc = unsafe { fw_waiter_prewake_stats(w, &mut out) };
+            assert_eq!(rc, 0);
+            assert_eq!(out, fw_prewake_stats::default(), "{mode:?}");
+            // SAFETY: a live waiter and a NULL `out` (refused).
+            let rc = unsafe { fw_waiter_prewake_stats(w, std::ptr::null_mut()) };
+            assert_eq!(rc, libc::EINVAL);
+            // SAFETY: from fw_waiter_create, destroyed once.
+            unsafe { fw_waiter_destroy(w) };
+        }
+    }
+
+    #[test]
+    fn dispatcher_prewake_stats_are_zero_without_learn_idle_and_refuse_null() {
+        let mut out = JUNK;
+        // SAFETY: a NULL dispatcher (refused) and a writable `out`.
+        let rc = unsafe { fw_dispatcher_prewake_stats(std::ptr::null(), &mut out) };
+        assert_eq!(rc, libc::EINVAL);
+        assert_eq!(out, JUNK, "a failed call wrote the output");
+        let mut d = std::ptr::null_mut();
+        // Idle at once (idle_after 0): it sleeps instead of polling CPU 0.
+        // SAFETY: a writable out pointer.
+        let rc = unsafe { fw_dispatcher_start(0, 0, 0, &mut d) };
+        assert_eq!(rc, 0);
+        // SAFETY: a live dispatcher from fw_dispatcher_start and a writable
+        // `out`.
+        let rc = unsafe { fw_dispatcher_prewake_stats(d, &mut out) };
+        assert_eq!(rc, 0);
+        assert_eq!(out, fw_prewake_stats::default());
+        // SAFETY: a live dispatcher and a NULL `out` (refused).
+        let rc = unsafe { fw_dispatcher_prewake_stats(d, std::ptr::null_mut()) };
+        assert_eq!(rc, libc::EINVAL);
+        // SAFETY: from fw_dispatcher_start, stopped once.
+        unsafe { fw_dispatcher_stop(d) };
     }
 
     #[test]

@@ -1026,6 +1026,11 @@ fn a_learned_dispatcher_wakes_ahead_of_predictable_completions() {
     eprintln!("prewake=off: {off:?}\n  {off_d:?}");
     eprintln!("prewake=on: {on:?}\n  {on_d:?}");
     assert_eq!(off_d.prewakes, 0, "prewake=off planned pre-wakes");
+    assert_eq!(
+        (off_d.prewake_pauses, off_d.margin_ns),
+        (0, 0),
+        "prewake=off paused pre-wakes or has a margin: {off_d:?}"
+    );
     assert!(
         on_d.prewakes >= n / 2,
         "{} pre-wakes planned for {n} predictable completions",

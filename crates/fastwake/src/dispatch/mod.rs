@@ -92,7 +92,9 @@ pub struct DispatchStats {
     /// Pre-wakes the learned idle policy planned ([`Config::learn_idle`]
     /// with `prewake=on`): the dispatcher slept at once after a hand-off
     /// and had its waiters come back shortly before the next completion
-    /// was due (see `docs/dispatch.md`).
+    /// was due (see `docs/dispatch.md`). Read together with the three
+    /// arrival counters below, whose sum never exceeds it (the pre-wake in
+    /// progress has no arrival yet).
     pub prewakes: u64,
     /// Of those, the completion came before the waiters came back (served
     /// in interrupt mode).
@@ -102,6 +104,14 @@ pub struct DispatchStats {
     pub prewake_caught: u64,
     /// No completion by the plan's spin end: the dispatcher slept again.
     pub prewake_late: u64,
+    /// Times the learned idle policy paused its pre-wakes because most
+    /// recent ones came early (as an adaptive waiter's,
+    /// [`crate::adaptive::AdaptiveStats::prewake_pauses`]).
+    pub prewake_pauses: u64,
+    /// The pre-wake margin in force, ns: how far before the shortest
+    /// recent gap the plan's resume time is set (0: no pre-wake plan, or
+    /// no learned idle policy).
+    pub margin_ns: u64,
     /// State now.
     pub state: State,
 }

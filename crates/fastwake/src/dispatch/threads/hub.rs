@@ -93,8 +93,9 @@ pub(crate) struct Hub {
     /// mode, before it kicks the dispatcher: that kick ends a pre-wake's
     /// sleep as early, where a new wait's does not.
     pub(super) returned: AtomicU64,
-    /// The idle learner's pre-wake counters: planned, early, caught, late.
-    pub(super) prewakes: [AtomicU64; 4],
+    /// The idle learner's pre-wake counters: planned, early, caught, late,
+    /// pauses, and the margin in force (ns).
+    pub(super) prewakes: [AtomicU64; 6],
 }
 
 impl Hub {
@@ -297,6 +298,11 @@ impl Hub {
     }
 
     pub(crate) fn stats(&self) -> DispatchStats {
+        // Backwards from the order `publish_idle` releases them in: an
+        // arrival read here was published with (or after) its pre-wake,
+        // whose count is then read at least as new.
+        let [margin_ns, pauses, late, caught, early, prewakes] =
+            std::array::from_fn(|i| self.prewakes[5 - i].load(Ordering::Acquire));
         DispatchStats {
             handoffs: self.handoffs.load(Ordering::Relaxed),
             rescued: self.rescued.load(Ordering::Relaxed),
@@ -309,10 +315,12 @@ impl Hub {
             paused: self.paused.load(Ordering::Relaxed),
             registered: self.registered.load(Ordering::Relaxed),
             idle_after: self.idle_threshold(),
-            prewakes: self.prewakes[0].load(Ordering::Relaxed),
-            prewake_early: self.prewakes[1].load(Ordering::Relaxed),
-            prewake_caught: self.prewakes[2].load(Ordering::Relaxed),
-            prewake_late: self.prewakes[3].load(Ordering::Relaxed),
+            prewakes,
+            prewake_early: early,
+            prewake_caught: caught,
+            prewake_late: late,
+            prewake_pauses: pauses,
+            margin_ns,
             state: self.state(),
         }
     }

@@ -296,10 +296,15 @@ impl Hub {
                 s.prewake_early,
                 s.prewake_caught,
                 s.prewake_late,
+                s.prewake_pauses,
+                s.margin_ns,
             ];
+            // In this order, released: `Hub::stats` reads them backwards,
+            // acquiring, so the arrivals it reports never outnumber the
+            // pre-wakes it reports.
             for (c, v) in self.prewakes.iter().zip(v) {
                 if c.load(Ordering::Relaxed) != v {
-                    c.store(v, Ordering::Relaxed);
+                    c.store(v, Ordering::Release);
                 }
             }
         }
