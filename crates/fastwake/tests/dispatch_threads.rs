@@ -26,6 +26,16 @@ fn cpus() -> (u32, u32) {
     if n >= 2 { (1, 0) } else { (0, 0) }
 }
 
+/// [`cpus`], or `None` (saying SKIPPED for `test`) on a single CPU.
+fn two_cpus(test: &str) -> Option<(u32, u32)> {
+    let (wcpu, pcpu) = cpus();
+    if wcpu == pcpu {
+        eprintln!("SKIPPED {test}: needs 2 CPUs");
+        return None;
+    }
+    Some((wcpu, pcpu))
+}
+
 const WAIT: Duration = Duration::from_secs(10);
 
 /// A waiter thread: takes `n` completions in order on `rx`, returns its
@@ -213,6 +223,13 @@ fn send_one_after(
     (s, t0.elapsed())
 }
 
+/// A dispatcher on `cpu` that never goes idle.
+fn never_idle(cpu: u32) -> Dispatcher {
+    let mut cfg = Config::new(cpu);
+    cfg.idle_after = None;
+    Dispatcher::start(cfg).expect("start dispatcher")
+}
+
 /// A dispatcher on `cpu` that sleeps after 2 ms without work.
 fn idle_after_2ms(cpu: u32) -> Dispatcher {
     let mut cfg = Config::new(cpu);
@@ -334,6 +351,33 @@ fn new_source_each_wait() {
     );
 }
 
+/// A busy normal-priority thread on a CPU (which a `SCHED_IDLE`
+/// dispatcher there yields to), for at most [`WAIT`].
+struct Hog {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Hog {
+    fn start(cpu: u32) -> Hog {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            fastwake::cpu::pin(cpu).unwrap();
+            let t0 = Instant::now();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) && t0.elapsed() < WAIT {
+                std::hint::spin_loop();
+            }
+        });
+        Hog { stop, thread }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap();
+    }
+}
+
 /// One wait on `wcpu` that announces and sleeps while the dispatcher is
 /// healthy, after which a busy thread takes the dispatcher's core; the
 /// completion comes from `pcpu` 20 ms later. The consumer's stats and how
@@ -345,21 +389,10 @@ fn starved_wait(wcpu: u32, pcpu: u32) -> (fastwake::wait::WaitStats, Duration) {
     start.wait();
     // Let the consumer announce and sleep while the dispatcher is healthy.
     std::thread::sleep(Duration::from_millis(20));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let hog = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            fastwake::cpu::pin(wcpu).unwrap();
-            let t0 = Instant::now();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && t0.elapsed() < WAIT {
-                std::hint::spin_loop();
-            }
-        })
-    };
+    let hog = Hog::start(wcpu);
     std::thread::sleep(Duration::from_millis(20));
     let (s, took) = send_one_after(pcpu, &mut tx, h);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    hog.join().unwrap();
+    hog.stop();
     (s, took)
 }
 
@@ -369,14 +402,10 @@ fn starved_wait(wcpu: u32, pcpu: u32) -> (fastwake::wait::WaitStats, Duration) {
 #[test]
 fn watchdog_rescues_a_starved_dispatcher() {
     let _g = spin_lock();
-    let (wcpu, pcpu) = cpus();
-    if wcpu == pcpu {
-        eprintln!("SKIPPED watchdog_rescues_a_starved_dispatcher: needs 2 CPUs");
+    let Some((wcpu, pcpu)) = two_cpus("watchdog_rescues_a_starved_dispatcher") else {
         return;
-    }
-    let mut cfg = Config::new(wcpu);
-    cfg.idle_after = None;
-    let d = Dispatcher::start(cfg).expect("start dispatcher");
+    };
+    let d = never_idle(wcpu);
     let (s, took) = starved_wait(wcpu, pcpu);
     eprintln!(
         "served after {took:?} with the dispatcher starved: {:?}",
@@ -438,11 +467,9 @@ fn compute(d: Duration) {
 #[test]
 fn helpers_sleep_while_nobody_waits() {
     let _g = spin_lock();
-    let (wcpu, pcpu) = cpus();
-    if wcpu == pcpu {
-        eprintln!("SKIPPED helpers_sleep_while_nobody_waits: needs 2 CPUs");
+    let Some((wcpu, pcpu)) = two_cpus("helpers_sleep_while_nobody_waits") else {
         return;
-    }
+    };
     let d = Dispatcher::start(Config::new(wcpu)).expect("start dispatcher");
     let (mut tx, mut rx) = chan();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
@@ -498,14 +525,10 @@ fn helpers_sleep_while_nobody_waits() {
 #[test]
 fn parked_watchdog_rescues_the_next_wait() {
     let _g = spin_lock();
-    let (wcpu, pcpu) = cpus();
-    if wcpu == pcpu {
-        eprintln!("SKIPPED parked_watchdog_rescues_the_next_wait: needs 2 CPUs");
+    let Some((wcpu, pcpu)) = two_cpus("parked_watchdog_rescues_the_next_wait") else {
         return;
-    }
-    let mut cfg = Config::new(wcpu);
-    cfg.idle_after = None;
-    let d = Dispatcher::start(cfg).expect("start dispatcher");
+    };
+    let d = never_idle(wcpu);
     // Nobody waits: the watchdog parks within a few ms.
     std::thread::sleep(Duration::from_millis(50));
     let name = format!("fw-watchdog{wcpu}");
@@ -572,11 +595,9 @@ fn kicking_a_stalled_sleeping_dispatcher_wakes_the_watchdog() {
 #[test]
 fn learned_idle_threshold_follows_the_gaps() {
     let _g = spin_lock();
-    let (wcpu, pcpu) = cpus();
-    if wcpu == pcpu {
-        eprintln!("SKIPPED learned_idle_threshold_follows_the_gaps: needs 2 CPUs");
+    let Some((wcpu, pcpu)) = two_cpus("learned_idle_threshold_follows_the_gaps") else {
         return;
-    }
+    };
     // Returns (dispatcher CPU over the stream, its stats at the end).
     let run = |learn: bool, gap: Duration, n: u64| {
         let mut cfg = Config::new(wcpu);
@@ -798,11 +819,9 @@ fn interruptible_dispatch_wait_ends_with_eintr() {
 #[test]
 fn signals_racing_hand_offs_lose_nothing() {
     let _g = spin_lock();
-    let (wcpu, pcpu) = cpus();
-    if wcpu == pcpu {
-        eprintln!("SKIPPED signals_racing_hand_offs_lose_nothing: needs 2 CPUs");
+    let Some((wcpu, pcpu)) = two_cpus("signals_racing_hand_offs_lose_nothing") else {
         return;
-    }
+    };
     install_usr2();
     let d = Dispatcher::start(Config::new(wcpu)).unwrap();
     let (threads, n) = (6usize, 3_000u64);
@@ -984,13 +1003,11 @@ fn a_forked_child_starts_its_own_dispatcher() {
 #[test]
 fn a_learned_dispatcher_wakes_ahead_of_predictable_completions() {
     let _g = spin_lock();
-    let (wcpu, pcpu) = cpus();
-    if wcpu == pcpu {
-        eprintln!(
-            "SKIPPED a_learned_dispatcher_wakes_ahead_of_predictable_completions: needs 2 CPUs"
-        );
+    let Some((wcpu, pcpu)) =
+        two_cpus("a_learned_dispatcher_wakes_ahead_of_predictable_completions")
+    else {
         return;
-    }
+    };
     let run = |prewake: bool, n: u64| {
         let mut cfg = Config::new(wcpu);
         cfg.learn_idle = Some(fastwake::adaptive::Config {
@@ -1065,14 +1082,11 @@ fn a_learned_dispatcher_wakes_ahead_of_predictable_completions() {
 #[test]
 fn a_waiter_that_computes_between_waits_is_still_handed_off() {
     let _g = spin_lock();
-    let (wcpu, pcpu) = cpus();
-    if wcpu == pcpu {
-        eprintln!("SKIPPED a_waiter_that_computes_between_waits_is_still_handed_off: needs 2 CPUs");
+    let Some((wcpu, pcpu)) = two_cpus("a_waiter_that_computes_between_waits_is_still_handed_off")
+    else {
         return;
-    }
-    let mut cfg = Config::new(wcpu);
-    cfg.idle_after = None;
-    let d = Dispatcher::start(cfg).expect("start dispatcher");
+    };
+    let d = never_idle(wcpu);
     const N: u64 = 150;
     let (mut req_tx, mut req_rx) = chan();
     let (mut rep_tx, mut rep_rx) = chan();
@@ -1126,14 +1140,10 @@ fn a_waiter_that_computes_between_waits_is_still_handed_off() {
 #[test]
 fn a_starved_dispatcher_is_trusted_for_one_wait_only() {
     let _g = spin_lock();
-    let (wcpu, pcpu) = cpus();
-    if wcpu == pcpu {
-        eprintln!("SKIPPED a_starved_dispatcher_is_trusted_for_one_wait_only: needs 2 CPUs");
+    let Some((wcpu, pcpu)) = two_cpus("a_starved_dispatcher_is_trusted_for_one_wait_only") else {
         return;
-    }
-    let mut cfg = Config::new(wcpu);
-    cfg.idle_after = None;
-    let d = Dispatcher::start(cfg).expect("start dispatcher");
+    };
+    let d = never_idle(wcpu);
     const STARVED: u64 = 5;
     let (mut tx, rx) = chan();
     let start = Arc::new(Barrier::new(2));
@@ -1144,24 +1154,13 @@ fn a_starved_dispatcher_is_trusted_for_one_wait_only() {
     std::thread::sleep(Duration::from_millis(20));
     tx.send(0, b"x").unwrap();
     std::thread::sleep(Duration::from_millis(20));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let hog = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            fastwake::cpu::pin(wcpu).unwrap();
-            let t0 = Instant::now();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && t0.elapsed() < WAIT {
-                std::hint::spin_loop();
-            }
-        })
-    };
+    let hog = Hog::start(wcpu);
     for i in 1..=STARVED {
         std::thread::sleep(Duration::from_millis(20));
         tx.send(i, b"x").unwrap();
     }
     let s = h.join().expect("consumer failed");
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    hog.join().unwrap();
+    hog.stop();
     let ds = d.stats();
     eprintln!("{STARVED} waits next to a busy thread: {s:?}; dispatcher {ds:?}");
     assert_eq!(s.completions, 1 + STARVED);
