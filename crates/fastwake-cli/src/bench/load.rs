@@ -111,7 +111,9 @@ pub struct Args {
     /// Print JSON (one object per mode and scenario) instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Print what the adaptive controller decided and why, per scenario.
+    /// Print what the adaptive controller decided and why, per scenario
+    /// (for the `dispatch` row: how its waits ended and what the
+    /// dispatcher did: hand-offs, watchdog rescues, idle sleeps, pre-wakes).
     #[arg(long)]
     pub explain: bool,
     /// Write one latency-vs-CPU plot per scenario into DIR (SVG and PNG).
@@ -510,6 +512,36 @@ impl HelperClock {
         }
     }
 
+    /// `--explain` for a dispatch-mode waiter: how its waits ended and
+    /// what its dispatcher did (the dispatcher serves every row's
+    /// dispatched waits, so its counters cover the whole scenario).
+    pub(super) fn explain(&self, w: &Waiter) -> Option<String> {
+        let d = self
+            .helper
+            .as_ref()
+            .filter(|_| w.mode() == WaitMode::Dispatch)?;
+        let (s, ds) = (w.stats(), d.stats());
+        Some(format!(
+            "dispatch: {} waits: handed off {}, fell back {}, paused {} (resumed {}); \
+             dispatcher: hand-offs {}, rescued by the watchdog {}, idle sleeps {}, \
+             pre-wakes {} (early {}, caught {}, late {}, paused {} times), margin {:.1}us",
+            s.completions,
+            s.handoffs,
+            s.dispatch_fallbacks,
+            s.dispatch_paused,
+            s.dispatch_resumed,
+            ds.handoffs,
+            ds.rescued,
+            ds.idle_sleeps,
+            ds.prewakes,
+            ds.prewake_early,
+            ds.prewake_caught,
+            ds.prewake_late,
+            ds.prewake_pauses,
+            ds.margin_ns as f64 / 1e3,
+        ))
+    }
+
     /// At the start of a window of waits by `w`.
     pub(super) fn mark(&self, w: &Waiter) -> HelperMark {
         HelperMark {
@@ -580,7 +612,7 @@ fn consumer(
         }
     }
     for (e, o) in ends.iter().zip(out.iter_mut()) {
-        o.explain = e.waiter.explain();
+        o.explain = e.waiter.explain().or_else(|| helper.explain(&e.waiter));
         o.prewakes = helper.prewakes(&e.waiter);
     }
     Ok(out)

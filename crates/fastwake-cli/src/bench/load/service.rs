@@ -242,7 +242,7 @@ fn client(
         }
     }
     for ((_, w), o) in ends.iter().zip(out.iter_mut()) {
-        o.m.explain = w.explain();
+        o.m.explain = w.explain().or_else(|| helper.explain(w));
         o.m.prewakes = helper.prewakes(w);
     }
     // The ends go back to the caller, to be dropped once the server has
