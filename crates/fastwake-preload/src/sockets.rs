@@ -26,11 +26,23 @@
 //! as signal(7) says) the call returns -1/`EINTR` after the handler has
 //! run, as the plain call would have; otherwise the real call is made,
 //! which is what the kernel's restart would have done.
+//!
+//! Pre-wakes (`adaptive`, where the thread's recent waits are
+//! concentrated: `wait::prewake`): the wait sleeps on the socket until
+//! shortly before the reply is due, spins from there, then makes the real
+//! call. The sleep keeps the spin's signal semantics: it is a `ppoll` on
+//! the socket and a signalfd of the signals the caller's mask lets
+//! through, with every asynchronous signal held (see
+//! `sleep_holding_signals`), so a signal wakes it, and is either
+//! turned into -1/`EINTR` or followed by more sleep, as the plain call
+//! would have been interrupted or restarted. With `SO_RCVTIMEO`, what
+//! follows a pre-wake's spin is such a sleep for what is left of the
+//! timeout (then -1/`EAGAIN`), not the real call's whole timeout.
 
 use crate::real::Sym;
 use crate::wait;
 use fastwake::preload_stats::{Call, Pass};
-use fastwake::wait::{Decision, Governor};
+use fastwake::wait::{Decision, Ending, Governor};
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut as null;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -249,12 +261,22 @@ fn engine(
     crate::stats::served(call);
     let timeout_ns = rcvtimeo_ns(fd);
     wait::count(|e| &e.waits, 1);
+    let planned = wait::plan_prewake(gov, peer_cpu, timeout_ns);
+    if let Some(at) = planned.prewake_at() {
+        let has_timeout = timeout_ns.is_some();
+        let call = Peeked {
+            fd,
+            has_timeout,
+            real,
+        };
+        return wait::prewake(gov, planned, timeout_ns, at, call);
+    }
     let wait::Planned {
         t0,
         cpu,
         decision,
         mut ending,
-    } = wait::plan(gov, peer_cpu, timeout_ns);
+    } = planned;
     if let Decision::Spin(budget) = decision {
         let spin = wait::spin_holding_signals(
             t0,
@@ -293,6 +315,163 @@ fn engine(
     // the call cannot be given less, so such a wait is at most one spin
     // budget longer than without the shim).
     wait::block(gov, cpu, ending, real, |&r| r < 0)
+}
+
+/// Sleep until `fd` is readable or `ns` pass, with the spin's signal
+/// semantics ([`wait::spin_holding_signals`]): asynchronous signals are
+/// held, and a transient signalfd of those the caller's mask lets through
+/// wakes the sleep when one is pending. `interrupts` is then asked before
+/// the mask comes back (the handler runs as it does): -1/EINTR where the
+/// plain call would have been interrupted, else the sleep goes on, as the
+/// kernel's restart of the plain call would have. The signalfd exists only
+/// while every asynchronous signal is held, so no handler of this thread
+/// ever sees it.
+///
+/// Returns > 0 readable, 0 nothing within `ns`, -1/EINTR interrupted;
+/// `None` when this sleep cannot be made (no signalfd: out of fds, or
+/// forbidden) or a signal glibc keeps for itself (thread cancellation,
+/// set*id) was handled in it: the caller goes on as a plain wait, as the
+/// spin does when a look handles one.
+fn sleep_holding_signals(fd: c_int, ns: u64, has_timeout: bool) -> Option<c_int> {
+    let deadline = fastwake::cpu::monotonic_ns().saturating_add(ns);
+    loop {
+        let block: u64 = !wait::NEVER_BLOCK;
+        let mut old: u64 = 0;
+        wait::sigmask(libc::SIG_SETMASK, &block, &mut old);
+        let through: u64 = !old & !wait::NEVER_BLOCK;
+        // SAFETY: signalfd4 reads an 8-byte kernel sigset from a live u64;
+        // a raw syscall (no hooked wrapper). A new fd, closed below.
+        let sfd = unsafe {
+            libc::syscall(
+                libc::SYS_signalfd4,
+                -1,
+                &through as *const u64,
+                8usize,
+                libc::SFD_CLOEXEC,
+            )
+        } as c_int;
+        if sfd < 0 {
+            wait::sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            return None;
+        }
+        let mut p = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: sfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let left = deadline.saturating_sub(fastwake::cpu::monotonic_ns());
+        // SAFETY: two live pollfds; a null mask keeps the held one.
+        let r = unsafe { crate::sys::ppoll_ns(p.as_mut_ptr(), 2, left, std::ptr::null()) };
+        let e = wait::errno();
+        let ready = r > 0 && p[0].revents != 0;
+        let signals = if ready { 0 } else { wait::deliverable(old) };
+        let interrupted = signals != 0 && interrupts(signals, has_timeout);
+        // SAFETY: our own signalfd, made above; a raw close (the shim
+        // hooks `close`).
+        unsafe { libc::syscall(libc::SYS_close, sfd) };
+        wait::sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if ready {
+            return Some(1);
+        }
+        if interrupted {
+            wait::set_errno(libc::EINTR);
+            return Some(-1);
+        }
+        if r == 0 {
+            return Some(0);
+        }
+        if r < 0 {
+            // EINTR with every asynchronous signal held: one glibc keeps
+            // for itself was handled (cancellation acts in the real call);
+            // anything else: the sleep failed.
+            wait::set_errno(e);
+            return None;
+        }
+        // A signal the plain call would have been restarted after was
+        // handled as the mask came back (or another thread took it):
+        // sleep on, for what is left.
+    }
+}
+
+/// A blocking socket call as a pre-wake's call ([`wait::Prewaker`]): it
+/// sleeps and spins peeking readiness with signals held (never taking
+/// data), and makes the real call once the socket is readable.
+struct Peeked<F> {
+    fd: c_int,
+    /// SO_RCVTIMEO is set: every handler interrupts (see [`interrupts`]).
+    has_timeout: bool,
+    real: F,
+}
+
+impl<F: FnOnce() -> isize> wait::Prewaker for Peeked<F> {
+    type Out = isize;
+
+    fn sleep(&mut self, ns: u64) -> Option<c_int> {
+        sleep_holding_signals(self.fd, ns, self.has_timeout)
+    }
+
+    fn spin(&mut self, start: u64, budget: u64, ending: &mut Ending) -> c_int {
+        let (fd, has_timeout) = (self.fd, self.has_timeout);
+        let spin = wait::spin_holding_signals(
+            start,
+            budget,
+            || look(fd),
+            |&n| n != 0,
+            |signals| interrupts(signals, has_timeout),
+            *ending,
+        );
+        *ending = spin.ending;
+        if spin.interrupted {
+            wait::set_errno(libc::EINTR);
+            -1
+        } else if spin.last > 0 {
+            wait::count(|e| &e.spin_hits, 1);
+            1
+        } else {
+            // Nothing, or a look that handled a signal glibc keeps for
+            // itself: on to the real call, as the plain spin does.
+            0
+        }
+    }
+
+    fn found(self, n: c_int) -> isize {
+        if n > 0 {
+            return (self.real)();
+        }
+        wait::set_errno(libc::EINTR);
+        -1
+    }
+
+    fn timed_out(self) -> isize {
+        // What the plain call returns when SO_RCVTIMEO runs out.
+        wait::set_errno(libc::EAGAIN);
+        -1
+    }
+
+    fn block(self, left: Option<u64>) -> isize {
+        // With SO_RCVTIMEO, the real call would wait its whole timeout
+        // again: sleep for what is left instead (every handler
+        // interrupts), then make the call once the socket is readable.
+        let Some(ns) = left else {
+            return (self.real)();
+        };
+        match sleep_holding_signals(self.fd, ns, true) {
+            Some(0) => self.timed_out(),
+            Some(n) if n < 0 => -1,
+            _ => (self.real)(),
+        }
+    }
+
+    fn failed(r: &isize) -> bool {
+        *r < 0
+    }
 }
 
 // ------------------------------------------------------------ the hooks

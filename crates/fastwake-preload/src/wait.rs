@@ -17,6 +17,12 @@
 //!   would have;
 //! - a hook entered while the thread is already inside one (a signal
 //!   handler that polls) passes through.
+//!
+//! Under `adaptive`, a wait may be planned as a pre-wake (`prewake`):
+//! a timed look until shortly before the completion is due, then the
+//! spin, then the real call. The fd hooks and the blocking socket calls
+//! (`sockets`) share it through `Prewaker`, each with its own sleep and
+//! spin (and so its own signal semantics).
 
 use crate::config;
 use fastwake::preload_stats::{Call, Engine, Pass};
@@ -341,34 +347,22 @@ fn engine(
         }
         return r;
     }
+    let planned = plan_prewake(gov, peer_cpu, timeout_ns);
+    if let Some(at) = planned.prewake_at() {
+        let call = Looked {
+            probe,
+            user_mask,
+            real,
+        };
+        return prewake(gov, planned, timeout_ns, at, call);
+    }
     let Planned {
         t0,
         cpu,
         decision,
         mut ending,
-    } = plan_with(
-        gov,
-        peer_cpu,
-        timeout_ns,
-        TIMED_LOOKS.load(std::sync::atomic::Ordering::Relaxed),
-    );
+    } = planned;
     let left = match decision {
-        Decision::Prewake {
-            wake_at_ns,
-            spin_until_ns,
-        } => {
-            return prewake(
-                gov,
-                cpu,
-                t0,
-                timeout_ns,
-                user_mask,
-                probe,
-                real,
-                ending,
-                (wake_at_ns, spin_until_ns),
-            );
-        }
         Decision::Spin(budget) => {
             let n = spin_looking(probe, user_mask, t0, budget, &mut ending);
             if n != 0 {
@@ -388,46 +382,120 @@ fn engine(
                 Some(tn) => Some(tn - ending.spun_ns),
             }
         }
-        Decision::Dispatch | Decision::Block => None,
+        Decision::Dispatch | Decision::Block | Decision::Prewake { .. } => None,
     };
     block(gov, cpu, ending, || real(left), |&r| r < 0)
 }
 
-/// A pre-wake: a timed look (the plain call's own kind of sleep, with the
-/// caller's mask, so a signal ends it with EINTR as it would end the plain
-/// call) until `wake_at`, then looks until `spin_until`, then the real
-/// call for what is left of the timeout. What is ready during the sleep
-/// ends the wait at once, as in interrupt mode.
-#[allow(clippy::too_many_arguments)]
-fn prewake(
-    gov: &mut Governor,
-    cpu: Option<u32>,
-    t0: u64,
-    timeout_ns: Option<u64>,
+/// What a pre-wake ([`prewake`]) needs of the call it serves: its timed
+/// look, its spin and its ways of ending. The fd hooks' is [`Looked`]
+/// (their own call with a timeout); the blocking socket calls' peeks the
+/// socket with signals held (`sockets::Peeked`).
+pub(crate) trait Prewaker {
+    /// What the call returns.
+    type Out;
+    /// The timed look: something ready or a completion (> 0), nothing
+    /// within `ns` (0), or the wait ended (< 0, errno set: the call
+    /// returns it); `None`: no timed look here, this wait goes on as a
+    /// plain one.
+    fn sleep(&mut self, ns: u64) -> Option<c_int>;
+    /// Look from `start` for `budget` ns (as [`sleep`](Self::sleep)
+    /// returns; filling in `ending`'s time, spin and preemption; counting
+    /// the spin).
+    fn spin(&mut self, start: u64, budget: u64, ending: &mut Ending) -> c_int;
+    /// The call's result once a look returned `n` (not 0).
+    fn found(self, n: c_int) -> Self::Out;
+    /// The call's result when its timeout ran out.
+    fn timed_out(self) -> Self::Out;
+    /// The real, blocking call with what is left of the timeout (`None`:
+    /// there is none).
+    fn block(self, left: Option<u64>) -> Self::Out;
+    /// Did the call fail (nothing to learn from its length)?
+    fn failed(out: &Self::Out) -> bool;
+}
+
+/// An fd hook's wait as a [`Prewaker`]: its timed look is its own call
+/// with a ns timeout and the caller's mask, so a signal ends it with EINTR
+/// as it would end the plain call.
+struct Looked<'a, P, F> {
+    probe: &'a mut P,
     user_mask: *const u64,
-    probe: &mut impl FnMut(*const u64, u64) -> c_int,
-    real: impl FnOnce(Option<u64>) -> c_int,
-    mut ending: Ending,
+    real: F,
+}
+
+impl<P, F> Prewaker for Looked<'_, P, F>
+where
+    P: FnMut(*const u64, u64) -> c_int,
+    F: FnOnce(Option<u64>) -> c_int,
+{
+    type Out = c_int;
+
+    fn sleep(&mut self, ns: u64) -> Option<c_int> {
+        let n = (self.probe)(self.user_mask, ns);
+        if n < 0 && errno() == libc::ENOSYS {
+            // No timed look here: no more pre-wakes in this process.
+            TIMED_LOOKS.store(false, std::sync::atomic::Ordering::Relaxed);
+            return None;
+        }
+        Some(n)
+    }
+
+    fn spin(&mut self, start: u64, budget: u64, ending: &mut Ending) -> c_int {
+        spin_looking(self.probe, self.user_mask, start, budget, ending)
+    }
+
+    fn found(self, n: c_int) -> c_int {
+        n
+    }
+
+    fn timed_out(self) -> c_int {
+        0
+    }
+
+    fn block(self, left: Option<u64>) -> c_int {
+        (self.real)(left)
+    }
+
+    fn failed(r: &c_int) -> bool {
+        *r < 0
+    }
+}
+
+/// A pre-wake ([`Planned::prewake_at`]): `call`'s timed look until
+/// `wake_at`, then looks until `spin_until`, then the real call for what
+/// is left of the timeout. What is ready during the sleep ends the wait at
+/// once, as in interrupt mode. Counts the pre-wake and its catch, and
+/// tells the governor where the completion arrived and how late the timer
+/// was.
+pub(crate) fn prewake<W: Prewaker>(
+    gov: &mut Governor,
+    planned: Planned,
+    timeout_ns: Option<u64>,
     (wake_at, spin_until): (u64, u64),
-) -> c_int {
+    mut call: W,
+) -> W::Out {
     use fastwake::adaptive::prewake::Arrival;
+    let Planned {
+        t0,
+        cpu,
+        mut ending,
+        ..
+    } = planned;
     count(|e| &e.prewakes, 1);
     let asleep = gov.blocking(cpu);
     let n = {
         let _slack = fastwake::cpu::FineTimerSlack::set();
         let now = fastwake::cpu::monotonic_ns();
-        probe(user_mask, wake_at.saturating_sub(now).max(1))
+        call.sleep(wake_at.saturating_sub(now).max(1))
     };
     drop(asleep);
     let t1 = fastwake::cpu::monotonic_ns();
     ending.now_ns = t1;
-    if n < 0 && errno() == libc::ENOSYS {
-        // No timed look here: no more pre-wakes in this process; this
-        // wait goes on as a plain one.
-        TIMED_LOOKS.store(false, std::sync::atomic::Ordering::Relaxed);
+    let Some(n) = n else {
+        // No timed look: this wait goes on as a plain one.
         let left = timeout_ns.map(|t| t.saturating_sub(t1.wrapping_sub(t0)).max(1));
-        return block(gov, cpu, ending, || real(left), |&r| r < 0);
-    }
+        return block(gov, cpu, ending, || call.block(left), W::failed);
+    };
     if n > 0 && t1 >= wake_at {
         // Ready when the thread ran, after the timer had expired: it came
         // while the thread was waking (the kernel's timed wait looks once
@@ -441,27 +509,21 @@ fn prewake(
         ending.slept = false;
         ending.arrival = Some(Arrival::Caught);
         gov.end(ending);
-        return n;
+        return call.found(n);
     }
     if n != 0 {
         ending.arrival = Some(Arrival::Early);
         ending.failed = n < 0;
         gov.end(ending);
-        return n;
+        return call.found(n);
     }
     ending.late_ns = Some(t1.saturating_sub(wake_at));
     let used = t1.wrapping_sub(t0);
     if timeout_ns.is_some_and(|t| used >= t) {
         gov.end(ending);
-        return 0;
+        return call.timed_out();
     }
-    let n = spin_looking(
-        probe,
-        user_mask,
-        t1,
-        spin_until.saturating_sub(t1),
-        &mut ending,
-    );
+    let n = call.spin(t1, spin_until.saturating_sub(t1), &mut ending);
     if n != 0 {
         if n > 0 {
             count(|e| &e.prewake_caught, 1);
@@ -470,7 +532,7 @@ fn prewake(
         ending.arrival = Some(Arrival::Caught);
         ending.failed = n < 0;
         gov.end(ending);
-        return n;
+        return call.found(n);
     }
     ending.slept = true;
     ending.arrival = Some(Arrival::Late);
@@ -479,11 +541,11 @@ fn prewake(
         None => None,
         Some(t) if used >= t => {
             gov.end(ending);
-            return 0;
+            return call.timed_out();
         }
         Some(t) => Some(t - used),
     };
-    block(gov, cpu, ending, || real(left), |&r| r < 0)
+    block(gov, cpu, ending, || call.block(left), W::failed)
 }
 
 /// A wait the engines ([`engine`], the socket calls, liburing) plan after
@@ -496,12 +558,40 @@ pub(crate) struct Planned {
     pub ending: Ending,
 }
 
+impl Planned {
+    /// A [`Decision::Prewake`]'s wake-up and spin end, for [`prewake`].
+    pub(crate) fn prewake_at(&self) -> Option<(u64, u64)> {
+        match self.decision {
+            Decision::Prewake {
+                wake_at_ns,
+                spin_until_ns,
+            } => Some((wake_at_ns, spin_until_ns)),
+            _ => None,
+        }
+    }
+}
+
 /// Read the clock and the CPU and ask the thread's governor, counting why
 /// it said what it said. These waits are never dispatched: they are what
 /// dispatch mode could not dispatch, or calls it does not serve; nor are
-/// they pre-woken (see [`plan_with`]).
+/// they pre-woken (see [`plan_prewake`]).
 pub(crate) fn plan(gov: &mut Governor, peer_cpu: Option<u32>, timeout_ns: Option<u64>) -> Planned {
     plan_with(gov, peer_cpu, timeout_ns, false)
+}
+
+/// [`plan`], offering pre-wakes ([`Decision::Prewake`], served by
+/// [`prewake`]) while timed looks work in this process.
+pub(crate) fn plan_prewake(
+    gov: &mut Governor,
+    peer_cpu: Option<u32>,
+    timeout_ns: Option<u64>,
+) -> Planned {
+    plan_with(
+        gov,
+        peer_cpu,
+        timeout_ns,
+        TIMED_LOOKS.load(std::sync::atomic::Ordering::Relaxed),
+    )
 }
 
 /// [`plan`], offering pre-wakes when the caller can make a timed look.
