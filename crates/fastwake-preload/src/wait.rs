@@ -20,9 +20,10 @@
 //!
 //! Under `adaptive`, a wait may be planned as a pre-wake (`prewake`):
 //! a timed look until shortly before the completion is due, then the
-//! spin, then the real call. The fd hooks and the blocking socket calls
-//! (`sockets`) share it through `Prewaker`, each with its own sleep and
-//! spin (and so its own signal semantics).
+//! spin, then the real call. The fd hooks, the blocking socket calls
+//! (`sockets`) and liburing's waits (`uring`) share it through
+//! `Prewaker`, each with its own sleep and spin (and so its own signal
+//! semantics).
 
 use crate::config;
 use fastwake::preload_stats::{Call, Engine, Pass};
@@ -390,7 +391,8 @@ fn engine(
 /// What a pre-wake ([`prewake`]) needs of the call it serves: its timed
 /// look, its spin and its ways of ending. The fd hooks' is [`Looked`]
 /// (their own call with a timeout); the blocking socket calls' peeks the
-/// socket with signals held (`sockets::Peeked`).
+/// socket with signals held (`sockets::Peeked`); liburing's sleeps in the
+/// kernel's timed CQ wait (`uring::Entered`).
 pub(crate) trait Prewaker {
     /// What the call returns.
     type Out;
@@ -571,15 +573,7 @@ impl Planned {
     }
 }
 
-/// Read the clock and the CPU and ask the thread's governor, counting why
-/// it said what it said. These waits are never dispatched: they are what
-/// dispatch mode could not dispatch, or calls it does not serve; nor are
-/// they pre-woken (see [`plan_prewake`]).
-pub(crate) fn plan(gov: &mut Governor, peer_cpu: Option<u32>, timeout_ns: Option<u64>) -> Planned {
-    plan_with(gov, peer_cpu, timeout_ns, false)
-}
-
-/// [`plan`], offering pre-wakes ([`Decision::Prewake`], served by
+/// [`plan_with`], offering pre-wakes ([`Decision::Prewake`], served by
 /// [`prewake`]) while timed looks work in this process.
 pub(crate) fn plan_prewake(
     gov: &mut Governor,
@@ -594,8 +588,12 @@ pub(crate) fn plan_prewake(
     )
 }
 
-/// [`plan`], offering pre-wakes when the caller can make a timed look.
-fn plan_with(
+/// Read the clock and the CPU and ask the thread's governor, counting why
+/// it said what it said, offering pre-wakes if `prewake` (the caller can
+/// make a timed look: [`plan_prewake`]'s, or liburing's own kind in
+/// `uring`). These waits are never dispatched: they are what dispatch mode
+/// could not dispatch, or calls it does not serve.
+pub(crate) fn plan_with(
     gov: &mut Governor,
     peer_cpu: Option<u32>,
     timeout_ns: Option<u64>,
