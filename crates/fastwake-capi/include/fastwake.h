@@ -80,6 +80,20 @@ struct fw_prewake_stats {
     uint64_t reserved[2]; /* 0 (room for later counters within ABI 1) */
 };
 
+/* How a waiter's dispatch-mode waits ended (fw_waiter_dispatch_stats):
+ * the counters a "dispatch" waiter (or an "adaptive" one whose plan
+ * handed waits to a dispatcher) keeps, from its creation. */
+struct fw_dispatch_wait_stats {
+    uint64_t handoffs;  /* woken by the dispatcher (or its watchdog, or a relaying thread): source ready */
+    uint64_t relays;    /* hand-offs this thread made to another waiting thread of its core while relaying */
+    uint64_t fallbacks; /* waits done in interrupt mode: no live dispatcher on the CPU, a source without a
+                           peek handle, or the dispatcher starved of CPU */
+    uint64_t paused;    /* waits handed back to interrupt mode by an idle dispatcher */
+    uint64_t resumed;   /* of the paused waits, those that came back to the dispatcher at its pre-wake's
+                           resume time, before their completion */
+    uint64_t reserved[3]; /* 0 (room for later counters within ABI 1) */
+};
+
 typedef struct fw_shared fw_shared;     /* a channel's shared memory, to hand to another process */
 typedef struct fw_sender fw_sender;     /* producing end */
 typedef struct fw_receiver fw_receiver; /* consuming end */
@@ -179,6 +193,12 @@ int fw_waiter_stats(const fw_waiter *w, struct fw_wait_stats *out);
  * yet, a producer on its CPU, or the CPU cap spent. EINVAL: w or out
  * NULL. */
 int fw_waiter_prewake_stats(const fw_waiter *w, struct fw_prewake_stats *out);
+/* How w's dispatch-mode waits ended (struct fw_dispatch_wait_stats above):
+ * all zero, with success, for a waiter that never waited in dispatch mode.
+ * With handoffs == 0 and fallbacks > 0 the dispatcher served none of
+ * them: start one on the waiter's CPU (fw_dispatcher_start). EINVAL: w or
+ * out NULL. */
+int fw_waiter_dispatch_stats(const fw_waiter *w, struct fw_dispatch_wait_stats *out);
 /* Dispatch-mode waits (and adaptive waits handed to a dispatcher): with
  * on != 0, a signal that interrupts the sleep ends the wait with EINTR, as
  * a blocking syscall does; with 0 (the default) the wait sleeps on until a

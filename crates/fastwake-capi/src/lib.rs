@@ -53,6 +53,18 @@ pub struct fw_dispatch_stats {
 }
 
 /// Pre-wake ("sleep, then poll") counters of an adaptive waiter or of a
+/// How a waiter's dispatch-mode waits ended (see the header).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct fw_dispatch_wait_stats {
+    pub handoffs: u64,
+    pub relays: u64,
+    pub fallbacks: u64,
+    pub paused: u64,
+    pub resumed: u64,
+    pub reserved: [u64; 3],
+}
+
 /// dispatcher with a learned idle policy.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -531,6 +543,28 @@ pub unsafe extern "C" fn fw_waiter_prewake_stats(
 }
 
 /// # Safety
+/// `w` from this library; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_waiter_dispatch_stats(
+    w: *const fw_waiter,
+    out: *mut fw_dispatch_wait_stats,
+) -> c_int {
+    guard(|| {
+        stats_of(w, out, |w| {
+            let s = w.0.stats();
+            fw_dispatch_wait_stats {
+                handoffs: s.handoffs,
+                relays: s.relays,
+                fallbacks: s.dispatch_fallbacks,
+                paused: s.dispatch_paused,
+                resumed: s.dispatch_resumed,
+                reserved: [0; 3],
+            }
+        })
+    })
+}
+
+/// # Safety
 /// `w` is NULL or from this library, destroyed once.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_waiter_destroy(w: *mut fw_waiter) {
@@ -919,6 +953,8 @@ mod abi_sizes {
         assert_eq!(std::mem::offset_of!(fw_dispatch_stats, state), 56);
         assert_eq!(std::mem::size_of::<fw_verbs_stats>(), 40);
         assert_eq!(std::mem::offset_of!(fw_verbs_stats, stashed), 32);
+        assert_eq!(std::mem::size_of::<fw_dispatch_wait_stats>(), 64);
+        assert_eq!(std::mem::offset_of!(fw_dispatch_wait_stats, reserved), 40);
         assert_eq!(std::mem::size_of::<fw_prewake_stats>(), 64);
         assert_eq!(std::mem::offset_of!(fw_prewake_stats, pauses), 32);
         assert_eq!(std::mem::offset_of!(fw_prewake_stats, margin_ns), 40);

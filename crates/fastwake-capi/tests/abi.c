@@ -32,6 +32,8 @@ _Static_assert(offsetof(struct fw_dispatch_stats, idle_after_ns) == 48, "fw_disp
 _Static_assert(offsetof(struct fw_dispatch_stats, state) == 56, "fw_dispatch_stats layout");
 _Static_assert(sizeof(struct fw_verbs_stats) == 40, "fw_verbs_stats layout");
 _Static_assert(offsetof(struct fw_verbs_stats, stashed) == 32, "fw_verbs_stats layout");
+_Static_assert(sizeof(struct fw_dispatch_wait_stats) == 64, "fw_dispatch_wait_stats layout");
+_Static_assert(offsetof(struct fw_dispatch_wait_stats, reserved) == 40, "fw_dispatch_wait_stats layout");
 _Static_assert(sizeof(struct fw_prewake_stats) == 64, "fw_prewake_stats layout");
 _Static_assert(offsetof(struct fw_prewake_stats, pauses) == 32, "fw_prewake_stats layout");
 _Static_assert(offsetof(struct fw_prewake_stats, margin_ns) == 40, "fw_prewake_stats layout");
@@ -56,6 +58,7 @@ struct pong_arg {
     int n;
     int cpu; /* pin the pong thread here; -1: anywhere */
     int bad;
+    struct fw_dispatch_wait_stats ds; /* how its waits ended */
 };
 
 /* Pin the calling thread to cpu; -1: every CPU again. */
@@ -90,6 +93,7 @@ static void *pong(void *p) {
             break;
         }
     }
+    if (fw_waiter_dispatch_stats(w, &a->ds)) a->bad = 1;
     fw_waiter_destroy(w);
     return NULL;
 }
@@ -174,7 +178,10 @@ static void socket_checks(void) {
 }
 
 /* Ping on ping_cpu, pong on pong_cpu (-1: anywhere), both in mode. */
-static void pingpong_on(const char *mode, int ping_cpu, int pong_cpu) {
+/* served: for "dispatch" with a pinned pong end, 1 if a dispatcher serves
+ * its CPU (its waits must count hand-offs), 0 if none does (they must
+ * count fallbacks and no hand-off). */
+static void pingpong_served(const char *mode, int ping_cpu, int pong_cpu, int served) {
     struct fw_channel_config cfg = {64, 16, FW_DOORBELL_FUTEX};
     fw_sender *tx1, *tx2;
     fw_receiver *rx1, *rx2;
@@ -202,12 +209,38 @@ static void pingpong_on(const char *mode, int ping_cpu, int pong_cpu) {
     struct fw_wait_stats st;
     bad |= fw_waiter_stats(w, &st) != 0 || st.completions != (uint64_t)a.n;
     check(!bad && !a.bad, name, "lost, reordered or corrupted completion");
+    if (!strcmp(mode, "dispatch") && pong_cpu >= 0) {
+        /* The pinned pong thread's waits: handed off by the dispatcher on
+         * its CPU, or all in interrupt mode without one. */
+        struct fw_dispatch_wait_stats ds = a.ds;
+        char why[96];
+        snprintf(why, sizeof why, "handoffs=%llu fallbacks=%llu paused=%llu", (unsigned long long)ds.handoffs,
+                 (unsigned long long)ds.fallbacks, (unsigned long long)ds.paused);
+        if (served)
+            check(ds.handoffs > 0 && ds.reserved[0] == 0 && ds.reserved[2] == 0,
+                  "waiter's dispatch stats count its hand-offs", why);
+        else
+            check(ds.handoffs == 0 && ds.fallbacks > 0, "waiter's dispatch stats count its fallbacks (no dispatcher)",
+                  why);
+        fw_waiter *iw = NULL;
+        memset(&ds, 0xff, sizeof ds);
+        check(fw_waiter_create("interrupt", &iw) == 0 && fw_waiter_dispatch_stats(iw, &ds) == 0 &&
+                  ds.handoffs == 0 && ds.fallbacks == 0 && ds.reserved[1] == 0,
+              "waiter's dispatch stats are zero where it never dispatched", "non-zero");
+        fw_waiter_destroy(iw);
+        check(fw_waiter_dispatch_stats(NULL, &ds) == EINVAL && fw_waiter_dispatch_stats(w, NULL) == EINVAL,
+              "waiter dispatch stats NULL is EINVAL", "accepted");
+    }
     fw_waiter_destroy(w);
     fw_sender_destroy(tx1);
     fw_sender_destroy(tx2);
     fw_receiver_destroy(rx1);
     fw_receiver_destroy(rx2);
     if (ping_cpu >= 0) pin(-1);
+}
+
+static void pingpong_on(const char *mode, int ping_cpu, int pong_cpu) {
+    pingpong_served(mode, ping_cpu, pong_cpu, 1);
 }
 
 static void pingpong(const char *mode) { pingpong_on(mode, -1, -1); }
@@ -311,7 +344,7 @@ static void dispatcher_checks(void) {
           "learned dispatcher's pre-wake arrivals never outnumber its pre-wakes", "inconsistent counters");
     fw_dispatcher_stop(d);
     /* Without a dispatcher dispatch mode is interrupt mode: still no loss. */
-    pingpong_on("dispatch", 0, 1);
+    pingpong_served("dispatch", 0, 1, 0);
     fw_dispatcher_stop(NULL);
 }
 
