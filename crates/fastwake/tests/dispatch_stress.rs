@@ -21,32 +21,60 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
+/// Senders, each owed tags 0..per in order.
+struct Feed {
+    txs: Vec<Sender>,
+    per: u64,
+    sent: Vec<u64>,
+    /// Senders with tags still to send.
+    open: Vec<usize>,
+}
+
+impl Feed {
+    fn new(txs: Vec<Sender>, per: u64) -> Feed {
+        let n = txs.len();
+        Feed {
+            txs,
+            per,
+            sent: vec![0; n],
+            open: (0..n).collect(),
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    /// One completion each to up to `n` open senders picked at random.
+    fn burst(&mut self, rng: &mut StdRng, n: usize) {
+        for _ in 0..n.min(self.open.len()) {
+            let k = rng.random_range(0..self.open.len());
+            let i = self.open[k];
+            self.txs[i].send(self.sent[i], &[0u8; 8]).unwrap();
+            self.sent[i] += 1;
+            if self.sent[i] == self.per {
+                self.open.swap_remove(k);
+            }
+        }
+    }
+}
+
 /// Send `per` tags (0..per) to every sender in random ready patterns:
 /// a burst picks a random set of sources (one, a few, or many), sends one
 /// completion to each, and now and then pauses (spinning or sleeping) so
 /// that the waiters go back to waiting, or the dispatcher to sleep.
-fn produce(mut txs: Vec<Sender>, per: u64, seed: u64, cpu: u32) {
+fn produce(txs: Vec<Sender>, per: u64, seed: u64, cpu: u32) {
     fastwake::cpu::pin(cpu).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
-    let n = txs.len();
-    let mut sent = vec![0u64; n];
-    let mut open: Vec<usize> = (0..n).collect();
-    while !open.is_empty() {
+    let mut feed = Feed::new(txs, per);
+    while !feed.done() {
         let burst = match rng.random_range(0..4) {
             0 => 1,
             1 => rng.random_range(1..=4),
             2 => rng.random_range(1..=32),
-            _ => rng.random_range(1..=open.len()),
+            _ => rng.random_range(1..=feed.open.len()),
         };
-        for _ in 0..burst.min(open.len()) {
-            let k = rng.random_range(0..open.len());
-            let i = open[k];
-            txs[i].send(sent[i], &[0u8; 8]).unwrap();
-            sent[i] += 1;
-            if sent[i] == per {
-                open.swap_remove(k);
-            }
-        }
+        feed.burst(&mut rng, burst);
         match rng.random_range(0..64) {
             0 => std::thread::sleep(Duration::from_micros(rng.random_range(1..300))),
             1..=8 => {
@@ -120,15 +148,13 @@ fn tasks_run(sources: usize, per: u64, seed: u64) {
 /// most of them on time, some up to 100 µs early or late, a few pauses of
 /// several periods): gaps a learned dispatcher finds predictable, so it
 /// plans pre-wakes, with completions arriving early, caught and late.
-fn produce_steady(mut txs: Vec<Sender>, per: u64, seed: u64, cpu: u32) {
+fn produce_steady(txs: Vec<Sender>, per: u64, seed: u64, cpu: u32) {
     fastwake::cpu::pin(cpu).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
-    let n = txs.len();
-    let mut sent = vec![0u64; n];
-    let mut open: Vec<usize> = (0..n).collect();
+    let mut feed = Feed::new(txs, per);
     let period = Duration::from_micros(300);
     let mut due = Instant::now();
-    while !open.is_empty() {
+    while !feed.done() {
         due += period;
         let at = match rng.random_range(0..16) {
             0 => due - Duration::from_micros(rng.random_range(1..100)),
@@ -142,15 +168,8 @@ fn produce_steady(mut txs: Vec<Sender>, per: u64, seed: u64, cpu: u32) {
         while Instant::now() < at {
             std::hint::spin_loop();
         }
-        for _ in 0..rng.random_range(1..=4usize).min(open.len()) {
-            let k = rng.random_range(0..open.len());
-            let i = open[k];
-            txs[i].send(sent[i], &[0u8; 8]).unwrap();
-            sent[i] += 1;
-            if sent[i] == per {
-                open.swap_remove(k);
-            }
-        }
+        let burst = rng.random_range(1..=4usize);
+        feed.burst(&mut rng, burst);
     }
 }
 

@@ -62,6 +62,30 @@ pub(super) struct IdleClock {
     now: Option<Duration>,
 }
 
+/// `a - b` in ns (0 if `a` is earlier).
+fn ns_after(a: Instant, b: Instant) -> u64 {
+    a.saturating_duration_since(b).as_nanos() as u64
+}
+
+/// A stretch as the learner sees it (the dispatcher never dates a ring,
+/// so no wake-up latency is known).
+fn outcome(
+    waited_ns: u64,
+    spun_ns: u64,
+    slept: bool,
+    arrival: Option<Arrival>,
+    late_ns: Option<u64>,
+) -> Outcome {
+    Outcome {
+        waited_ns,
+        spun_ns,
+        slept,
+        wake_ns: None,
+        arrival,
+        late_ns,
+    }
+}
+
 impl IdleClock {
     pub(super) fn new(cfg: &Config, start: Instant) -> IdleClock {
         let mut c = IdleClock {
@@ -100,17 +124,13 @@ impl IdleClock {
         self.learn.as_ref().map(Learner::stats)
     }
 
-    fn ns(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.epoch).as_nanos() as u64
-    }
-
     fn plan(&mut self, at: Instant) {
         self.since = at;
         self.stretch = Stretch::Plain;
+        let ns = ns_after(at, self.epoch);
         let Some(learner) = self.learn.as_mut() else {
             return;
         };
-        let ns = at.saturating_duration_since(self.epoch).as_nanos() as u64;
         let env = crate::adaptive::Env {
             prewake: learner.config().prewake,
             ..crate::adaptive::Env::FREE
@@ -135,38 +155,25 @@ impl IdleClock {
 
     /// A hand-off at `now`.
     pub(super) fn busy(&mut self, now: Instant) {
-        let waited = self.ns(now) - self.ns(self.since);
+        let waited = ns_after(now, self.since);
         let o = match self.stretch {
-            Stretch::Plain => Outcome {
-                arrival: None,
-                late_ns: None,
-                waited_ns: waited,
-                spun_ns: waited,
-                slept: false,
-                wake_ns: None,
-            },
+            Stretch::Plain => outcome(waited, waited, false, None, None),
             // Polling after the resume: the plan's aim.
             Stretch::Prewake {
                 resume,
                 resumed: Some(r),
                 ..
-            } => Outcome {
-                arrival: Some(Arrival::Caught),
-                late_ns: Some(r.saturating_duration_since(resume).as_nanos() as u64),
-                waited_ns: waited,
-                spun_ns: now.saturating_duration_since(r).as_nanos() as u64,
-                slept: false,
-                wake_ns: None,
-            },
+            } => outcome(
+                waited,
+                ns_after(now, r),
+                false,
+                Some(Arrival::Caught),
+                Some(ns_after(r, resume)),
+            ),
             // Before the dispatcher even went to sleep: early, and cheap.
-            Stretch::Prewake { resumed: None, .. } => Outcome {
-                arrival: Some(Arrival::Early),
-                late_ns: None,
-                waited_ns: waited,
-                spun_ns: waited,
-                slept: false,
-                wake_ns: None,
-            },
+            Stretch::Prewake { resumed: None, .. } => {
+                outcome(waited, waited, false, Some(Arrival::Early), None)
+            }
         };
         self.learned(o, now);
     }
@@ -174,7 +181,7 @@ impl IdleClock {
     /// Woken from the idle sleep at `now`. Returns whether the stretch
     /// goes on (a pre-wake's resume: poll until its spin end).
     pub(super) fn woke(&mut self, now: Instant) -> bool {
-        let waited = self.ns(now) - self.ns(self.since);
+        let waited = ns_after(now, self.since);
         let o = match self.stretch {
             Stretch::Prewake {
                 resume,
@@ -191,35 +198,28 @@ impl IdleClock {
             }
             // Kicked before the resume time: a waiter's completion woke
             // it (or a new wait came).
-            Stretch::Prewake { resumed: None, .. } => Outcome {
-                arrival: Some(Arrival::Early),
-                late_ns: None,
-                waited_ns: waited,
-                spun_ns: 0,
-                slept: true,
-                wake_ns: None,
-            },
+            Stretch::Prewake { resumed: None, .. } => {
+                outcome(waited, 0, true, Some(Arrival::Early), None)
+            }
             // Polled after the resume until the spin end, then slept.
             Stretch::Prewake {
                 resume,
                 spin_end,
                 resumed: Some(r),
-            } => Outcome {
-                arrival: Some(Arrival::Late),
-                late_ns: Some(r.saturating_duration_since(resume).as_nanos() as u64),
-                waited_ns: waited,
-                spun_ns: spin_end.saturating_duration_since(r).as_nanos() as u64,
-                slept: true,
-                wake_ns: None,
-            },
-            Stretch::Plain => Outcome {
-                arrival: None,
-                late_ns: None,
-                waited_ns: waited,
-                spun_ns: (self.now.unwrap_or_default().as_nanos() as u64).min(waited),
-                slept: true,
-                wake_ns: None,
-            },
+            } => outcome(
+                waited,
+                ns_after(spin_end, r),
+                true,
+                Some(Arrival::Late),
+                Some(ns_after(r, resume)),
+            ),
+            Stretch::Plain => outcome(
+                waited,
+                (self.now.unwrap_or_default().as_nanos() as u64).min(waited),
+                true,
+                None,
+                None,
+            ),
         };
         self.learned(o, now);
         false
