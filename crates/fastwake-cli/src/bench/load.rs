@@ -500,7 +500,8 @@ impl HelperClock {
     }
 
     fn dispatched(w: &Waiter) -> u64 {
-        w.stats().handoffs + w.stats().dispatch_fallbacks + w.stats().dispatch_paused
+        let s = w.stats();
+        s.handoffs + s.dispatch_fallbacks + s.dispatch_paused
     }
 
     /// Pre-wakes planned for `w`'s waits: its own (adaptive), or its
