@@ -354,3 +354,6 @@ impl<Q: SharedQueue> Pump for Core<Q> {
         Core::pump(self);
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests;
