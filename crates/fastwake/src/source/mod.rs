@@ -77,9 +77,11 @@
 //! Sources without a handle (the default) still work in
 //! [`crate::WaitMode::Dispatch`]: the waiter falls back to interrupt mode.
 //! Implementations: the channel (head and tail are atomics in the shared
-//! header); RDMA CQs ([`verbs`]); io_uring CQs and external rings (the CQ
-//! ring's head and tail, [`uring`] and [`ring`]); sockets (the one
-//! syscall above, [`socket`]).
+//! header); RDMA CQs ([`verbs`]); the inboxes of a queue many sources
+//! share ([`demux`], e.g. a per-core shared CQ: their counters, and the
+//! shared queue as their [`Peek::pump`]); io_uring CQs and external rings
+//! (the CQ ring's head and tail, [`uring`] and [`ring`]); sockets (the
+//! one syscall above, [`socket`]).
 
 mod attached;
 pub mod channel;

@@ -1,18 +1,10 @@
 //! One owner's inbox of a demultiplexed shared queue: the [`Source`] its
-//! owner waits on, and the [`Peek`] handle its dispatcher watches.
+//! owner waits on ([`Inbox`], whose docs say how it sleeps), and the
+//! [`Peek`] handle its dispatcher watches.
 //!
 //! The inbox's state is a publish word (`source::publish`), a consumer
 //! count and the routed completions, in order. Only routers (one at a
 //! time: the demultiplexer's lock) add; only the owner takes.
-//!
-//! Interrupt mode, where many owners share one event channel: arming sets
-//! the inbox's `ARMED` bit (so a router rings this inbox's doorbell, an
-//! eventfd) and arms the shared queue (so its next completion raises an
-//! event). A sleeper waits on its doorbell and, through an epoll set of
-//! its own, on the queue's event fd with `EPOLLEXCLUSIVE`: an event wakes
-//! one sleeper (not all of them), which consumes it, re-arms the queue
-//! (the others still sleep, and the arm was one-shot), then polls and
-//! routes, ringing the doorbells of whichever sleepers got completions.
 
 use super::{Core, SharedQueue};
 use crate::source::notice::Notifier;
@@ -120,7 +112,16 @@ impl<T> Shared<T> {
 }
 
 /// One owner's inbox: a [`Source`] of the completions routed to its key;
-/// made by [`super::Demux::inbox`]. See the [module docs](self).
+/// made by [`super::Demux::inbox`].
+///
+/// Interrupt mode, where many owners share one event channel: arming sets
+/// the inbox's `ARMED` bit (so a router rings this inbox's doorbell, an
+/// eventfd) and arms the shared queue (so its next completion raises an
+/// event). A sleeper waits on its doorbell and, through an epoll set of
+/// its own, on the queue's event fd with `EPOLLEXCLUSIVE`: an event wakes
+/// one sleeper (not all of them), which consumes it, re-arms the queue
+/// (the others still sleep, and the arm was one-shot), then polls and
+/// routes, ringing the doorbells of whichever sleepers got completions.
 pub struct Inbox<Q: SharedQueue> {
     core: Arc<Core<Q>>,
     shared: Arc<Shared<Q::Item>>,

@@ -1,8 +1,4 @@
-//! An in-memory shared queue: what a NIC's shared CQ is to the
-//! demultiplexer, on hosts without RDMA (tests, `fastwake bench`). Any
-//! thread pushes `(key, completion)` pairs; the event path behaves as a
-//! CQ's: arming is one-shot, and the next push after it makes an eventfd
-//! readable.
+//! An in-memory shared queue ([`MemQueue`]).
 
 use super::SharedQueue;
 use crate::sync::{AtomicU32, Mutex, Ordering};
@@ -13,7 +9,11 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 /// Completions one poll moves at most (a CQ poll's batch).
 const BATCH: usize = 16;
 
-/// See the [module docs](self).
+/// An in-memory shared queue: what a NIC's shared CQ is to the
+/// demultiplexer, on hosts without RDMA (tests, examples). Any thread
+/// pushes `(key, completion)` pairs; the event path behaves as a CQ's:
+/// arming is one-shot, and the next push after it makes an eventfd
+/// readable.
 pub struct MemQueue<T> {
     items: Mutex<VecDeque<(u64, T)>>,
     armed: AtomicU32,
