@@ -38,6 +38,18 @@ pub enum Route {
     WrIdHigh(u32),
 }
 
+impl Route {
+    /// The key `wc` is routed under.
+    pub fn key(&self, wc: &Wc) -> u64 {
+        match *self {
+            Route::QpNum => u64::from(wc.qp_num),
+            // A shift of 64 or more leaves no bits: every completion under
+            // key 0 (one owner), not a panic.
+            Route::WrIdHigh(shift) => wc.wr_id.checked_shr(shift).unwrap_or(0),
+        }
+    }
+}
+
 /// The shared CQ; make one with [`SharedCq::new`], which returns its
 /// demultiplexer.
 pub struct SharedCq {
@@ -145,10 +157,7 @@ impl SharedQueue for SharedCq {
     }
 
     fn key(&self, wc: &Wc) -> u64 {
-        match self.route {
-            Route::QpNum => u64::from(wc.qp_num),
-            Route::WrIdHigh(shift) => wc.wr_id.checked_shr(shift).unwrap_or(0),
-        }
+        self.route.key(wc)
     }
 
     fn arm(&self) -> Result<()> {
@@ -232,5 +241,23 @@ impl CqRef for Demux<SharedCq> {
     }
     fn cq_device(&self) -> &Arc<Device> {
         self.queue().device()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_by_qp_number_or_wr_id_high_bits() {
+        let wc = Wc {
+            qp_num: 0x11,
+            wr_id: 0xabcd_0000_0000_0042,
+            ..Wc::default()
+        };
+        assert_eq!(Route::QpNum.key(&wc), 0x11);
+        assert_eq!(Route::WrIdHigh(48).key(&wc), 0xabcd);
+        assert_eq!(Route::WrIdHigh(0).key(&wc), wc.wr_id);
+        assert_eq!(Route::WrIdHigh(64).key(&wc), 0);
     }
 }
