@@ -94,7 +94,8 @@ pub trait SharedQueue: Send + Sync + 'static {
 /// Counters of a [`Demux`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct DemuxStats {
-    /// Pumps that polled the queue (batches until it was empty).
+    /// Pumps that found completions to route (an empty pump, most of a
+    /// polling dispatcher's, is not counted).
     pub pumps: u64,
     /// Pumps that found another thread pumping and left it their request.
     pub handed_over: u64,
@@ -292,17 +293,23 @@ impl<Q: SharedQueue> Core<Q> {
         if self.failed.load(Ordering::Relaxed) != 0 {
             return;
         }
-        self.pumps.fetch_add(1, Ordering::Relaxed);
         let mut r = lock(&self.inner);
         let r = &mut *r;
+        let mut polls = 0;
         loop {
             if let Err(e) = self.queue.poll(&mut r.batch) {
                 self.fail(e, r);
                 return;
             }
             if r.batch.is_empty() {
+                if polls > 0 {
+                    // Counted only here: an empty pump (most of a
+                    // dispatcher's passes) must not write a shared line.
+                    self.pumps.fetch_add(1, Ordering::Relaxed);
+                }
                 return;
             }
+            polls += 1;
             for c in r.batch.drain(..) {
                 match r.map.get(&self.queue.key(&c)) {
                     Some(inbox) => self.deliver(inbox, c),
