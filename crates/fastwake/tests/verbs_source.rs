@@ -329,24 +329,68 @@ fn dispatch_mode_hands_off_verbs_completions() {
     drop((d0, d1));
 }
 
+/// How the server ends of [`shared_cq_round_trips`] wait.
+#[derive(Debug, Clone, Copy)]
+enum Servers {
+    /// A thread per connection, waiting in this mode.
+    Threads(WaitMode),
+    /// A task per connection, on one task runtime.
+    Tasks,
+}
+
+/// One server end: answer requests 0..n on `qp`, taking its completions
+/// (requests, and its replies' send completions) from `next`. Every
+/// request is checked: imm = sequence number (none lost, duplicated or
+/// reordered), and routed to this QP's inbox.
+fn serve(qp: &RcQp, mr: &Mr, n: u64, mut next: impl FnMut() -> fastwake::source::verbs::Wc) {
+    use fastwake_verbs_sys::IBV_WC_SEND;
+    let mut unreaped = 0u32;
+    let mut take = |unreaped: &mut u32| loop {
+        let wc = next();
+        assert_eq!(wc.status, IBV_WC_SUCCESS, "completion status");
+        assert_eq!(wc.qp_num, qp.qp_num(), "routed to another QP's inbox");
+        if wc.opcode != IBV_WC_SEND {
+            break Some(wc);
+        }
+        *unreaped -= 1;
+        if *unreaped == 0 {
+            break None;
+        }
+    };
+    for i in 0..n {
+        let wc = loop {
+            if let Some(wc) = take(&mut unreaped) {
+                break wc;
+            }
+        };
+        assert_eq!(wc.opcode, IBV_WC_RECV);
+        assert_eq!(wc.imm_data, i as u32, "lost, duplicated or reordered");
+        qp.post_recv(wc.wr_id, mr, SIZE * (1 + wc.wr_id as usize), SIZE)
+            .expect("repost");
+        assert!(unreaped < DEPTH, "send completions not coming back");
+        qp.post_send(i, mr, 0, SIZE, i as u32, true).expect("reply");
+        unreaped += 1;
+    }
+    while unreaped > 0 {
+        assert!(take(&mut unreaped).is_none(), "a request nobody sent");
+    }
+}
+
 /// Eight RC connections whose server ends share one CQ
-/// (`fastwake::source::verbs::SharedCq`, routed by QP number): eight
-/// server threads on one CPU, each waiting in `mode` on its QP's inbox,
-/// against a client that sends request `i` on every connection and then
-/// waits for the eight replies. Every request and reply is checked (imm =
-/// sequence number: none lost, duplicated or reordered); the sends'
-/// completions come through the same inboxes. Returns the server
-/// waiters' hand-offs, the demultiplexer's and the CQ's counters.
+/// (`fastwake::source::verbs::SharedCq`, routed by QP number), served on
+/// CPU 1 as `servers` says, against a client on CPU 0 that sends request
+/// `i` on every connection and then waits for the eight replies (see
+/// [`serve`]). Returns the servers' hand-offs, the demultiplexer's and
+/// the CQ's counters.
 fn shared_cq_round_trips(
     dev: &Arc<Device>,
-    mode: WaitMode,
+    servers: Servers,
 ) -> (
     u64,
     fastwake::source::demux::DemuxStats,
     fastwake::source::verbs::CqStats,
 ) {
     use fastwake::source::verbs::{Route, SharedCq};
-    use fastwake_verbs_sys::IBV_WC_SEND;
     const QPS: usize = 8;
     const N: u64 = 150;
     let cfg = CqConfig {
@@ -355,14 +399,14 @@ fn shared_cq_round_trips(
         ..CqConfig::default()
     };
     let shared = SharedCq::new(dev, cfg, Route::QpNum).expect("shared CQ");
-    let servers: Vec<(RcQp, Mr)> = (0..QPS)
+    let ends: Vec<(RcQp, Mr)> = (0..QPS)
         .map(|_| {
             let qp = RcQp::new(&shared, &shared, DEPTH, 64).expect("QP on the shared CQ");
             (qp, Mr::new(dev, SIZE * (1 + DEPTH as usize)).expect("MR"))
         })
         .collect();
     let mut clients: Vec<Side> = (0..QPS).map(|_| Side::new(dev, 0, 16)).collect();
-    for ((qp, mr), c) in servers.iter().zip(&clients) {
+    for ((qp, mr), c) in ends.iter().zip(&clients) {
         qp.connect(&c.qp.endpoint()).expect("connect server");
         c.qp.connect(&qp.endpoint()).expect("connect client");
         for i in 0..DEPTH as u64 {
@@ -371,55 +415,62 @@ fn shared_cq_round_trips(
         }
         c.post_all_recvs();
     }
-    let start = Arc::new(std::sync::Barrier::new(QPS + 1));
-    let threads: Vec<_> = servers
+    let ends: Vec<_> = ends
         .into_iter()
         .map(|(qp, mr)| {
-            let mut inbox = shared.inbox(u64::from(qp.qp_num())).expect("inbox");
-            let start = start.clone();
-            std::thread::spawn(move || {
-                fastwake::cpu::pin(1).unwrap();
-                let mut w = Waiter::new(mode);
-                start.wait();
-                let mut unreaped = 0u32;
-                for i in 0..N {
-                    let wc = loop {
-                        let wc = w
-                            .wait_timeout(&mut inbox, WAIT)
-                            .expect("wait")
-                            .unwrap_or_else(|| panic!("request {i} never arrived ({mode:?})"));
-                        assert_eq!(wc.status, IBV_WC_SUCCESS, "completion status");
-                        assert_eq!(wc.qp_num, qp.qp_num(), "routed to another QP's inbox");
-                        if wc.opcode == IBV_WC_SEND {
-                            unreaped -= 1;
-                            continue;
-                        }
-                        break wc;
-                    };
-                    assert_eq!(wc.opcode, IBV_WC_RECV);
-                    assert_eq!(wc.imm_data, i as u32, "lost, duplicated or reordered");
-                    qp.post_recv(wc.wr_id, &mr, SIZE * (1 + wc.wr_id as usize), SIZE)
-                        .expect("repost");
-                    assert!(unreaped < DEPTH, "send completions not coming back");
-                    qp.post_send(i, &mr, 0, SIZE, i as u32, true)
-                        .expect("reply");
-                    unreaped += 1;
-                }
-                while unreaped > 0 {
-                    let wc = w
-                        .wait_timeout(&mut inbox, WAIT)
-                        .expect("wait")
-                        .expect("send completion");
-                    assert_eq!(wc.opcode, IBV_WC_SEND);
-                    unreaped -= 1;
-                }
-                let hand = w.stats().handoffs;
-                drop(inbox);
-                drop(qp);
-                hand
-            })
+            let inbox = shared.inbox(u64::from(qp.qp_num())).expect("inbox");
+            (qp, mr, inbox)
         })
         .collect();
+    let start = Arc::new(std::sync::Barrier::new(2));
+    let server = {
+        let start = start.clone();
+        std::thread::spawn(move || -> u64 {
+            fastwake::cpu::pin(1).unwrap();
+            match servers {
+                Servers::Threads(mode) => {
+                    let inner = Arc::new(std::sync::Barrier::new(QPS + 1));
+                    let threads: Vec<_> = ends
+                        .into_iter()
+                        .map(|(qp, mr, mut inbox)| {
+                            let inner = inner.clone();
+                            std::thread::spawn(move || {
+                                fastwake::cpu::pin(1).unwrap();
+                                let mut w = Waiter::new(mode);
+                                inner.wait();
+                                serve(&qp, &mr, N, || {
+                                    w.wait_timeout(&mut inbox, WAIT)
+                                        .expect("wait")
+                                        .unwrap_or_else(|| {
+                                            panic!("a request never arrived ({mode:?})")
+                                        })
+                                });
+                                w.stats().handoffs
+                            })
+                        })
+                        .collect();
+                    inner.wait();
+                    start.wait();
+                    threads.into_iter().map(|t| t.join().expect("server")).sum()
+                }
+                Servers::Tasks => {
+                    let mut rt = fastwake::dispatch::Runtime::new(Default::default()).unwrap();
+                    for (qp, mr, mut inbox) in ends {
+                        rt.spawn(move |cx| {
+                            serve(&qp, &mr, N, || cx.wait(&mut inbox).expect("wait"));
+                            Ok(())
+                        })
+                        .unwrap();
+                    }
+                    start.wait();
+                    let st = rt.run().unwrap();
+                    assert!(rt.take_errors().is_empty(), "a server task failed");
+                    eprintln!("shared CQ, tasks: {st:?}");
+                    st.handoffs
+                }
+            }
+        })
+    };
     start.wait();
     fastwake::cpu::pin(0).unwrap();
     let mut w = Waiter::new(WaitMode::Poll);
@@ -427,7 +478,7 @@ fn shared_cq_round_trips(
         clients.iter_mut().for_each(Side::send);
         clients.iter_mut().for_each(|c| c.recv(&mut w, i));
     }
-    let handoffs = threads.into_iter().map(|t| t.join().expect("server")).sum();
+    let handoffs = server.join().expect("servers");
     drop(clients);
     let st = shared.stats();
     assert_eq!(
@@ -439,19 +490,25 @@ fn shared_cq_round_trips(
     (handoffs, st, shared.queue().stats())
 }
 
+/// Skips (printing why) without a device or a second CPU.
+fn shared_cq_device(test: &str) -> Option<Arc<Device>> {
+    let dev = device(test)?;
+    if fastwake::cpu::online() < 2 {
+        eprintln!("SKIPPED {test}: needs 2 CPUs");
+        return None;
+    }
+    Some(dev)
+}
+
 #[test]
 fn shared_cq_serves_eight_qps_in_dispatch_mode() {
-    let Some(dev) = device("shared_cq_serves_eight_qps_in_dispatch_mode") else {
+    let Some(dev) = shared_cq_device("shared_cq_serves_eight_qps_in_dispatch_mode") else {
         return;
     };
-    if fastwake::cpu::online() < 2 {
-        eprintln!("SKIPPED shared_cq_serves_eight_qps_in_dispatch_mode: needs 2 CPUs");
-        return;
-    }
     let _g = SPIN.lock().unwrap_or_else(|e| e.into_inner());
     let d = fastwake::dispatch::Dispatcher::start(fastwake::dispatch::Config::new(1))
         .expect("dispatcher");
-    let (handoffs, st, cq) = shared_cq_round_trips(&dev, WaitMode::Dispatch);
+    let (handoffs, st, cq) = shared_cq_round_trips(&dev, Servers::Threads(WaitMode::Dispatch));
     let ds = d.stats();
     eprintln!(
         "shared CQ, dispatch: {handoffs} hand-offs; dispatcher {ds:?}; demux {st:?}; cq {cq:?}"
@@ -465,15 +522,11 @@ fn shared_cq_serves_eight_qps_in_dispatch_mode() {
 
 #[test]
 fn shared_cq_serves_eight_qps_in_interrupt_mode() {
-    let Some(dev) = device("shared_cq_serves_eight_qps_in_interrupt_mode") else {
+    let Some(dev) = shared_cq_device("shared_cq_serves_eight_qps_in_interrupt_mode") else {
         return;
     };
-    if fastwake::cpu::online() < 2 {
-        eprintln!("SKIPPED shared_cq_serves_eight_qps_in_interrupt_mode: needs 2 CPUs");
-        return;
-    }
     let _g = SPIN.lock().unwrap_or_else(|e| e.into_inner());
-    let (_, st, cq) = shared_cq_round_trips(&dev, WaitMode::Interrupt);
+    let (_, st, cq) = shared_cq_round_trips(&dev, Servers::Threads(WaitMode::Interrupt));
     eprintln!("shared CQ, interrupt: demux {st:?}; cq {cq:?}");
     assert!(
         cq.events > 0,
@@ -481,4 +534,16 @@ fn shared_cq_serves_eight_qps_in_interrupt_mode() {
     );
     // Acked in batches of `ack_batch` (16); the rest when the CQ goes.
     assert_eq!(cq.ack_calls, cq.events / 16, "events not acked in batches");
+}
+
+#[test]
+fn shared_cq_serves_eight_qps_as_tasks() {
+    let Some(dev) = shared_cq_device("shared_cq_serves_eight_qps_as_tasks") else {
+        return;
+    };
+    let _g = SPIN.lock().unwrap_or_else(|e| e.into_inner());
+    let (handoffs, st, cq) = shared_cq_round_trips(&dev, Servers::Tasks);
+    eprintln!("shared CQ, tasks: {handoffs} hand-offs; demux {st:?}; cq {cq:?}");
+    assert!(handoffs > 0, "no task was switched into for a completion");
+    assert!(st.notices > 0, "routing never answered a task's wait");
 }
