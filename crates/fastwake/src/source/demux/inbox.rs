@@ -98,6 +98,12 @@ impl<T> Shared<T> {
         (self.word.0.load(Ordering::Acquire) >> HEAD_SHIFT) > tail || self.is_closed()
     }
 
+    /// What is left when the owner is gone (routes' lock held: no router
+    /// adds meanwhile).
+    pub(crate) fn take_all(&self) -> VecDeque<T> {
+        std::mem::take(&mut *super::lock(&self.items))
+    }
+
     /// Owner: take the oldest completion.
     fn take(&self) -> Option<T> {
         let t = self.tail.0.load(Ordering::Relaxed);

@@ -35,7 +35,8 @@
 //!
 //! A completion whose key has no inbox is kept, in order, and counted
 //! ([`DemuxStats::unrouted`]); it goes to an inbox registered later with
-//! its key, or to [`Demux::take_unrouted`]. Nothing is dropped silently.
+//! its key, or to [`Demux::take_unrouted`]. So do the completions an
+//! inbox held when its owner dropped it. Nothing is dropped silently.
 //!
 //! # Interrupt mode: one event channel for many owners
 //!
@@ -101,7 +102,8 @@ pub struct DemuxStats {
     pub handed_over: u64,
     /// Completions routed into an inbox.
     pub routed: u64,
-    /// Completions that came for a key with no inbox (kept).
+    /// Completions that came for a key with no inbox, or were left in a
+    /// dropped inbox (kept).
     pub unrouted: u64,
     /// Ready notices the routing pushed (owners waiting in dispatch mode).
     pub notices: u64,
@@ -346,12 +348,17 @@ impl<Q: SharedQueue> Core<Q> {
         }
     }
 
-    /// Stop routing to `inbox` (its owner dropped it); later completions
-    /// for its key are kept.
+    /// Stop routing to `inbox` (its owner dropped it). What it held and
+    /// its owner never took is kept, as every later completion for its
+    /// key (none of its key is kept yet: they went to the inbox, so the
+    /// order per key holds).
     pub(crate) fn remove(&self, inbox: &Arc<inbox::Shared<Q::Item>>) {
         let mut r = lock(&self.inner);
         if r.map.get(&inbox.key).is_some_and(|i| Arc::ptr_eq(i, inbox)) {
             r.map.remove(&inbox.key);
+            let left = inbox.take_all();
+            self.unrouted.fetch_add(left.len() as u64, Ordering::Relaxed);
+            r.kept.extend(left);
         }
     }
 }

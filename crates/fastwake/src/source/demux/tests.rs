@@ -41,12 +41,18 @@ fn routes_by_key_in_order_and_keeps_unknown_keys() {
     let mut want: Vec<u64> = (0..40).filter(|i| i % 3 == 2).collect();
     want.push(100);
     assert_eq!(take(&mut c), want);
-    // A dropped inbox's key is unknown again.
+    // A dropped inbox's key is unknown again, and what it held untaken
+    // is kept, first.
+    d.queue().push(1, 5);
+    d.queue().push(1, 6);
+    d.pump();
+    assert_eq!(a.try_take().unwrap(), Some((1, 5)));
     drop(a);
     d.queue().push(1, 7);
     d.pump();
-    assert_eq!(d.take_unrouted(), vec![(1, 7)]);
+    assert_eq!(d.take_unrouted(), vec![(1, 6), (1, 7)]);
     assert!(d.take_unrouted().is_empty());
+    assert_eq!(d.stats().unrouted, 13 + 2);
 }
 
 #[test]
