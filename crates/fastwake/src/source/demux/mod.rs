@@ -357,7 +357,8 @@ impl<Q: SharedQueue> Core<Q> {
         if r.map.get(&inbox.key).is_some_and(|i| Arc::ptr_eq(i, inbox)) {
             r.map.remove(&inbox.key);
             let left = inbox.take_all();
-            self.unrouted.fetch_add(left.len() as u64, Ordering::Relaxed);
+            self.unrouted
+                .fetch_add(left.len() as u64, Ordering::Relaxed);
             r.kept.extend(left);
         }
     }
