@@ -13,13 +13,14 @@ rxe_ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a ~ /^[0-9.]+$/ && b ~ /^[0-9
 
 # The project's verbs integration tests (built by the host before booting:
 # target/release/deps/verbs_source-*).
-# check_verbs_tests [SHIM_MODE]: with a mode, the same tests run under the
+# check_verbs_tests [SHIM_MODE [FILTER]]: with a mode, the same tests run under the
 # preload shim (fastwake binds libibverbs through the global scope, like a C
 # program), so its random-burst test is also a stress test of the shim's
 # synthetic events and ack accounting, and its destroy test checks that acks
-# still balance.
+# still balance. With a FILTER, only the tests whose names contain it (at
+# least one must run), and their counter lines (`shared CQ, ...`) are shown.
 check_verbs_tests() {
-    local shim_mode=${1:-} t
+    local shim_mode=${1:-} filter=${2:-} t
     t=$(ls -t "$RXE_BIN_DIR"/deps/verbs_source-* 2>/dev/null | grep -v '\.d$' | head -n 1)
     [ -n "$t" ] && [ -x "$t" ] || { rxe_reason "verbs_source test binary not built (cargo test --release -p fastwake --test verbs_source --no-run)"; return $RXE_SKIP; }
     local out="$RXE_LOGDIR/$RXE_CUR_NAME.out" rc=0
@@ -28,13 +29,18 @@ check_verbs_tests() {
         rxe_need_preload || return
         pre=(env LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$shim_mode" FASTWAKE_VERBOSE=1)
     fi
-    "${pre[@]}" env FASTWAKE_TEST_VERBS_DEV="$RXE_DEV" "$t" --test-threads=1 --nocapture >"$out" 2>&1 || rc=$?
+    "${pre[@]}" env FASTWAKE_TEST_VERBS_DEV="$RXE_DEV" "$t" ${filter:+"$filter"} --test-threads=1 --nocapture >"$out" 2>&1 || rc=$?
     cat "$out"
     [ $rc = 0 ] && grep -q '^test result: ok' "$out" || { rxe_fail "verbs_source tests failed: $(grep -E '^test .* FAILED|panicked' "$out" | head -n 1)"; return 1; }
     ! grep -q '^SKIPPED' "$out" || { rxe_fail "a verbs test SKIPPED although $RXE_DEV exists: $(grep -m1 '^SKIPPED' "$out")"; return 1; }
     if [ -n "$shim_mode" ]; then
         grep -q 'verbs pid=.* contexts wrapped=[1-9]' "$out" || { rxe_fail "the shim did not wrap the tests' contexts"; return 1; }
         rxe_info "under shim $shim_mode: $(grep -o 'contexts wrapped=.*' "$out" | tail -n 1)"
+    fi
+    if [ -n "$filter" ]; then
+        grep -qE '^test result: ok\. [1-9]' "$out" || { rxe_fail "no test matched '$filter'"; return 1; }
+        local line
+        while read -r line; do rxe_info "$line"; done < <(grep -oE 'shared CQ, .*' "$out")
     fi
     rxe_info "$(grep -E '^test result' "$out")"
 }
@@ -159,6 +165,9 @@ check_shim_bad_env() {
 rxe_verbs_checks() {
     rxe_check verbs-tests check_verbs_tests
     rxe_check verbs-tests-under-shim-hybrid check_verbs_tests hybrid
+    # Issue 19 item 2: eight QPs on one per-core shared CQ, dispatch and
+    # interrupt mode (also part of verbs-tests; here alone, with counters).
+    rxe_check verbs-shared-cq check_verbs_tests "" shared_cq
     rxe_check verbs-bench-pingpong check_verbs_bench
     local m
     for m in $RXE_VERBS_MODES; do

@@ -328,3 +328,142 @@ fn dispatch_mode_hands_off_verbs_completions() {
     drop((a, b));
     drop((d0, d1));
 }
+
+/// Eight RC connections whose server ends share one CQ
+/// (`fastwake::source::verbs::SharedCq`, routed by QP number): eight
+/// server threads on one CPU, each waiting in `mode` on its QP's inbox,
+/// against a client that sends request `i` on every connection and then
+/// waits for the eight replies. Every request and reply is checked (imm =
+/// sequence number: none lost, duplicated or reordered); the sends'
+/// completions come through the same inboxes. Returns the server
+/// waiters' hand-offs, the demultiplexer's and the CQ's counters.
+fn shared_cq_round_trips(
+    dev: &Arc<Device>,
+    mode: WaitMode,
+) -> (
+    u64,
+    fastwake::source::demux::DemuxStats,
+    fastwake::source::verbs::CqStats,
+) {
+    use fastwake::source::verbs::{Route, SharedCq};
+    use fastwake_verbs_sys::IBV_WC_SEND;
+    const QPS: usize = 8;
+    const N: u64 = 150;
+    let cfg = CqConfig {
+        entries: QPS as u32 * DEPTH * 2,
+        vector: Vector::ForCpu(Some(1)),
+        ..CqConfig::default()
+    };
+    let shared = SharedCq::new(dev, cfg, Route::QpNum).expect("shared CQ");
+    let servers: Vec<(RcQp, Mr)> = (0..QPS)
+        .map(|_| {
+            let qp = RcQp::new(&shared, &shared, DEPTH, 64).expect("QP on the shared CQ");
+            (qp, Mr::new(dev, SIZE * (1 + DEPTH as usize)).expect("MR"))
+        })
+        .collect();
+    let mut clients: Vec<Side> = (0..QPS).map(|_| Side::new(dev, 0, 16)).collect();
+    for ((qp, mr), c) in servers.iter().zip(&clients) {
+        qp.connect(&c.qp.endpoint()).expect("connect server");
+        c.qp.connect(&qp.endpoint()).expect("connect client");
+        for i in 0..DEPTH as u64 {
+            qp.post_recv(i, mr, SIZE * (1 + i as usize), SIZE)
+                .expect("post_recv");
+        }
+        c.post_all_recvs();
+    }
+    let start = Arc::new(std::sync::Barrier::new(QPS + 1));
+    let threads: Vec<_> = servers
+        .into_iter()
+        .map(|(qp, mr)| {
+            let mut inbox = shared.inbox(u64::from(qp.qp_num())).expect("inbox");
+            let start = start.clone();
+            std::thread::spawn(move || {
+                fastwake::cpu::pin(1).unwrap();
+                let mut w = Waiter::new(mode);
+                start.wait();
+                let mut unreaped = 0u32;
+                for i in 0..N {
+                    let wc = loop {
+                        let wc = w
+                            .wait_timeout(&mut inbox, WAIT)
+                            .expect("wait")
+                            .unwrap_or_else(|| panic!("request {i} never arrived ({mode:?})"));
+                        assert_eq!(wc.status, IBV_WC_SUCCESS, "completion status");
+                        assert_eq!(wc.qp_num, qp.qp_num(), "routed to another QP's inbox");
+                        if wc.opcode == IBV_WC_SEND {
+                            unreaped -= 1;
+                            continue;
+                        }
+                        break wc;
+                    };
+                    assert_eq!(wc.opcode, IBV_WC_RECV);
+                    assert_eq!(wc.imm_data, i as u32, "lost, duplicated or reordered");
+                    qp.post_recv(wc.wr_id, &mr, SIZE * (1 + wc.wr_id as usize), SIZE)
+                        .expect("repost");
+                    assert!(unreaped < DEPTH, "send completions not coming back");
+                    qp.post_send(i, &mr, 0, SIZE, i as u32, true)
+                        .expect("reply");
+                    unreaped += 1;
+                }
+                while unreaped > 0 {
+                    let wc = w.wait_timeout(&mut inbox, WAIT).expect("wait").expect("send completion");
+                    assert_eq!(wc.opcode, IBV_WC_SEND);
+                    unreaped -= 1;
+                }
+                let hand = w.stats().handoffs;
+                drop(inbox);
+                drop(qp);
+                hand
+            })
+        })
+        .collect();
+    start.wait();
+    fastwake::cpu::pin(0).unwrap();
+    let mut w = Waiter::new(WaitMode::Poll);
+    for i in 0..N {
+        clients.iter_mut().for_each(Side::send);
+        clients.iter_mut().for_each(|c| c.recv(&mut w, i));
+    }
+    let handoffs = threads.into_iter().map(|t| t.join().expect("server")).sum();
+    drop(clients);
+    let st = shared.stats();
+    assert_eq!(st.routed, 2 * QPS as u64 * N, "every request and reply completion routed");
+    assert_eq!(st.unrouted, 0);
+    (handoffs, st, shared.queue().stats())
+}
+
+#[test]
+fn shared_cq_serves_eight_qps_in_dispatch_mode() {
+    let Some(dev) = device("shared_cq_serves_eight_qps_in_dispatch_mode") else {
+        return;
+    };
+    if fastwake::cpu::online() < 2 {
+        eprintln!("SKIPPED shared_cq_serves_eight_qps_in_dispatch_mode: needs 2 CPUs");
+        return;
+    }
+    let _g = SPIN.lock().unwrap_or_else(|e| e.into_inner());
+    let d = fastwake::dispatch::Dispatcher::start(fastwake::dispatch::Config::new(1))
+        .expect("dispatcher");
+    let (handoffs, st, cq) = shared_cq_round_trips(&dev, WaitMode::Dispatch);
+    let ds = d.stats();
+    eprintln!("shared CQ, dispatch: {handoffs} hand-offs; dispatcher {ds:?}; demux {st:?}; cq {cq:?}");
+    assert!(handoffs > 0, "no wait on the shared CQ was handed off");
+    assert!(st.notices > 0, "routing never answered a dispatch-mode wait");
+}
+
+#[test]
+fn shared_cq_serves_eight_qps_in_interrupt_mode() {
+    let Some(dev) = device("shared_cq_serves_eight_qps_in_interrupt_mode") else {
+        return;
+    };
+    if fastwake::cpu::online() < 2 {
+        eprintln!("SKIPPED shared_cq_serves_eight_qps_in_interrupt_mode: needs 2 CPUs");
+        return;
+    }
+    let _g = SPIN.lock().unwrap_or_else(|e| e.into_inner());
+    let (_, st, cq) = shared_cq_round_trips(&dev, WaitMode::Interrupt);
+    eprintln!("shared CQ, interrupt: demux {st:?}; cq {cq:?}");
+    assert!(cq.events > 0, "no completion event was read from the shared channel");
+    // Acked in batches of `ack_batch` (16); the rest when the CQ goes.
+    assert_eq!(cq.ack_calls, cq.events / 16, "events not acked in batches");
+}

@@ -391,6 +391,8 @@ impl Runtime {
     /// `ready`: the notices popped.
     #[inline]
     fn collect_noticed(&mut self) {
+        // Shared queues first: routing what they hold pushes the notices.
+        self.watch.pump();
         let waiting = &self.waiting;
         let ready = &mut self.ready;
         let watch = &self.watch;

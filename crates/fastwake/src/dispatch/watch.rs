@@ -23,7 +23,7 @@
 use super::kernel_list::KernelList;
 use crate::source::notice::NoticeRing;
 use crate::source::summary::Summary;
-use crate::source::{NextAt, Peek};
+use crate::source::{NextAt, Peek, Pump};
 use crate::sync::{AtomicU64, Ordering};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -105,6 +105,10 @@ pub(crate) struct Watch {
     /// Entries whose readiness the kernel's ready list reports (neither
     /// plain nor summarised nor noticed).
     kernel: KernelList,
+    /// Shared queues behind some entries ([`Peek::pump`]), each once, with
+    /// how many entries use it: a pass polls each once, whatever the
+    /// number of sources behind it.
+    pumps: Vec<(Arc<dyn Pump>, usize)>,
 }
 
 impl Watch {
@@ -135,6 +139,34 @@ impl Watch {
             scanned: (0..capacity).map(|_| Cell::new(false)).collect(),
             late: Cell::new(0),
             kernel: KernelList::new(capacity),
+            pumps: Vec::new(),
+        }
+    }
+
+    /// Poll the shared queues behind the entries, so that what they hold
+    /// reaches the entries (and their notices the ring) before a pass
+    /// looks. Nothing when no entry has one.
+    #[inline]
+    pub(crate) fn pump(&self) {
+        for (p, _) in &self.pumps {
+            p.pump();
+        }
+    }
+
+    /// Entry `peek` comes (`+1`) or goes (`-1`): count its pump, if any.
+    fn count_pump(&mut self, peek: &dyn Peek, delta: isize) {
+        let Some(p) = peek.pump() else { return };
+        match self.pumps.iter().position(|(q, _)| Arc::ptr_eq(q, &p)) {
+            Some(k) => {
+                let n = self.pumps[k].1.saturating_add_signed(delta);
+                if n == 0 {
+                    self.pumps.swap_remove(k);
+                } else {
+                    self.pumps[k].1 = n;
+                }
+            }
+            None if delta > 0 => self.pumps.push((p, 1)),
+            None => {}
         }
     }
 
@@ -227,6 +259,7 @@ impl Watch {
             idle_at: Cell::new(u64::MAX),
             next_at: c.next_at,
         });
+        self.count_pump(&*peek, 1);
         self.entries[i] = Some(peek);
         self.count += 1;
         self.words = self.words.max(i / 64 + 1);
@@ -318,6 +351,7 @@ impl Watch {
             return;
         };
         self.count -= 1;
+        self.count_pump(&*p, -1);
         if self.hot(i) {
             self.hot.retain(|&j| j != i);
         }

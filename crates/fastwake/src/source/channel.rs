@@ -65,6 +65,7 @@
 //! attaching to the channel finds the lines wherever the creator put them.
 
 use super::attached::Attached;
+use super::publish::{ARMED, HEAD_SHIFT, NOTICE, publish};
 use super::notice::Notifier;
 use super::summary::Flag;
 use super::{Peek, Rechecked, Source};
@@ -78,12 +79,6 @@ use std::time::Duration;
 
 // "fastwak2": the publish word gained the notice bit (head << 2).
 const MAGIC: u64 = 0x6661_7374_7761_6b32;
-/// The consumer's doorbell request, in the publish word.
-const ARMED: u64 = 1;
-/// The consumer's notice request (a dispatch-mode wait), in the publish word.
-const NOTICE: u64 = 2;
-/// Where the head starts in the publish word.
-const HEAD_SHIFT: u32 = 2;
 const LINE: usize = 64;
 const SLOT_HEAD: usize = 16;
 use super::NO_CPU;
@@ -502,22 +497,6 @@ pub struct Sender {
 /// consumer polls would sit in every publish's latency: after a move the
 /// hint is stale for at most this many publishes.
 const CPU_REFRESH: u32 = 64;
-
-/// Publish `n` completions after `head` into the publish word `w`,
-/// clearing both request bits in the same step; returns the word before.
-/// The guess that no bit is set makes it one compare-exchange when the
-/// consumer is not waiting (only the producer moves the head).
-#[inline]
-fn publish(w: &AtomicU64, head: u64, n: u64) -> u64 {
-    let mut cur = head << HEAD_SHIFT;
-    loop {
-        let new = (cur & !(ARMED | NOTICE)) + (n << HEAD_SHIFT);
-        match w.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
-            Ok(prev) => return prev,
-            Err(now) => cur = now,
-        }
-    }
-}
 
 impl Sender {
     fn claim(r: Arc<Region>) -> Result<Sender> {

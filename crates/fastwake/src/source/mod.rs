@@ -85,7 +85,9 @@
 
 mod attached;
 pub mod channel;
+pub mod demux;
 pub mod notice;
+mod publish;
 pub mod ring;
 pub mod socket;
 pub mod summary;
@@ -178,6 +180,26 @@ pub trait Peek: Send + Sync {
     fn kernel_ready_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
+
+    /// The shared queue this source's completions come through, when they
+    /// come through one that many sources share (a per-core shared CQ,
+    /// [`demux`]): its completions reach this source only when someone
+    /// polls that queue and routes them. A dispatcher polls each distinct
+    /// pump once per pass (compared by address), whatever the number of
+    /// sources behind it, before it pops notices. Returns a clone (called
+    /// when a source is registered, not per pass).
+    fn pump(&self) -> Option<Arc<dyn Pump>> {
+        None
+    }
+}
+
+/// A queue shared by many sources: polling it moves its completions into
+/// the sources they belong to (see [`Peek::pump`]). Never blocks; a pump
+/// that finds another thread pumping leaves its request to that thread,
+/// which polls again before it stops.
+pub trait Pump: Send + Sync {
+    /// Poll the shared queue and route what it holds.
+    fn pump(&self);
 }
 
 /// See [`Peek::counters`]: ready iff `(produced >> shift) > consumed`.

@@ -177,6 +177,8 @@ impl Hub {
     #[inline]
     fn pass(&self, watch: &Watch) -> u32 {
         let mut handed = 0;
+        // Shared queues first: routing what they hold pushes the notices.
+        watch.pump();
         // What producers said is ready, then whatever is peeked.
         watch.noticed_candidates(
             |w| self.waitset.word(w),

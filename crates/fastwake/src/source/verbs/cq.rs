@@ -437,6 +437,84 @@ macro_rules! cq_source {
 }
 pub(super) use cq_source;
 
+/// A CQ and its own completion channel, as [`create_cq`] made them; the
+/// caller destroys both (the CQ first).
+pub(super) struct MadeCq {
+    pub(super) cq: *mut ibv_cq,
+    pub(super) channel: *mut ibv_comp_channel,
+    pub(super) placement: Placement,
+    pub(super) ops: (PollCqFn, ReqNotifyCqFn),
+}
+
+/// Create a CQ of `cfg.entries` on `dev`, with its own completion channel
+/// (non-blocking fd), on the vector `cfg.vector` asks for: what a
+/// [`VerbsCq`] and a shared CQ ([`super::SharedCq`]) are made of.
+pub(super) fn create_cq(dev: &Arc<Device>, cfg: CqConfig) -> Result<MadeCq> {
+    let lib = dev.lib;
+    let nvec = dev.num_comp_vectors();
+    let map = VectorMap::read(dev.name(), nvec);
+    let placement = match cfg.vector {
+        Vector::ForCpu(c) => affinity::choose_vector(&map, c),
+        Vector::Fixed(v) if v < nvec.max(1) => affinity::fixed_vector(&map, v),
+        Vector::Fixed(v) => {
+            return Err(Fail::invalid(format!(
+                "completion vector {v} out of range: {} has {nvec}",
+                dev.name()
+            )));
+        }
+    };
+    // SAFETY: the context is open for the lifetime of dev.
+    let ops = unsafe { cq_ops(dev.ctx, dev.name()) }?;
+    // SAFETY: ctx is open.
+    let channel = unsafe { (lib.create_comp_channel)(dev.ctx) };
+    if channel.is_null() {
+        return Err(Fail::new(errno(), "ibv_create_comp_channel failed"));
+    }
+    // SAFETY: channel is live; we own its fd for the channel's lifetime.
+    let fd = unsafe { BorrowedFd::borrow_raw((*channel).fd) };
+    let nb = rustix::fs::fcntl_getfl(fd)
+        .and_then(|fl| rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NONBLOCK));
+    // SAFETY: ctx and channel are live; cq_context is unused (null).
+    let cq = unsafe {
+        (lib.create_cq)(
+            dev.ctx,
+            cfg.entries.max(1) as i32,
+            std::ptr::null_mut(),
+            channel,
+            placement.vector as i32,
+        )
+    };
+    if cq.is_null() || nb.is_err() {
+        let e = match nb {
+            Err(e) => Fail::os("set completion channel non-blocking", e),
+            Ok(()) => Fail::new(
+                errno(),
+                format!(
+                    "ibv_create_cq({} entries, vector {}) failed: {}",
+                    cfg.entries,
+                    placement.vector,
+                    std::io::Error::last_os_error()
+                ),
+            ),
+        };
+        // SAFETY: cq (if any) and channel were created above, nothing
+        // else refers to them.
+        unsafe {
+            if !cq.is_null() {
+                (lib.destroy_cq)(cq);
+            }
+            (lib.destroy_comp_channel)(channel);
+        }
+        return Err(e);
+    }
+    Ok(MadeCq {
+        cq,
+        channel,
+        placement,
+        ops,
+    })
+}
+
 /// A CQ with a completion channel, usable with every wait mode.
 pub struct VerbsCq {
     dev: Arc<Device>,
@@ -452,66 +530,15 @@ impl VerbsCq {
     /// Create a CQ of `cfg.entries` on `dev`, with its own completion channel
     /// (non-blocking fd), on the vector `cfg.vector` asks for.
     pub fn new(dev: &Arc<Device>, cfg: CqConfig) -> Result<VerbsCq> {
-        let lib = dev.lib;
-        let nvec = dev.num_comp_vectors();
-        let map = VectorMap::read(dev.name(), nvec);
-        let placement = match cfg.vector {
-            Vector::ForCpu(c) => affinity::choose_vector(&map, c),
-            Vector::Fixed(v) if v < nvec.max(1) => affinity::fixed_vector(&map, v),
-            Vector::Fixed(v) => {
-                return Err(Fail::invalid(format!(
-                    "completion vector {v} out of range: {} has {nvec}",
-                    dev.name()
-                )));
-            }
-        };
-        // SAFETY: the context is open for the lifetime of dev.
-        let ops = unsafe { cq_ops(dev.ctx, dev.name()) }?;
-        // SAFETY: ctx is open.
-        let channel = unsafe { (lib.create_comp_channel)(dev.ctx) };
-        if channel.is_null() {
-            return Err(Fail::new(errno(), "ibv_create_comp_channel failed"));
-        }
-        // SAFETY: channel is live; we own its fd for the channel's lifetime.
-        let fd = unsafe { BorrowedFd::borrow_raw((*channel).fd) };
-        let nb = rustix::fs::fcntl_getfl(fd)
-            .and_then(|fl| rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NONBLOCK));
-        // SAFETY: ctx and channel are live; cq_context is unused (null).
-        let cq = unsafe {
-            (lib.create_cq)(
-                dev.ctx,
-                cfg.entries.max(1) as i32,
-                std::ptr::null_mut(),
-                channel,
-                placement.vector as i32,
-            )
-        };
-        if cq.is_null() || nb.is_err() {
-            let e = match nb {
-                Err(e) => Fail::os("set completion channel non-blocking", e),
-                Ok(()) => Fail::new(
-                    errno(),
-                    format!(
-                        "ibv_create_cq({} entries, vector {}) failed: {}",
-                        cfg.entries,
-                        placement.vector,
-                        std::io::Error::last_os_error()
-                    ),
-                ),
-            };
-            // SAFETY: cq (if any) and channel were created above, nothing
-            // else refers to them.
-            unsafe {
-                if !cq.is_null() {
-                    (lib.destroy_cq)(cq);
-                }
-                (lib.destroy_comp_channel)(channel);
-            }
-            return Err(e);
-        }
+        let MadeCq {
+            cq,
+            channel,
+            placement,
+            ops,
+        } = create_cq(dev, cfg)?;
         // SAFETY: cq and channel were created above and are destroyed in
         // Drop, after release; the ops are the context's.
-        let core = unsafe { CqCore::new(cq, channel, Some(lib), ops, cfg.ack_batch) }?;
+        let core = unsafe { CqCore::new(cq, channel, Some(dev.lib), ops, cfg.ack_batch) }?;
         Ok(VerbsCq {
             dev: Arc::clone(dev),
             core,

@@ -18,6 +18,9 @@
 //! - [`caller`]: [`CallerCq`], a CQ and channel the *caller* created and
 //!   keeps, as a source (the C ABI's `fw_verbs_cq`), and [`vector_for_cpu`]
 //!   for a CQ the caller creates.
+//! - [`shared`]: [`SharedCq`], one CQ and channel for the QPs of one
+//!   core, demultiplexed into an inbox per QP ([`crate::source::demux`]),
+//!   so a dispatcher polls one CQ whatever the number of connections.
 //! - [`qp`]: RC QPs and registered memory, for SEND/RECV ping-pong.
 //! - [`odp`]: a device's On-Demand-Paging capabilities and the ODP guard's
 //!   policy (issue 18).
@@ -28,6 +31,7 @@ pub mod device;
 pub mod loader;
 pub mod odp;
 pub mod qp;
+pub mod shared;
 
 /// The libibverbs ABI, from its own crate (see [`fastwake_verbs_sys`]).
 use fastwake_verbs_sys as sys;
@@ -36,3 +40,4 @@ pub use caller::{CallerCq, vector_for_cpu};
 pub use cq::{CqConfig, CqStats, Vector, VerbsCq, Wc};
 pub use device::{Device, device_names};
 pub use qp::{Endpoint, Mr, RcQp};
+pub use shared::{CqRef, Route, SharedCq};

@@ -4,7 +4,7 @@
 //! does). Data path: `post_send` / `post_recv` through the context's ops, as
 //! verbs.h's inline `ibv_post_send` / `ibv_post_recv` do.
 
-use super::cq::VerbsCq;
+use super::shared::CqRef;
 use super::device::{Device, errno};
 use super::sys::*;
 use crate::{Fail, Result};
@@ -90,8 +90,15 @@ unsafe impl Send for RcQp {}
 impl RcQp {
     /// Create an RC QP on `send_cq` / `recv_cq` with room for `depth`
     /// outstanding sends and receives.
-    pub fn new(send_cq: &VerbsCq, recv_cq: &VerbsCq, depth: u32, inline: u32) -> Result<RcQp> {
-        let dev = Arc::clone(send_cq.device());
+    /// The CQs may be [`super::VerbsCq`]s or a shared CQ
+    /// ([`super::SharedCq`]: route by [`RcQp::qp_num`]).
+    pub fn new(
+        send_cq: &impl CqRef,
+        recv_cq: &impl CqRef,
+        depth: u32,
+        inline: u32,
+    ) -> Result<RcQp> {
+        let dev = Arc::clone(send_cq.cq_device());
         // SAFETY: the context is open.
         let ops = unsafe { &(*dev.ctx).ops };
         let (Some(post_send), Some(post_recv)) = (ops.post_send, ops.post_recv) else {
@@ -99,8 +106,8 @@ impl RcQp {
         };
         let mut attr = ibv_qp_init_attr {
             qp_context: std::ptr::null_mut(),
-            send_cq: send_cq.raw(),
-            recv_cq: recv_cq.raw(),
+            send_cq: send_cq.cq_raw(),
+            recv_cq: recv_cq.cq_raw(),
             srq: std::ptr::null_mut(),
             cap: ibv_qp_cap {
                 max_send_wr: depth,
@@ -127,6 +134,13 @@ impl RcQp {
             post_recv,
             max_inline: attr.cap.max_inline_data,
         })
+    }
+
+    /// The QP number: the key a shared CQ routed by [`super::Route::QpNum`]
+    /// delivers this QP's completions under.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: qp is live.
+        unsafe { (*self.qp).qp_num }
     }
 
     /// This QP's endpoint (PSN 0).

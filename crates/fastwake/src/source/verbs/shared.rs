@@ -1,0 +1,236 @@
+//! A per-core shared CQ: one CQ and one completion channel for every QP
+//! the connections of one core use, demultiplexed into one inbox per
+//! owner ([`crate::source::demux`]), so a dispatcher polls one CQ per pass
+//! whatever the number of connections.
+//!
+//! Completions are routed by QP number ([`Route::QpNum`]: one inbox per
+//! QP, its sends and receives together) or by the high bits of the
+//! `wr_id` ([`Route::WrIdHigh`]: the owner's id in the bits the caller
+//! posts it in, for owners with several QPs or for an SRQ). Created on
+//! the completion vector of the core it serves, as a [`super::VerbsCq`]
+//! is. Interrupt mode: the owners share the completion channel; see
+//! [`crate::source::demux::Inbox`]. Events are acked in batches, as a
+//! `VerbsCq`'s (`ibv_ack_cq_events` takes the CQ's mutex).
+//!
+//! Destroy order: the QPs first (as for any CQ), then every inbox and the
+//! [`Demux`]; the CQ goes with the last of them.
+
+use super::cq::{CqConfig, CqStats, MadeCq, Wc, create_cq};
+use super::device::{Device, errno};
+use super::sys::*;
+use crate::affinity::Placement;
+use crate::source::demux::{Demux, SharedQueue};
+use crate::{Fail, Result};
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// CQEs one poll moves at most.
+const POLL_BATCH: usize = 16;
+
+/// What a shared CQ routes its completions by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The QP number (`ibv_wc::qp_num`): an inbox per QP.
+    QpNum,
+    /// `wr_id >> shift`: the owner's key in the high bits of every work
+    /// request it posts.
+    WrIdHigh(u32),
+}
+
+/// The shared CQ; make one with [`SharedCq::new`], which returns its
+/// demultiplexer.
+pub struct SharedCq {
+    dev: Arc<Device>,
+    cq: *mut ibv_cq,
+    channel: *mut ibv_comp_channel,
+    poll_fn: PollCqFn,
+    notify_fn: ReqNotifyCqFn,
+    route: Route,
+    placement: Placement,
+    /// Events read and not acked yet.
+    unacked: Mutex<u32>,
+    ack_batch: u32,
+    events: AtomicU64,
+    arms: AtomicU64,
+    ack_calls: AtomicU64,
+    acked: AtomicU64,
+}
+
+// SAFETY: the CQ and channel belong to this value until it drops; verbs
+// objects may be used from any thread (the provider locks the CQ in
+// poll_cq and req_notify_cq), and the demultiplexer polls from one thread
+// at a time.
+unsafe impl Send for SharedCq {}
+// SAFETY: as above; the ack count is under a mutex.
+unsafe impl Sync for SharedCq {}
+
+impl SharedCq {
+    /// A shared CQ of `cfg.entries` (room for the completions of every QP
+    /// it will serve) on the vector `cfg.vector` asks for, routed by
+    /// `route`. Inboxes: [`Demux::inbox`] with the QP number
+    /// ([`super::RcQp::qp_num`]) or the `wr_id` key.
+    pub fn new(dev: &Arc<Device>, cfg: CqConfig, route: Route) -> Result<Demux<SharedCq>> {
+        let MadeCq {
+            cq,
+            channel,
+            placement,
+            ops: (poll_fn, notify_fn),
+        } = create_cq(dev, cfg)?;
+        Ok(Demux::new(SharedCq {
+            dev: Arc::clone(dev),
+            cq,
+            channel,
+            poll_fn,
+            notify_fn,
+            route,
+            placement,
+            unacked: Mutex::new(0),
+            ack_batch: cfg.ack_batch.max(1),
+            events: AtomicU64::new(0),
+            arms: AtomicU64::new(0),
+            ack_calls: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+        }))
+    }
+
+    /// The raw CQ, for creating QPs on it.
+    pub fn raw(&self) -> *mut ibv_cq {
+        self.cq
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
+    /// Where the CQ was placed.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Event-path counters.
+    pub fn stats(&self) -> CqStats {
+        CqStats {
+            events: self.events.load(Ordering::Relaxed),
+            ack_calls: self.ack_calls.load(Ordering::Relaxed),
+            arms: self.arms.load(Ordering::Relaxed),
+            acked: self.acked.load(Ordering::Relaxed),
+        }
+    }
+
+    fn ack(&self, unacked: &mut u32) {
+        if *unacked > 0 {
+            // SAFETY: cq is live and we read exactly `unacked` events for it.
+            unsafe { (self.dev.lib.ack_cq_events)(self.cq, *unacked) };
+            self.acked.fetch_add(u64::from(*unacked), Ordering::Relaxed);
+            self.ack_calls.fetch_add(1, Ordering::Relaxed);
+            *unacked = 0;
+        }
+    }
+}
+
+impl SharedQueue for SharedCq {
+    type Item = Wc;
+
+    fn poll(&self, out: &mut Vec<Wc>) -> Result<()> {
+        let mut wc = [Wc::default(); POLL_BATCH];
+        // SAFETY: cq is live while self is; wc has room for POLL_BATCH.
+        let n = unsafe { (self.poll_fn)(self.cq, POLL_BATCH as i32, wc.as_mut_ptr()) };
+        if n < 0 {
+            return Err(Fail::new(-n, format!("ibv_poll_cq failed (errno {})", -n)));
+        }
+        out.extend_from_slice(&wc[..n as usize]);
+        Ok(())
+    }
+
+    fn key(&self, wc: &Wc) -> u64 {
+        match self.route {
+            Route::QpNum => u64::from(wc.qp_num),
+            Route::WrIdHigh(shift) => wc.wr_id.checked_shr(shift).unwrap_or(0),
+        }
+    }
+
+    fn arm(&self) -> Result<()> {
+        self.arms.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: cq is live.
+        let rc = unsafe { (self.notify_fn)(self.cq, 0) };
+        if rc != 0 {
+            return Err(Fail::new(
+                rc,
+                format!("ibv_req_notify_cq failed (errno {rc})"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        // SAFETY: the channel (and its fd) lives as long as self.
+        Some(unsafe { BorrowedFd::borrow_raw((*self.channel).fd) })
+    }
+
+    fn take_event(&self) -> Result<()> {
+        let mut ev_cq = std::ptr::null_mut();
+        let mut ev_ctx = std::ptr::null_mut();
+        // SAFETY: the channel is live and non-blocking (create_cq), so
+        // this returns EAGAIN when another sleeper took the event.
+        let rc = unsafe { (self.dev.lib.get_cq_event)(self.channel, &mut ev_cq, &mut ev_ctx) };
+        if rc != 0 {
+            let e = errno();
+            if e == libc::EAGAIN || e == libc::EINTR {
+                return Ok(());
+            }
+            return Err(Fail::new(e, "ibv_get_cq_event failed"));
+        }
+        // The channel is this CQ's alone (create_cq made it for it).
+        debug_assert_eq!(ev_cq, self.cq);
+        self.events.fetch_add(1, Ordering::Relaxed);
+        let mut unacked = self.unacked.lock().unwrap_or_else(|e| e.into_inner());
+        *unacked += 1;
+        if *unacked >= self.ack_batch {
+            self.ack(&mut unacked);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SharedCq {
+    fn drop(&mut self) {
+        let mut unacked = std::mem::take(self.unacked.get_mut().unwrap_or_else(|e| e.into_inner()));
+        self.ack(&mut unacked);
+        // SAFETY: every inbox and handle is gone (they hold the
+        // demultiplexer that owns self), the QPs were destroyed first
+        // (module docs), every event read was acked above; cq and channel
+        // were made by create_cq and are destroyed once.
+        unsafe {
+            (self.dev.lib.destroy_cq)(self.cq);
+            (self.dev.lib.destroy_comp_channel)(self.channel);
+        }
+    }
+}
+
+/// A CQ a QP can be created on: a [`super::VerbsCq`] or a shared CQ.
+pub trait CqRef {
+    /// The raw CQ.
+    fn cq_raw(&self) -> *mut ibv_cq;
+    /// Its device.
+    fn cq_device(&self) -> &Arc<Device>;
+}
+
+impl CqRef for super::VerbsCq {
+    fn cq_raw(&self) -> *mut ibv_cq {
+        self.raw()
+    }
+    fn cq_device(&self) -> &Arc<Device> {
+        self.device()
+    }
+}
+
+impl CqRef for Demux<SharedCq> {
+    fn cq_raw(&self) -> *mut ibv_cq {
+        self.queue().raw()
+    }
+    fn cq_device(&self) -> &Arc<Device> {
+        self.queue().device()
+    }
+}
