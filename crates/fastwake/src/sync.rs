@@ -6,12 +6,12 @@
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, fence};
-#[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, fence};
 /// For state a protocol's threads share under a lock (the shared-queue
 /// demultiplexer's routes and inboxes), so the loom models see the lock.
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, fence};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
 

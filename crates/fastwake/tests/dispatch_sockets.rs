@@ -163,7 +163,10 @@ fn many_sockets_random_ready_patterns_tasks() {
     assert!(k.found > 0, "no wait was found through the kernel's list");
     assert_eq!(k.stale, 0, "stale events without any reuse");
     assert_eq!(k.fallbacks, 0, "sockets refused by the epoll set");
-    assert_eq!(k.listed, 0, "entries left on the list after every task ended");
+    assert_eq!(
+        k.listed, 0,
+        "entries left on the list after every task ended"
+    );
 }
 
 /// (d, threads) Kernel threads in dispatch mode on one CPU, each reading
@@ -230,7 +233,10 @@ fn many_sockets_random_ready_patterns_threads() {
         "the dispatcher found no wait through its kernel list: {s:?}"
     );
     assert_eq!(s.kernel_list.stale, 0, "stale events without any reuse");
-    assert_eq!(s.kernel_list.fallbacks, 0, "sockets refused by the epoll set");
+    assert_eq!(
+        s.kernel_list.fallbacks, 0,
+        "sockets refused by the epoll set"
+    );
 }
 
 /// (b) 64 idle sockets and one busy one on a task runtime: with the
@@ -340,7 +346,12 @@ fn a_closed_and_replaced_socket_hands_off_nothing_wrong() {
             assert_eq!(tag_of(src1.message()), 0);
             // Unread data, then the source goes while its entry is still
             // registered: its socket stays readable (and open, `keep`).
-            peer1.borrow_mut().as_mut().unwrap().write_all(&msg(1)).unwrap();
+            peer1
+                .borrow_mut()
+                .as_mut()
+                .unwrap()
+                .write_all(&msg(1))
+                .unwrap();
             drop(src1);
             let mut src2 = src2;
             step.set(2);
@@ -361,11 +372,21 @@ fn a_closed_and_replaced_socket_hands_off_nothing_wrong() {
                 match step.get() {
                     // Let a few passes register and find nothing first.
                     1 if yields == 50 => {
-                        peer1.borrow_mut().as_mut().unwrap().write_all(&msg(0)).unwrap();
+                        peer1
+                            .borrow_mut()
+                            .as_mut()
+                            .unwrap()
+                            .write_all(&msg(0))
+                            .unwrap();
                     }
                     // Many passes with the stale registration reporting.
                     2 if yields == 300 => {
-                        peer2.borrow_mut().as_mut().unwrap().write_all(&msg(7)).unwrap();
+                        peer2
+                            .borrow_mut()
+                            .as_mut()
+                            .unwrap()
+                            .write_all(&msg(7))
+                            .unwrap();
                     }
                     2 if yields == 600 => {
                         peer2.borrow_mut().take();
@@ -390,4 +411,3 @@ fn a_closed_and_replaced_socket_hands_off_nothing_wrong() {
     assert_eq!(st.kernel_list.stale, 1, "{st:?}");
     assert_eq!(st.kernel_list.rebuilds, 1, "{st:?}");
 }
-

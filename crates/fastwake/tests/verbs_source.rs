@@ -406,7 +406,10 @@ fn shared_cq_round_trips(
                     unreaped += 1;
                 }
                 while unreaped > 0 {
-                    let wc = w.wait_timeout(&mut inbox, WAIT).expect("wait").expect("send completion");
+                    let wc = w
+                        .wait_timeout(&mut inbox, WAIT)
+                        .expect("wait")
+                        .expect("send completion");
                     assert_eq!(wc.opcode, IBV_WC_SEND);
                     unreaped -= 1;
                 }
@@ -427,7 +430,11 @@ fn shared_cq_round_trips(
     let handoffs = threads.into_iter().map(|t| t.join().expect("server")).sum();
     drop(clients);
     let st = shared.stats();
-    assert_eq!(st.routed, 2 * QPS as u64 * N, "every request and reply completion routed");
+    assert_eq!(
+        st.routed,
+        2 * QPS as u64 * N,
+        "every request and reply completion routed"
+    );
     assert_eq!(st.unrouted, 0);
     (handoffs, st, shared.queue().stats())
 }
@@ -446,9 +453,14 @@ fn shared_cq_serves_eight_qps_in_dispatch_mode() {
         .expect("dispatcher");
     let (handoffs, st, cq) = shared_cq_round_trips(&dev, WaitMode::Dispatch);
     let ds = d.stats();
-    eprintln!("shared CQ, dispatch: {handoffs} hand-offs; dispatcher {ds:?}; demux {st:?}; cq {cq:?}");
+    eprintln!(
+        "shared CQ, dispatch: {handoffs} hand-offs; dispatcher {ds:?}; demux {st:?}; cq {cq:?}"
+    );
     assert!(handoffs > 0, "no wait on the shared CQ was handed off");
-    assert!(st.notices > 0, "routing never answered a dispatch-mode wait");
+    assert!(
+        st.notices > 0,
+        "routing never answered a dispatch-mode wait"
+    );
 }
 
 #[test]
@@ -463,7 +475,10 @@ fn shared_cq_serves_eight_qps_in_interrupt_mode() {
     let _g = SPIN.lock().unwrap_or_else(|e| e.into_inner());
     let (_, st, cq) = shared_cq_round_trips(&dev, WaitMode::Interrupt);
     eprintln!("shared CQ, interrupt: demux {st:?}; cq {cq:?}");
-    assert!(cq.events > 0, "no completion event was read from the shared channel");
+    assert!(
+        cq.events > 0,
+        "no completion event was read from the shared channel"
+    );
     // Acked in batches of `ack_batch` (16); the rest when the CQ goes.
     assert_eq!(cq.ack_calls, cq.events / 16, "events not acked in batches");
 }

@@ -418,12 +418,10 @@ impl Watch {
     /// ready whose bit is set in `interest(word)`.
     #[inline]
     fn kernel_pass(&self, interest: impl Fn(usize) -> u64, visit: impl FnMut(usize)) {
-        self.kernel.harvest(|i| interest(i / 64) & (1 << (i % 64)) != 0, visit);
-        self.kernel.rebuild_if_stale(|i| {
-            self.entries[i]
-                .as_ref()
-                .and_then(|p| p.kernel_ready_fd())
-        });
+        self.kernel
+            .harvest(|i| interest(i / 64) & (1 << (i % 64)) != 0, visit);
+        self.kernel
+            .rebuild_if_stale(|i| self.entries[i].as_ref().and_then(|p| p.kernel_ready_fd()));
     }
 
     /// Visit every entry with its bit set in `interest(word)` whose full
@@ -434,9 +432,8 @@ impl Watch {
     pub(crate) fn slow_pass(&self, interest: impl Fn(usize) -> u64, mut visit: impl FnMut(usize)) {
         self.kernel_pass(&interest, &mut visit);
         for w in 0..self.words {
-            let mut bits = interest(w)
-                & (self.plain[w] | !self.noticed[w])
-                & !self.kernel.listed_word(w);
+            let mut bits =
+                interest(w) & (self.plain[w] | !self.noticed[w]) & !self.kernel.listed_word(w);
             while bits != 0 {
                 let i = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;

@@ -65,8 +65,8 @@
 //! attaching to the channel finds the lines wherever the creator put them.
 
 use super::attached::Attached;
-use super::publish::{ARMED, HEAD_SHIFT, NOTICE, publish};
 use super::notice::Notifier;
+use super::publish::{ARMED, HEAD_SHIFT, NOTICE, publish};
 use super::summary::Flag;
 use super::{Peek, Rechecked, Source};
 use crate::sync::{AtomicU32, AtomicU64, FutexWord, Ordering};

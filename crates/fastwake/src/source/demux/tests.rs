@@ -25,8 +25,14 @@ fn routes_by_key_in_order_and_keeps_unknown_keys() {
     let take = |s: &mut Inbox<MemQueue<u64>>| {
         std::iter::from_fn(|| s.try_take().unwrap().map(|(_, v)| v)).collect::<Vec<_>>()
     };
-    assert_eq!(take(&mut a), (0..40).filter(|i| i % 3 == 0).collect::<Vec<_>>());
-    assert_eq!(take(&mut b), (0..40).filter(|i| i % 3 == 1).collect::<Vec<_>>());
+    assert_eq!(
+        take(&mut a),
+        (0..40).filter(|i| i % 3 == 0).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        take(&mut b),
+        (0..40).filter(|i| i % 3 == 1).collect::<Vec<_>>()
+    );
     let st = d.stats();
     assert_eq!((st.routed, st.unrouted), (27, 13), "{st:?}");
     // An inbox registered later gets what was kept for it, first.

@@ -4,8 +4,8 @@
 //! does). Data path: `post_send` / `post_recv` through the context's ops, as
 //! verbs.h's inline `ibv_post_send` / `ibv_post_recv` do.
 
-use super::shared::CqRef;
 use super::device::{Device, errno};
+use super::shared::CqRef;
 use super::sys::*;
 use crate::{Fail, Result};
 use std::sync::Arc;
