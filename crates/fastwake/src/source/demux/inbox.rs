@@ -120,7 +120,7 @@ impl<T> Shared<T> {
 }
 
 /// One owner's inbox: a [`Source`] of the completions routed to its key;
-/// made by [`super::Demux::inbox`]. See the [module docs](self).
+/// made by [`super::Demux::inbox`]. See the module docs of `source::demux`.
 pub struct Inbox<Q: SharedQueue> {
     core: Arc<Core<Q>>,
     shared: Arc<Shared<Q::Item>>,

@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 /// Completions one poll moves at most (a CQ poll's batch).
 const BATCH: usize = 16;
 
-/// See the [module docs](self).
+/// See the module docs of `source::demux`.
 pub struct MemQueue<T> {
     items: Mutex<VecDeque<(u64, T)>>,
     armed: AtomicU32,

@@ -1,6 +1,6 @@
 //! One completion queue shared by many owners, demultiplexed: each
 //! completion is routed by a key (an RDMA QP number, part of a `wr_id`)
-//! into the *inbox* of its owner, and each inbox is a [`Source`] of its
+//! into the *inbox* of its owner, and each inbox is a [`Source`](crate::source::Source) of its
 //! own, with the channel's notice protocol. This is the per-core shared
 //! CQ of issue 19: a dispatcher serving many connections polls one queue
 //! per pass, whatever their number, and pays for the completions it
