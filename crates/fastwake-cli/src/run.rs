@@ -72,12 +72,9 @@ pub struct Args {
 fn parse_run_mode(s: &str) -> std::result::Result<String, String> {
     // The shim takes any wait mode of the library (FASTWAKE_MODE), so run
     // checks with the library's own parser rather than a list of its own.
-    if s.trim() == "off" {
-        return Ok("off".into());
-    }
-    s.parse::<fastwake::WaitMode>()
+    fastwake::WaitMode::parse_or_off(s)
         .map(|_| s.trim().to_string())
-        .map_err(|e| format!("{} (or off)", e.to_string().replace('\n', " ")))
+        .map_err(|e| e.to_string().replace('\n', " "))
 }
 
 fn parse_budget(s: &str) -> std::result::Result<std::time::Duration, String> {

@@ -179,13 +179,13 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
     }
     if let Some(v) = get("FASTWAKE_MODE") {
         c.mode = match v.trim() {
-            "" | "off" => None,
-            m => Some(m.parse::<WaitMode>().map_err(|e| {
+            "" => None,
+            m => WaitMode::parse_or_off(m).map_err(|e| {
                 format!(
-                    "FASTWAKE_MODE='{v}': {} (or off); passing through",
+                    "FASTWAKE_MODE='{v}': {}; passing through",
                     e.to_string().replace('\n', " ")
                 )
-            })?),
+            })?,
         };
         // hybrid:<duration> names the budget the shim reports and spins;
         // FASTWAKE_BUDGET_US, when given, still overrides it (below).
@@ -377,5 +377,16 @@ mod tests {
             assert!(e.contains(k), "{e}");
             assert!(!e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn off_is_named_only_where_a_mode_name_is_expected() {
+        assert_eq!(parse(env(&[("FASTWAKE_MODE", "off")])).unwrap().mode, None);
+        let e = parse(env(&[("FASTWAKE_MODE", "fast")])).unwrap_err();
+        assert!(e.contains("adaptive[:OPTIONS] or off"), "{e}");
+        // A bad option of a known mode says what that option takes, and
+        // nothing about turning the shim off.
+        let e = parse(env(&[("FASTWAKE_MODE", "adaptive:prewake=maybe")])).unwrap_err();
+        assert!(e.contains("expected on or off; passing through"), "{e}");
     }
 }

@@ -918,3 +918,54 @@ fn prewakes_that_keep_coming_early_are_paused() {
         fastwake::adaptive::explain(&s.core, None)
     );
 }
+
+/// A burst of very late timers (seen once in CI: 329 µs at p90, in 300
+/// µs waits) leaves no room to sleep, so pre-wakes stop; and since only
+/// pre-wakes measure the timers, their lateness must age out or they
+/// never come back once the timers recover.
+#[test]
+fn prewakes_come_back_after_a_burst_of_late_timers() {
+    let dist = Dist::Steady {
+        d: 300_000.0,
+        jitter: 0.1,
+    };
+    let mut s = Sim::new(Config::default(), 5);
+    s.run(dist, 1_500);
+    assert!(matches!(s.core.current_plan(), Plan::Prewake { .. }));
+    s.late = (320_000, 340_000);
+    s.run(dist, 40);
+    (s.early, s.caught, s.late_arrivals) = (0, 0, 0);
+    s.run(dist, 100);
+    assert_eq!(
+        s.early + s.caught + s.late_arrivals,
+        0,
+        "still pre-waking with no room to sleep: {}",
+        fastwake::adaptive::explain(&s.core, None)
+    );
+    // While the timers stay late, the probes cost at most a lateness
+    // window's worth of pre-wakes per LATENESS_TTL_WAITS waits.
+    (s.early, s.caught, s.late_arrivals) = (0, 0, 0);
+    let ttl = fastwake::adaptive::prewake::LATENESS_TTL_WAITS as u64;
+    s.run(dist, 4 * ttl as usize);
+    let probes = s.early + s.caught + s.late_arrivals;
+    let window = fastwake::adaptive::prewake::LATENESS as u64;
+    assert!(
+        (1..=4 * window).contains(&probes),
+        "{probes} probes in {} waits of late timers: {}",
+        4 * ttl,
+        fastwake::adaptive::explain(&s.core, None)
+    );
+    // The timers recover: within a few windows of waits the samples age
+    // out, the timers are probed and the pre-wakes are back.
+    s.late = (3_000, 25_000);
+    s.run(dist, 1_000);
+    (s.early, s.caught, s.late_arrivals) = (0, 0, 0);
+    s.run(dist, 500);
+    let n = s.early + s.caught + s.late_arrivals;
+    assert!(
+        n >= 450 && s.caught >= 400,
+        "{n} pre-wakes, {} caught of the last 500 waits: {}",
+        s.caught,
+        fastwake::adaptive::explain(&s.core, None)
+    );
+}

@@ -458,22 +458,25 @@ pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
             ),
             _ => "not now".into(),
         };
+        let mut lateness = match learner.prewake().margin_ns() {
+            Some(m) => format!(
+                "p90 {:.1}us over {} samples",
+                (m - prewake::MARGIN_GUARD_NS) as f64 / 1000.0,
+                learner.prewake().lateness_samples()
+            ),
+            None => "not measured yet".into(),
+        };
+        if let n @ 1.. = learner.prewake().lateness_forgotten() {
+            lateness += &format!(", forgotten as stale {n}x");
+        }
         out += &format!(
-            "; prewake {:.0}% ({plan}; caught {}, early {}, late {}; paused {}; margin {:.1}us; timer lateness {})",
+            "; prewake {:.0}% ({plan}; caught {}, early {}, late {}; paused {}; margin {:.1}us; timer lateness {lateness})",
             pct(s.prewakes),
             s.prewake_caught,
             s.prewake_early,
             s.prewake_late,
             s.prewake_pauses,
             s.margin_ns as f64 / 1000.0,
-            match learner.prewake().margin_ns() {
-                Some(m) => format!(
-                    "p90 {:.1}us over {} samples",
-                    (m - prewake::MARGIN_GUARD_NS) as f64 / 1000.0,
-                    learner.prewake().lateness_samples()
-                ),
-                None => "not measured yet".into(),
-            }
         );
     }
     if let Some(c) = learner.choice() {

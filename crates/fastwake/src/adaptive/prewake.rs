@@ -18,6 +18,10 @@
 //! - the last [`LATENESS`] timer lateness samples (wake-up time minus the
 //!   time asked for), measured on each pre-wake whose timer fired: the
 //!   margin is a high quantile of them, learned on this host, not assumed.
+//!   They are forgotten after [`LATENESS_TTL_WAITS`] waits without a new
+//!   one: lateness is only measured by pre-wakes, so a burst of late
+//!   timers that left no room to sleep would otherwise stop the pre-wakes
+//!   that could measure the timers recover, for good.
 //!
 //! The plan ([`Candidate`]) is chosen by the learner's one objective,
 //! latency + CPU/worth, evaluated over the exact recent waits, so it wins
@@ -29,6 +33,16 @@ pub const RECENT: usize = 64;
 pub const MIN_RECENT: usize = 32;
 /// Timer lateness samples kept.
 pub const LATENESS: usize = 32;
+/// Waits after the last lateness sample before the samples are forgotten
+/// and the margin is the bootstrap one again, which probes the timers
+/// anew. Four windows of recent waits: while pre-wakes run, every one
+/// whose timer fires refreshes the samples, so only a waiter that has
+/// stopped pre-waking (or whose waits stopped being predictable) gets
+/// here; the probes it then plans cost at most [`MIN_LATENESS`] early or
+/// wide-margin pre-wakes per this many waits (seen once in CI: a burst of
+/// timers 329 µs late at p90 left no room in 300 µs waits, and the waiter
+/// never pre-woke again).
+pub const LATENESS_TTL_WAITS: u32 = 4 * RECENT as u32;
 /// Lateness samples needed before the margin is their quantile; until
 /// then the margin is [`BOOTSTRAP_MARGIN_NS`], or half the earliest wait
 /// when that is less (a pre-wake has to happen for its timer to be
@@ -108,6 +122,10 @@ pub struct Prewake {
     lateness: Ring<LATENESS>,
     /// Lateness samples seen (for the explain line).
     samples: u64,
+    /// Waits recorded since the last lateness sample.
+    since_lateness: u32,
+    /// Times the lateness samples were forgotten as stale.
+    forgotten: u64,
 }
 
 /// The model's costs a pre-wake is weighed with.
@@ -147,6 +165,8 @@ impl Prewake {
             waits: Ring::new(),
             lateness: Ring::new(),
             samples: 0,
+            since_lateness: 0,
+            forgotten: 0,
         }
     }
 
@@ -154,12 +174,25 @@ impl Prewake {
     #[inline]
     pub fn record_wait(&mut self, w_ns: u64) {
         self.waits.push(w_ns);
+        self.since_lateness = self.since_lateness.saturating_add(1);
+        if self.since_lateness >= LATENESS_TTL_WAITS && self.lateness.n > 0 {
+            self.lateness = Ring::new();
+            self.since_lateness = 0;
+            self.forgotten += 1;
+        }
     }
 
     /// Learn one timer's lateness (woke this long after the time asked).
     pub fn record_lateness(&mut self, ns: u64) {
         self.lateness.push(ns);
         self.samples += 1;
+        self.since_lateness = 0;
+    }
+
+    /// Times the lateness samples were forgotten as stale (see
+    /// [`LATENESS_TTL_WAITS`]).
+    pub fn lateness_forgotten(&self) -> u64 {
+        self.forgotten
     }
 
     /// The shortest recent wait, ns (0: none yet).
@@ -375,6 +408,32 @@ mod tests {
         assert_eq!(p.best(COSTS).unwrap().plan.sleep_ns, 75_000);
         let p = fed((0..64).map(|_| 1_000_000), &[]);
         assert_eq!(p.best(COSTS).unwrap().plan.sleep_ns, 900_000);
+    }
+
+    #[test]
+    fn stale_lateness_is_forgotten_so_the_timers_are_probed_again() {
+        // A burst of timers 329 µs late left no room to sleep in 300 µs
+        // waits; with no pre-wake nothing measures the timers again, so
+        // the samples must age out, and the bootstrap margin probes anew.
+        let mut p = fed((0..64).map(|_| 300_000), &[329_000; 32]);
+        assert!(p.best(COSTS).is_none());
+        for _ in 1..LATENESS_TTL_WAITS {
+            p.record_wait(300_000);
+        }
+        assert!(p.best(COSTS).is_none(), "forgotten a wait too early");
+        assert_eq!(p.lateness_forgotten(), 0);
+        p.record_wait(300_000);
+        assert_eq!(p.lateness_forgotten(), 1);
+        assert_eq!(p.margin_ns(), None);
+        assert_eq!(p.best(COSTS).unwrap().plan.sleep_ns, 200_000);
+        // While pre-wakes measure the timers, the samples are kept.
+        let mut p = fed((0..64).map(|_| 300_000), &[20_000; 32]);
+        for _ in 0..4 * LATENESS_TTL_WAITS {
+            p.record_wait(300_000);
+            p.record_lateness(20_000);
+        }
+        assert_eq!(p.lateness_forgotten(), 0);
+        assert_eq!(p.margin_ns(), Some(21_000));
     }
 
     #[test]

@@ -24,6 +24,7 @@
 //! dispatcher thread), `waiter` (the dispatch-mode wait), [`tasks`] (the
 //! task runtime), `sched` (scheduling policies).
 
+mod kernel_list;
 #[cfg(all(test, loom))]
 mod loom_tests;
 mod sched;
@@ -35,6 +36,7 @@ mod watch;
 
 use std::time::Duration;
 
+pub use kernel_list::KernelListStats;
 pub use sched::SchedPolicy;
 pub use tasks::{Runtime, StateCell, TaskConfig, TaskCtx, TaskStats};
 pub use threads::{Config, DEFAULT_RELAY, Dispatcher};
@@ -86,6 +88,9 @@ pub struct DispatchStats {
     pub paused: u64,
     /// Threads registered now.
     pub registered: u64,
+    /// The kernel ready list's counters ([`Config::kernel_list`]; updated
+    /// every few hundred passes, like `passes`).
+    pub kernel_list: KernelListStats,
     /// The idle threshold in force now (learned with
     /// [`Config::learn_idle`]); `None`: never sleeps.
     pub idle_after: Option<std::time::Duration>,

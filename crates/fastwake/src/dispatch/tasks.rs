@@ -68,6 +68,10 @@ pub struct TaskConfig {
     /// Serve sources that offer ready notices through them instead of
     /// peeking them every pass; off only to measure what they save.
     pub notices: bool,
+    /// Serve sources whose readiness only the kernel knows (sockets) from
+    /// one epoll set of the runtime's: one `epoll_wait` a pass instead of
+    /// one `poll` per waiting socket; off only to measure what that saves.
+    pub kernel_list: bool,
 }
 
 impl Default for TaskConfig {
@@ -81,6 +85,7 @@ impl Default for TaskConfig {
             summary_above: super::watch::SUMMARY_ABOVE,
             prefetch: true,
             notices: true,
+            kernel_list: true,
         }
     }
 }
@@ -133,6 +138,8 @@ pub struct TaskStats {
     /// held up between its publish and its notice): `scan_found -
     /// late_notices` were lost.
     pub late_notices: u64,
+    /// The kernel ready list's counters ([`TaskConfig::kernel_list`]).
+    pub kernel_list: super::KernelListStats,
 }
 
 /// The handle a task gets to wait and yield.
@@ -238,16 +245,20 @@ impl Runtime {
         if cfg.stack_size < 16 * 1024 {
             return Err(Fail::invalid("task stack must be at least 16 KiB"));
         }
+        let mut watch = Watch::new(
+            cfg.capacity,
+            cfg.summary,
+            cfg.summary_above,
+            cfg.prefetch,
+            cfg.notices.then(|| NoticeRing::new(cfg.capacity)),
+        );
+        if !cfg.kernel_list {
+            watch.without_kernel_list();
+        }
         Ok(Runtime {
             cfg,
             tasks: Vec::new(),
-            watch: Watch::new(
-                cfg.capacity,
-                cfg.summary,
-                cfg.summary_above,
-                cfg.prefetch,
-                cfg.notices.then(|| NoticeRing::new(cfg.capacity)),
-            ),
+            watch,
             waiting: vec![0; cfg.capacity.div_ceil(64)],
             ready: Vec::new(),
             stats: TaskStats::default(),
@@ -294,6 +305,7 @@ impl Runtime {
     pub fn stats(&self) -> TaskStats {
         TaskStats {
             late_notices: self.watch.late_notices(),
+            kernel_list: self.watch.kernel_stats(),
             ..self.stats
         }
     }

@@ -2,7 +2,10 @@
 //! ones: sources whose producer pushes ready notices ([`NoticeRing`]) are
 //! visited only when a notice names them ("noticed": O(ready), whatever
 //! their number); sources whose producer raises a [`Summary`] flag are
-//! visited only when flagged; the rest ("plain") are peeked every pass.
+//! visited only when flagged; sources whose readiness only the kernel
+//! knows (sockets) are visited only when the kernel's ready list names
+//! them ([`KernelList`]: one `epoll_wait` a pass for all of them); the
+//! rest ("plain") are peeked every pass.
 //!
 //! A notice lost to a bug would leave its waiter asleep, so noticed
 //! sources are also peeked by a safety net, a few per call
@@ -17,6 +20,7 @@
 //! source to the summary when it grows past that (see `docs/dispatch.md`
 //! for the measurements behind the default).
 
+use super::kernel_list::KernelList;
 use crate::source::notice::NoticeRing;
 use crate::source::summary::Summary;
 use crate::source::{NextAt, Peek, Pump};
@@ -98,6 +102,9 @@ pub(crate) struct Watch {
     scanned: Vec<Cell<bool>>,
     /// Notices that came after the safety net had served their entry.
     late: Cell<u64>,
+    /// Entries whose readiness the kernel's ready list reports (neither
+    /// plain nor summarised nor noticed).
+    kernel: KernelList,
     /// Shared queues behind some entries ([`Peek::pump`]), each once, with
     /// how many entries use it: a pass polls each once, whatever the
     /// number of sources behind it.
@@ -131,6 +138,7 @@ impl Watch {
             hot: std::collections::VecDeque::with_capacity(HOT + 1),
             scanned: (0..capacity).map(|_| Cell::new(false)).collect(),
             late: Cell::new(0),
+            kernel: KernelList::new(capacity),
             pumps: Vec::new(),
         }
     }
@@ -160,6 +168,17 @@ impl Watch {
             None if delta > 0 => self.pumps.push((p, 1)),
             None => {}
         }
+    }
+
+    /// Peek every source one by one, even those the kernel could list
+    /// (to measure what the list saves). Before the first insert.
+    pub(crate) fn without_kernel_list(&mut self) {
+        self.kernel.turn_off();
+    }
+
+    /// The kernel ready list's counters.
+    pub(crate) fn kernel_stats(&self) -> super::KernelListStats {
+        self.kernel.stats()
     }
 
     pub(crate) fn summary(&self) -> Option<&Arc<Summary>> {
@@ -220,15 +239,16 @@ impl Watch {
             .notices
             .as_ref()
             .is_some_and(|r| peek.attach_notices(r.notifier(i)));
+        let listed = !noticed && self.kernel.add(i, &*peek);
         let summarised = match &self.summary {
-            _ if noticed => false,
+            _ if noticed || listed => false,
             Some(s) if self.summarising => peek.attach_summary(s.flag(i)),
             _ => false,
         };
         if noticed {
             self.noticed[i / 64] |= 1 << (i % 64);
             self.noticed_count += 1;
-        } else if !summarised {
+        } else if !summarised && !listed {
             self.plain[i / 64] |= 1 << (i % 64);
             self.plain_count += 1;
         }
@@ -243,8 +263,11 @@ impl Watch {
         self.entries[i] = Some(peek);
         self.count += 1;
         self.words = self.words.max(i / 64 + 1);
-        // Noticed sources do not count: a pass does not peek them.
-        if !self.summarising && self.count - self.noticed_count > self.summary_above {
+        // Noticed and listed sources do not count: a pass does not peek
+        // them.
+        if !self.summarising
+            && self.count - self.noticed_count - self.kernel.count() > self.summary_above
+        {
             self.switch_to_summary();
         }
     }
@@ -267,7 +290,8 @@ impl Watch {
         let Some(s) = &self.summary else {
             return false;
         };
-        let mut all = self.plain_count == 0;
+        // Nothing rings the summary for a listed source.
+        let mut all = self.plain_count == 0 && self.kernel.count() == 0;
         for (i, e) in self.entries.iter().enumerate() {
             if let Some(p) = e
                 && self.noticed(i)
@@ -296,6 +320,7 @@ impl Watch {
             if let Some(p) = e
                 && self.plain[i / 64] & (1 << (i % 64)) == 0
                 && !self.noticed(i)
+                && !self.kernel.listed(i)
             {
                 p.detach_summary();
                 self.plain[i / 64] |= 1 << (i % 64);
@@ -339,6 +364,7 @@ impl Watch {
             self.plain[i / 64] &= !(1 << (i % 64));
             self.plain_count -= 1;
         }
+        self.kernel.remove(i, &*p);
         // A summarised source keeps raising flag i until it is attached
         // elsewhere; a flag on an empty or reused entry is only a hint that
         // the ready check below rejects.
@@ -369,25 +395,45 @@ impl Watch {
                 return ready;
             }
         }
+        // Reported by this pass's `epoll_wait` (an entry visited through
+        // the kernel's list); otherwise the complete test.
+        if self.kernel.seen(i) {
+            return true;
+        }
         self.ready_full(i)
     }
 
     /// The handle's own, complete readiness test (also reports closes).
     pub(crate) fn ready_full(&self, i: usize) -> bool {
         match &self.entries[i] {
-            Some(p) => p.ready(),
+            Some(p) => {
+                self.kernel.count_peek();
+                p.ready()
+            }
             None => false,
         }
+    }
+
+    /// One `epoll_wait` for the listed entries: visit the ones reported
+    /// ready whose bit is set in `interest(word)`.
+    #[inline]
+    fn kernel_pass(&self, interest: impl Fn(usize) -> u64, visit: impl FnMut(usize)) {
+        self.kernel
+            .harvest(|i| interest(i / 64) & (1 << (i % 64)) != 0, visit);
+        self.kernel
+            .rebuild_if_stale(|i| self.entries[i].as_ref().and_then(|p| p.kernel_ready_fd()));
     }
 
     /// Visit every entry with its bit set in `interest(word)` whose full
     /// readiness test passes: the periodic slow pass that catches what the
     /// fast path does not report (closed sources).
     /// Noticed entries that are not hot are left to notices and the
-    /// safety net.
+    /// safety net; for listed ones the kernel's list is the complete test.
     pub(crate) fn slow_pass(&self, interest: impl Fn(usize) -> u64, mut visit: impl FnMut(usize)) {
+        self.kernel_pass(&interest, &mut visit);
         for w in 0..self.words {
-            let mut bits = interest(w) & (self.plain[w] | !self.noticed[w]);
+            let mut bits =
+                interest(w) & (self.plain[w] | !self.noticed[w]) & !self.kernel.listed_word(w);
             while bits != 0 {
                 let i = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
@@ -402,7 +448,7 @@ impl Watch {
     /// [`Watch::next_plain_ready`] covers alone.
     #[inline]
     pub(crate) fn plain_only(&self) -> bool {
-        !self.summarising && !self.full_pass.get()
+        !self.summarising && !self.full_pass.get() && self.kernel.count() == 0
     }
 
     /// The first plain entry at or after `from` (wrapping) whose bit is set
@@ -457,11 +503,13 @@ impl Watch {
             for (i, e) in self.entries[..n].iter().enumerate() {
                 if e.is_some()
                     && (!self.noticed(i) || self.hot(i))
+                    && !self.kernel.listed(i)
                     && interest(i / 64) & (1 << (i % 64)) != 0
                 {
                     visit(i);
                 }
             }
+            self.kernel_pass(interest, visit);
             return;
         }
         if self.summarising
@@ -482,6 +530,7 @@ impl Watch {
                 }
             }
         }
+        self.kernel_pass(interest, visit);
     }
 
     /// Noticed entries that may be ready: every entry a notice names, and

@@ -48,9 +48,11 @@
 //!   `poll(POLLIN)`, 0.5-0.75 µs a peek (unix socketpair 0.49-0.60 µs
 //!   empty, 0.65-0.73 µs readable; loopback TCP 0.72-0.74 µs; best of
 //!   3 × 200k peeks through the handle in a tiny loop, two runs, measured
-//!   on this project's 2-vCPU VM), hundreds of times a counter peek. A
-//!   dispatcher pass pays that for every waiting socket, so a core serving
-//!   many sockets notices each ready one later.
+//!   on this project's 2-vCPU VM), hundreds of times a counter peek. So
+//!   a source like that also names the fd whose readiness the kernel
+//!   tracks ([`Peek::kernel_ready_fd`]), and a dispatcher asks the
+//!   kernel's ready list for all of them at once (one `epoll_wait` a pass)
+//!   instead of peeking each.
 //! - It is *eventually exact*: once a completion is in the source and not
 //!   yet taken, every later `ready()` returns true until the owner takes it.
 //!   A stale `true` (the owner took it a moment ago) is allowed: the owner
@@ -152,6 +154,32 @@ pub trait Peek: Send + Sync {
     /// other reasons (closed) still reports those through
     /// [`Peek::ready`], which dispatchers call now and then.
     fn counters(&self) -> Option<Counters<'_>> {
+        None
+    }
+
+    /// Optional: an fd whose level-triggered `EPOLLIN` readiness (with
+    /// `EPOLLRDHUP`, `EPOLLHUP` and `EPOLLERR`) is exactly what
+    /// [`Peek::ready`] reports, for a source whose readiness only the
+    /// kernel knows (a socket). A dispatcher then puts the fd in one epoll
+    /// set of its own and learns which of all such sources are ready from
+    /// one `epoll_wait`, instead of calling [`Peek::ready`] (a syscall
+    /// each) on every one, every pass.
+    ///
+    /// The contract:
+    /// - the same fd, referring to the same file, for as long as the
+    ///   handle lives and the source is open: the dispatcher registers it
+    ///   once and deregisters it through this fd;
+    /// - the fd belongs to the handle (never a number the source may close
+    ///   and something else reopen while the handle lives);
+    /// - when the source closes, the fd may be pointed at another file
+    ///   that is never readable (the socket does, so a dispatcher holding
+    ///   the handle does not keep the connection open); the dispatcher
+    ///   copes with the registration that then outlives its deregistration
+    ///   (`dispatch::kernel_list`).
+    ///
+    /// Ignored for a handle that offers [`Peek::counters`] or notices:
+    /// reading those is cheaper than any syscall.
+    fn kernel_ready_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
 

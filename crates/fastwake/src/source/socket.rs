@@ -21,7 +21,10 @@
 //! The peek handle ([`Source::peek`]), which a dispatcher calls from its
 //! own thread, cannot see the bytes of a message the owner has already
 //! read, so it asks the socket alone: a zero-timeout `poll(POLLIN)`, one
-//! syscall per peek (its cost is in the [`Peek`] contract). It says true
+//! syscall per peek (its cost is in the [`Peek`] contract). A dispatcher
+//! does not make it every pass: the handle names the socket's dup as its
+//! [`Peek::kernel_ready_fd`], and the dispatcher learns which of its
+//! sockets are readable from one `epoll_wait` on a set of its own. It says true
 //! while any byte, the end of the stream or an error waits: a torn message is a stale true (the
 //! owner reads the piece and waits again), and whole messages already
 //! buffered never depend on it, since a wait takes them before it sleeps.
@@ -163,6 +166,12 @@ impl Peek for SocketPeek {
             // owner look rather than risk a lost completion.
             Err(_) => true,
         }
+    }
+
+    fn kernel_ready_fd(&self) -> Option<BorrowedFd<'_>> {
+        // The dup `ready` polls: POLLIN there is EPOLLIN on it, and it
+        // keeps its number while the handle lives (the type docs).
+        Some(self.fd.as_fd())
     }
 }
 

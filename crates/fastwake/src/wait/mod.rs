@@ -97,6 +97,23 @@ impl FromStr for WaitMode {
     /// `dispatch`, `adaptive` or `adaptive:<options>` (see
     /// [`crate::adaptive::Config::parse_options`]).
     fn from_str(s: &str) -> Result<Self> {
+        WaitMode::parse(s, "")
+    }
+}
+
+impl WaitMode {
+    /// A wait mode, or `off` (`None`): what the preload shim's
+    /// `FASTWAKE_MODE` and `fastwake run --mode` take, where `off` means
+    /// no fastwake at all. An unknown name's message lists `off` too.
+    pub fn parse_or_off(s: &str) -> Result<Option<WaitMode>> {
+        match s.trim() {
+            "off" => Ok(None),
+            m => WaitMode::parse(m, " or off").map(Some),
+        }
+    }
+
+    /// `also`: more names the caller takes, for the unknown-name message.
+    fn parse(s: &str, also: &str) -> Result<Self> {
         let s = s.trim();
         match s {
             "poll" => Ok(WaitMode::Poll),
@@ -117,8 +134,13 @@ impl FromStr for WaitMode {
                         o,
                     )?));
                 }
+                let (sep, last) = if also.is_empty() {
+                    (" or", "")
+                } else {
+                    (",", also)
+                };
                 Err(Fail::invalid(format!(
-                    "unknown wait mode '{s}': expected poll, interrupt, hybrid[:DURATION], dispatch or adaptive[:OPTIONS] (docs/grammar.md)"
+                    "unknown wait mode '{s}': expected poll, interrupt, hybrid[:DURATION], dispatch{sep} adaptive[:OPTIONS]{last} (docs/grammar.md)"
                 )))
             }
         }

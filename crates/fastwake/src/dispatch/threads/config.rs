@@ -39,6 +39,11 @@ pub struct Config {
     /// cost of a pass then does not grow with the number of idle sources.
     /// Off only to measure what that saves.
     pub notices: bool,
+    /// Serve sources whose readiness only the kernel knows (sockets,
+    /// [`crate::source::Peek::kernel_ready_fd`]) from one epoll set of the
+    /// dispatcher's: one `epoll_wait` a pass instead of one `poll` per
+    /// waiting socket. Off only to measure what that saves.
+    pub kernel_list: bool,
     /// Relay: a thread about to wait first peeks the core's other waiting
     /// sources (and its own) for up to this long, and hands off to the
     /// owner of the first ready one itself; `None` = never. See
@@ -54,7 +59,8 @@ pub const DEFAULT_RELAY: Duration = Duration::from_micros(5);
 
 impl Config {
     /// Defaults for `cpu`: same core, `SCHED_IDLE`, sleep after 2 ms idle,
-    /// 1024 threads, notices and summaries on, relay 5 µs.
+    /// 1024 threads, notices, summaries and the kernel ready list on,
+    /// relay 5 µs.
     pub fn new(cpu: u32) -> Config {
         Config {
             cpu,
@@ -65,6 +71,7 @@ impl Config {
             summary: true,
             summary_above: crate::dispatch::watch::SUMMARY_ABOVE,
             notices: true,
+            kernel_list: true,
             relay: Some(DEFAULT_RELAY),
             learn_idle: None,
         }

@@ -5,7 +5,7 @@
 use super::faults::Faults;
 use super::{Config, lock, write};
 use crate::dispatch::slot::{Slot, WaitSet};
-use crate::dispatch::{DispatchStats, State};
+use crate::dispatch::{DispatchStats, KernelListStats, State};
 use crate::source::Peek;
 use crate::source::notice::NoticeRing;
 use crate::sync::{AtomicU32, AtomicU64, FutexWord, LineWords, Ordering};
@@ -85,6 +85,9 @@ pub(crate) struct Hub {
     pub(super) notice_handoffs: AtomicU64,
     pub(super) scan_found: AtomicU64,
     pub(super) late_notices: AtomicU64,
+    /// The dispatcher's kernel ready list counters, published with
+    /// `passes`.
+    pub(super) kernel_list: Mutex<KernelListStats>,
     /// The dispatcher's pre-wake (`idle` module): ns since `epoch` at which
     /// the waiters it pauses now come back to it; 0: none. Written before
     /// it pauses them (the pause's CAS publishes it).
@@ -134,6 +137,7 @@ impl Hub {
             notice_handoffs: AtomicU64::new(0),
             scan_found: AtomicU64::new(0),
             late_notices: AtomicU64::new(0),
+            kernel_list: Mutex::new(KernelListStats::default()),
             resume_at: AtomicU64::new(0),
             returned: AtomicU64::new(0),
             prewakes: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -314,6 +318,7 @@ impl Hub {
             idle_sleeps: self.idle_sleeps.load(Ordering::Relaxed),
             paused: self.paused.load(Ordering::Relaxed),
             registered: self.registered.load(Ordering::Relaxed),
+            kernel_list: *lock(&self.kernel_list),
             idle_after: self.idle_threshold(),
             prewakes,
             prewake_early: early,

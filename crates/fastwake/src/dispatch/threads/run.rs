@@ -27,6 +27,9 @@ impl Hub {
             self.cfg.run_on.is_none(),
             self.notices.clone(),
         );
+        if !self.cfg.kernel_list {
+            watch.without_kernel_list();
+        }
         let mut found = Vec::new();
         let mut last_busy = Instant::now();
         let mut idle = IdleClock::new(&self.cfg, last_busy);
@@ -59,6 +62,7 @@ impl Hub {
                 self.passes.store(passes, Ordering::Relaxed);
                 self.late_notices
                     .store(watch.late_notices(), Ordering::Relaxed);
+                *super::lock(&self.kernel_list) = watch.kernel_stats();
                 self.beat(Instant::now());
                 // Now and then the complete test, for closed sources, and
                 // a step of the notices' safety net.
@@ -95,6 +99,7 @@ impl Hub {
         watch.noticed_candidates(|_| 0, |_| {});
         self.late_notices
             .store(watch.late_notices(), Ordering::Relaxed);
+        *super::lock(&self.kernel_list) = watch.kernel_stats();
     }
 
     /// One turn of the loop: take in queued (un)registrations, then one
