@@ -411,3 +411,101 @@ fn a_closed_and_replaced_socket_hands_off_nothing_wrong() {
     assert_eq!(st.kernel_list.stale, 1, "{st:?}");
     assert_eq!(st.kernel_list.rebuilds, 1, "{st:?}");
 }
+
+/// A source whose handle names a kernel fd epoll refuses (a regular file:
+/// `EPERM`) and whose readiness is a flag another task sets.
+struct Refused {
+    handle: std::sync::Arc<dyn fastwake::source::Peek>,
+    flag: std::sync::Arc<RefusedPeek>,
+}
+
+struct RefusedPeek {
+    ready: std::sync::atomic::AtomicBool,
+    file: std::fs::File,
+}
+
+impl fastwake::source::Peek for RefusedPeek {
+    fn ready(&self) -> bool {
+        self.ready.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn kernel_ready_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        Some(self.file.as_fd())
+    }
+}
+
+impl fastwake::Source for Refused {
+    type Completion = ();
+
+    fn name(&self) -> &'static str {
+        "refused"
+    }
+
+    fn ready(&self) -> bool {
+        fastwake::source::Peek::ready(&*self.flag)
+    }
+
+    fn try_take(&mut self) -> fastwake::Result<Option<()>> {
+        Ok(self
+            .flag
+            .ready
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+            .then_some(()))
+    }
+
+    fn arm(&mut self) -> fastwake::Result<()> {
+        Ok(())
+    }
+
+    fn sleep(
+        &mut self,
+        _proof: fastwake::source::Rechecked,
+        _timeout: Option<Duration>,
+    ) -> fastwake::Result<()> {
+        std::thread::sleep(Duration::from_micros(50));
+        Ok(())
+    }
+
+    fn peek(&self) -> Option<&std::sync::Arc<dyn fastwake::source::Peek>> {
+        Some(&self.handle)
+    }
+}
+
+/// A kernel fd the epoll set refuses: the source is peeked one by one
+/// instead (counted as a fallback) and still served.
+#[test]
+fn a_kernel_fd_epoll_refuses_falls_back_to_peeks() {
+    let _g = common::spin_lock();
+    let flag = std::sync::Arc::new(RefusedPeek {
+        ready: std::sync::atomic::AtomicBool::new(false),
+        file: std::fs::File::open("/proc/self/exe").unwrap(),
+    });
+    let mut src = Refused {
+        handle: flag.clone(),
+        flag: flag.clone(),
+    };
+    let mut rt = Runtime::new(TaskConfig {
+        idle_after: None,
+        ..TaskConfig::default()
+    })
+    .unwrap();
+    rt.spawn(move |cx| cx.wait(&mut src)).unwrap();
+    rt.spawn(move |cx| {
+        for _ in 0..50 {
+            cx.yield_now();
+        }
+        flag.ready.store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
+    })
+    .unwrap();
+    let st = run_within(rt, "refused kernel fd");
+    eprintln!("refused kernel fd: {st:?}");
+    assert_eq!(st.kernel_list.fallbacks, 1, "{st:?}");
+    assert_eq!(st.kernel_list.waits, 0, "nothing was listed: {st:?}");
+    assert_eq!(st.handoffs, 1, "the source was not served: {st:?}");
+    assert!(
+        st.kernel_list.peeks >= 50,
+        "it was not peeked every pass: {st:?}"
+    );
+}

@@ -177,8 +177,8 @@ pub trait Peek: Send + Sync {
     ///   copes with the registration that then outlives its deregistration
     ///   (`dispatch::kernel_list`).
     ///
-    /// Ignored for a handle that offers [`Peek::counters`] or notices:
-    /// reading those is cheaper than any syscall.
+    /// Ignored for a handle that offers [`Peek::counters`], or whose
+    /// notices the dispatcher takes: those are cheaper than any syscall.
     fn kernel_ready_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
