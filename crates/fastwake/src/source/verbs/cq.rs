@@ -224,6 +224,61 @@ pub(super) unsafe fn cq_ops(
     }
 }
 
+/// Arms `cq` for one completion event (`ibv_req_notify_cq(cq, 0)`, with
+/// the context's op as verbs.h's inline does).
+///
+/// # Safety
+/// `cq` must be live and `notify` its context's `req_notify_cq`.
+#[inline]
+pub(super) unsafe fn req_notify(notify: ReqNotifyCqFn, cq: *mut ibv_cq) -> Result<()> {
+    // SAFETY: the caller's promise.
+    let rc = unsafe { notify(cq, 0) };
+    if rc != 0 {
+        return Err(req_notify_failed(rc));
+    }
+    Ok(())
+}
+
+#[cold]
+fn req_notify_failed(rc: i32) -> Fail {
+    Fail::new(rc, format!("ibv_req_notify_cq failed (errno {rc})"))
+}
+
+/// Destroys `cq`, then its completion channel. A failure cannot be
+/// returned from a destructor, and leaking silently hides a QP still on
+/// the CQ (`EBUSY`): it is said in one line on stderr instead.
+///
+/// # Safety
+/// `cq` (if not null) and `channel` (if not null) are live, were made by
+/// `lib`, are destroyed once, and every event read from the channel for
+/// `cq` was acked.
+pub(super) unsafe fn destroy_cq_and_channel(
+    lib: &Verbs,
+    cq: *mut ibv_cq,
+    channel: *mut ibv_comp_channel,
+) {
+    if !cq.is_null() {
+        // SAFETY: the caller's promise.
+        let rc = unsafe { (lib.destroy_cq)(cq) };
+        if rc != 0 {
+            eprintln!(
+                "fastwake: ibv_destroy_cq failed (errno {rc}): a QP is still on the CQ; the CQ and its channel are leaked"
+            );
+            // The channel still has a CQ on it: destroying it fails too.
+            return;
+        }
+    }
+    if !channel.is_null() {
+        // SAFETY: the caller's promise; no CQ is left on it.
+        let rc = unsafe { (lib.destroy_comp_channel)(channel) };
+        if rc != 0 {
+            eprintln!(
+                "fastwake: ibv_destroy_comp_channel failed (errno {rc}); the channel is leaked"
+            );
+        }
+    }
+}
+
 /// A completion channel a [`CqCore`] reads events from.
 struct Channel {
     lib: &'static Verbs,
@@ -321,15 +376,8 @@ impl CqCore {
             ));
         }
         self.stats.arms += 1;
-        // SAFETY: cq is live.
-        let rc = unsafe { (self.notify_fn)(self.cq, 0) };
-        if rc != 0 {
-            return Err(Fail::new(
-                rc,
-                format!("ibv_req_notify_cq failed (errno {rc})"),
-            ));
-        }
-        Ok(())
+        // SAFETY: cq is live; notify_fn is its context's op (new).
+        unsafe { req_notify(self.notify_fn, self.cq) }
     }
 
     pub(super) fn sleep(&mut self, timeout: Option<Duration>) -> Result<()> {
@@ -498,13 +546,8 @@ pub(super) fn create_cq(dev: &Arc<Device>, cfg: CqConfig) -> Result<MadeCq> {
             ),
         };
         // SAFETY: cq (if any) and channel were created above, nothing
-        // else refers to them.
-        unsafe {
-            if !cq.is_null() {
-                (lib.destroy_cq)(cq);
-            }
-            (lib.destroy_comp_channel)(channel);
-        }
+        // else refers to them, no event was read.
+        unsafe { destroy_cq_and_channel(lib, cq, channel) };
         return Err(e);
     }
     Ok(MadeCq {
@@ -583,10 +626,14 @@ impl Drop for VerbsCq {
         // channel were created in new() and are destroyed once, after
         // release() acked every event and stopped the peek handles.
         unsafe {
-            (lib.destroy_cq)(self.core.cq);
-            if let Some(ch) = &self.core.channel {
-                (lib.destroy_comp_channel)(ch.raw);
-            }
-        }
+            destroy_cq_and_channel(
+                lib,
+                self.core.cq,
+                self.core
+                    .channel
+                    .as_ref()
+                    .map_or(std::ptr::null_mut(), |ch| ch.raw),
+            )
+        };
     }
 }

@@ -15,7 +15,7 @@
 //! Destroy order: the QPs first (as for any CQ), then every inbox and the
 //! [`Demux`]; the CQ goes with the last of them.
 
-use super::cq::{CqConfig, CqStats, MadeCq, Wc, create_cq};
+use super::cq::{CqConfig, CqStats, MadeCq, Wc, create_cq, destroy_cq_and_channel};
 use super::device::{Device, errno};
 use super::sys::*;
 use crate::affinity::Placement;
@@ -162,15 +162,8 @@ impl SharedQueue for SharedCq {
 
     fn arm(&self) -> Result<()> {
         self.arms.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: cq is live.
-        let rc = unsafe { (self.notify_fn)(self.cq, 0) };
-        if rc != 0 {
-            return Err(Fail::new(
-                rc,
-                format!("ibv_req_notify_cq failed (errno {rc})"),
-            ));
-        }
-        Ok(())
+        // SAFETY: cq is live while self is; notify_fn is its context's op.
+        unsafe { super::cq::req_notify(self.notify_fn, self.cq) }
     }
 
     fn event_fd(&self) -> Option<BorrowedFd<'_>> {
@@ -211,10 +204,7 @@ impl Drop for SharedCq {
         // demultiplexer that owns self), the QPs were destroyed first
         // (module docs), every event read was acked above; cq and channel
         // were made by create_cq and are destroyed once.
-        unsafe {
-            (self.dev.lib.destroy_cq)(self.cq);
-            (self.dev.lib.destroy_comp_channel)(self.channel);
-        }
+        unsafe { destroy_cq_and_channel(self.dev.lib, self.cq, self.channel) };
     }
 }
 
