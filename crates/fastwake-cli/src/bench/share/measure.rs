@@ -62,8 +62,8 @@ pub(super) fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Ve
             });
             ends.push((req_rx, resp_tx));
         }
-        let servers = start(mode, ends, layout, plan.idle_after)?;
         let active = plan.rotate.unwrap_or(conns).min(conns);
+        let servers = start(mode, ends, layout, plan.idle_after, active)?;
         let mut this_round = Sample::new();
         let r = drive(
             plan.load,

@@ -66,7 +66,10 @@ pub struct Args {
     /// client's CPU; norelay: waiters do not relay; adaptive: the threads
     /// wait in adaptive mode; scan: no ready notices); reference (one connection, both ends
     /// busy-polling); evloop (one thread per core polling all its
-    /// connections: the floor for N connections on a core).
+    /// connections: the floor for N connections on a core); oracle (one
+    /// thread per core that waits on the next connection of the latency
+    /// client's rotation only: the floor for N rotating connections, as
+    /// no server that must find the ready one can beat it).
     #[arg(
         long,
         default_value = DEFAULT_MODES,

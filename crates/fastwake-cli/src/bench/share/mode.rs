@@ -45,13 +45,20 @@ pub(super) enum Mode {
     /// One thread per core busy-polling all its connections in a loop (a
     /// hand-written event loop): the floor for N connections on a core.
     EventLoop,
+    /// One thread per core that waits on its connections in the order the
+    /// latency client rotates over them, the next one only: no server
+    /// that must find which connection is ready can do better, so this is
+    /// the floor for N rotating connections on a core, and what it costs
+    /// above `reference` is the rotation's own (client and server both
+    /// touch N connections' lines), not any dispatcher's.
+    Oracle,
 }
 
 impl Mode {
     pub(super) fn parse(s: &str) -> Result<Mode> {
         let bad = || {
             Fail::invalid(format!(
-                "unknown mode '{s}': expected interrupt, poll, hybrid[:BUDGET], adaptive[:OPTS], tasks[:noprefetch][:scan], threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive][:scan], reference or evloop"
+                "unknown mode '{s}': expected interrupt, poll, hybrid[:BUDGET], adaptive[:OPTS], tasks[:noprefetch][:scan], threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive][:scan], reference, evloop or oracle"
             ))
         };
         Ok(match s {
@@ -59,6 +66,7 @@ impl Mode {
             "poll" => Mode::PerThread(WaitMode::Poll),
             "reference" => Mode::Reference,
             "evloop" => Mode::EventLoop,
+            "oracle" => Mode::Oracle,
             // Thread per connection in the library's spinning modes: what
             // spinning does when many waiters share a core.
             s if s.starts_with("hybrid") || s.starts_with("adaptive") => {
@@ -148,6 +156,7 @@ impl Mode {
             }
             Mode::Reference => "reference".into(),
             Mode::EventLoop => "evloop".into(),
+            Mode::Oracle => "oracle".into(),
         }
     }
 }

@@ -75,6 +75,10 @@ pub(super) fn print_ratios(rows: &[Row], layout: &Layout, conns: usize) -> Resul
     };
     line("tasks", "reference");
     line("tasks", "evloop");
+    // The floor for rotating connections, and what is left above it.
+    line("oracle", "reference");
+    line("tasks", "oracle");
+    line("evloop", "oracle");
     line("tasks", "interrupt");
     line("tasks", "tasks:noprefetch");
     line("threads", "interrupt");

@@ -132,12 +132,14 @@ pub(super) fn spawn_server(
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn server thread: {e}")))
 }
 
-/// Start the servers of `mode` for `ends` (server side of each connection).
+/// Start the servers of `mode` for `ends` (server side of each connection),
+/// of which the client uses the first `active`.
 pub(super) fn start(
     mode: Mode,
     ends: Vec<(Receiver, Sender)>,
     layout: &Layout,
     idle_after: Option<Duration>,
+    active: usize,
 ) -> Result<Servers> {
     let (ctx, crx) = mpsc::channel();
     let k = layout.server_cpus.len();
@@ -213,6 +215,48 @@ pub(super) fn start(
                         }
                         if let Some(j) = closed {
                             ends.swap_remove(j);
+                        }
+                    }
+                    Ok(Counts::default())
+                })?);
+            }
+        }
+        Mode::Oracle => {
+            let mut per_core: Vec<Vec<(Receiver, Sender)>> = (0..k).map(|_| Vec::new()).collect();
+            for (j, e) in ends.into_iter().enumerate() {
+                // Idle connections stay open (their client ends do) but
+                // are never waited on: that is what the oracle knows.
+                if j < active {
+                    per_core[j % k].push(e);
+                }
+            }
+            for (c, mut ends) in per_core.into_iter().enumerate() {
+                let cpu = layout.server_cpus[c];
+                threads.push(spawn_server(format!("fw-or{c}"), cpu, &ctx, move || {
+                    // The latency client sends to connection j, j+1, ...
+                    // and waits for each reply, and a core's connections
+                    // are every k-th: this core's next request is always
+                    // on its next connection.
+                    let mut next = 0usize;
+                    let mut spins: u32 = 0;
+                    while !ends.is_empty() {
+                        let (rx, tx) = &mut ends[next];
+                        spins = spins.wrapping_add(1);
+                        // A close shows only through try_take.
+                        if !rx.ready() && !spins.is_multiple_of(1024) {
+                            std::hint::spin_loop();
+                            continue;
+                        }
+                        match rx.try_take() {
+                            Ok(Some(m)) => {
+                                echo(rx, tx, m)?;
+                                next = (next + 1) % ends.len();
+                            }
+                            Ok(None) => {}
+                            // The client closes every connection at once
+                            // when the slice ends.
+                            Err(e) if e.is_closed() => break,
+                            Err(e) => return Err(e),
                         }
                     }
                     Ok(Counts::default())
