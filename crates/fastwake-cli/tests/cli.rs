@@ -187,6 +187,29 @@ fn share_json_has_pingpong_keys_plus_sharing_keys() {
     assert_eq!(rows[0]["dispatch_fallbacks"], 0);
 }
 
+/// The floors of N connections: the event loop, and the oracle that waits
+/// on the rotation's next connection only. The oracle serves a rotation
+/// over some of the connections (the idle ones stay open but unserved)
+/// and the throughput load (every connection keeps one request out, so
+/// its order stays the client's): a wrong guess of the next connection
+/// would hang the run, not slow it.
+#[test]
+fn share_oracle_serves_rotations_and_throughput() {
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    for cmd in [
+        "bench share --conns 4 --rotate 3 --mode oracle,evloop --iters 600 --warmup 50 --rounds 3",
+        "bench share --conns 4 --load throughput --mode oracle --iters 600 --warmup 50 --rounds 3",
+    ] {
+        let rows = json_rows(cmd);
+        for r in &rows {
+            assert_eq!(r["conns"], 4, "{cmd}: {r}");
+            assert!(r["rtt_per_s"].as_f64().unwrap() > 0.0, "{cmd}: {r}");
+        }
+        let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+        assert_eq!(modes[0], "oracle", "{cmd}");
+    }
+}
+
 /// Thread-per-connection in the library's spinning modes, and threads
 /// waiting in adaptive mode next to a dispatcher: the adaptive controller
 /// finds the dispatcher by itself when the connections share a core.
