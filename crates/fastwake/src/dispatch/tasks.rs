@@ -493,12 +493,26 @@ impl Runtime {
             self.stats.passes += 1;
             self.collect_noticed();
             if self.watch.plain_only() {
-                // Few plain sources: the first ready one is enough, not
-                // after peeking the rest.
+                // Few plain sources: switch into each ready one as soon as
+                // it is found, not after peeking the rest, round-robin
+                // from the last one served, for one round of them: when
+                // they are busy, the pass's fixed costs (the notices, the
+                // loop) are paid once a round instead of once a hand-off
+                // (10 % of the throughput load at 16 connections), and a
+                // noticed source still waits at most one round.
                 // (`waiting` is the scan's interest mask: `i` waits.)
-                if let Some(i) = self.watch.next_plain_ready(&self.waiting, self.cursor) {
+                let mut round = self.watch.plain_count();
+                while round > 0
+                    && let Some(i) = self.watch.next_plain_ready(&self.waiting, self.cursor)
+                {
+                    round -= 1;
                     self.cursor = i + 1;
-                    self.ready.push(i);
+                    if self.tasks[i].state == TState::Waiting {
+                        self.stats.handoffs += 1;
+                        self.promote(i);
+                        self.resume(i);
+                        worked = true;
+                    }
                 }
             } else {
                 self.collect_ready(false);
