@@ -444,15 +444,15 @@ impl Watch {
         }
     }
 
-    /// Only plain entries, no summary and no pending full pass: the case
-    /// [`Watch::next_plain_ready`] covers alone.
-    #[inline]
     /// Entries peeked every pass by their fast test.
     #[inline]
     pub(crate) fn plain_count(&self) -> usize {
         self.plain_count
     }
 
+    /// Only plain entries, no summary and no pending full pass: the case
+    /// [`Watch::next_plain_ready`] covers alone.
+    #[inline]
     pub(crate) fn plain_only(&self) -> bool {
         !self.summarising && !self.full_pass.get() && self.kernel.count() == 0
     }
