@@ -820,15 +820,26 @@ fn early_completions_pull_the_prewake_earlier() {
     );
 }
 
-#[test]
-fn a_caller_that_cannot_prewake_gets_the_other_plans() {
+/// A learner that has learned a steady 300 µs ±10 % service time and
+/// plans pre-wakes for it (asserted), with that distribution.
+fn prewaking(seed: u64) -> (Sim, Dist) {
     let dist = Dist::Steady {
         d: 300_000.0,
         jitter: 0.1,
     };
-    let mut s = Sim::new(Config::default(), 3);
+    let mut s = Sim::new(Config::default(), seed);
     s.run(dist, 1_500);
-    assert!(matches!(s.core.current_plan(), Plan::Prewake { .. }));
+    assert!(
+        matches!(s.core.current_plan(), Plan::Prewake { .. }),
+        "{}",
+        fastwake::adaptive::explain(&s.core, None)
+    );
+    (s, dist)
+}
+
+#[test]
+fn a_caller_that_cannot_prewake_gets_the_other_plans() {
+    let (mut s, dist) = prewaking(3);
     let no = Env {
         prewake: false,
         ..Env::default()
@@ -841,12 +852,7 @@ fn a_caller_that_cannot_prewake_gets_the_other_plans() {
 
 #[test]
 fn prewake_is_not_planned_against_a_producer_on_its_cpu_or_past_the_cap() {
-    let dist = Dist::Steady {
-        d: 300_000.0,
-        jitter: 0.1,
-    };
-    let mut s = Sim::new(Config::default(), 5);
-    s.run(dist, 1_500);
+    let (mut s, _) = prewaking(5);
     let same = Env {
         same_cpu: true,
         ..Env::default()
@@ -858,26 +864,63 @@ fn prewake_is_not_planned_against_a_producer_on_its_cpu_or_past_the_cap() {
         allowance_ns: 1_000,
         ..Env::default()
     };
-    assert_eq!(s.core.plan(s.now, broke), Plan::Spin(0));
+    interrupt_for(&mut s, broke, fastwake::adaptive::Reason::Cap);
+}
+
+/// The plan for `env` now is interrupt mode, for reason `why`.
+fn interrupt_for(s: &mut Sim, env: Env, why: fastwake::adaptive::Reason) {
+    assert_eq!(s.core.plan(s.now, env), Plan::Spin(0));
     assert_eq!(
         s.core.last_reason(),
-        fastwake::adaptive::Reason::Cap,
+        why,
         "{}",
         fastwake::adaptive::explain(&s.core, None)
     );
+}
+
+/// A pre-wake's spin starts a margin before the completion is due, so a
+/// caller's longest spin (the shim's `FASTWAKE_BUDGET_US`) cannot cut it
+/// the way it cuts a spin plan: cut, it would end before the completion
+/// (in the Soft-RoCE guest, with timers ~200 µs late and the shim's 50 µs
+/// ceiling, 67 of 384 pre-wakes were caught). One that does not fit is
+/// not planned; one that fits is.
+#[test]
+fn prewake_is_not_planned_when_its_spin_is_past_the_callers_longest_spin() {
+    let (mut s, _) = prewaking(5);
+    let Plan::Prewake {
+        sleep_ns,
+        spin_end_ns,
+    } = s.core.current_plan()
+    else {
+        panic!(
+            "no pre-wake plan: {}",
+            fastwake::adaptive::explain(&s.core, None)
+        );
+    };
+    let window = spin_end_ns - sleep_ns;
+    let short = Env {
+        spin_ceiling_ns: window - 1,
+        ..Env::default()
+    };
+    interrupt_for(&mut s, short, fastwake::adaptive::Reason::Ceiling);
+    assert!(s.core.stats().ceiling >= 1);
+    assert!(
+        fastwake::adaptive::explain(&s.core, None).contains("past the longest spin"),
+        "{}",
+        fastwake::adaptive::explain(&s.core, None)
+    );
+    let enough = Env {
+        spin_ceiling_ns: window,
+        ..Env::default()
+    };
+    assert!(matches!(s.core.plan(s.now, enough), Plan::Prewake { .. }));
 }
 
 /// Pre-wakes whose completions keep coming before the timer (whatever the
 /// cause) are paused for a while, then tried again.
 #[test]
 fn prewakes_that_keep_coming_early_are_paused() {
-    let dist = Dist::Steady {
-        d: 300_000.0,
-        jitter: 0.1,
-    };
-    let mut s = Sim::new(Config::default(), 21);
-    s.run(dist, 1_500);
-    assert!(matches!(s.core.current_plan(), Plan::Prewake { .. }));
+    let (mut s, dist) = prewaking(21);
     // Every pre-wake now ends early: the completion before the timer.
     let mut prewakes = 0;
     for _ in 0..200 {
@@ -925,13 +968,7 @@ fn prewakes_that_keep_coming_early_are_paused() {
 /// never come back once the timers recover.
 #[test]
 fn prewakes_come_back_after_a_burst_of_late_timers() {
-    let dist = Dist::Steady {
-        d: 300_000.0,
-        jitter: 0.1,
-    };
-    let mut s = Sim::new(Config::default(), 5);
-    s.run(dist, 1_500);
-    assert!(matches!(s.core.current_plan(), Plan::Prewake { .. }));
+    let (mut s, dist) = prewaking(5);
     s.late = (320_000, 340_000);
     s.run(dist, 40);
     (s.early, s.caught, s.late_arrivals) = (0, 0, 0);

@@ -146,6 +146,13 @@ pub struct Env {
     /// The waiter fell behind lately (a long run of completions taken
     /// without waiting; the wait governor's backlog rule): no spinning.
     pub behind: bool,
+    /// The longest spin the caller does (`u64::MAX`: none; the shim's
+    /// `FASTWAKE_BUDGET_US`). A spin plan is cut to it, which still
+    /// catches the completions that come early in the spin; a pre-wake's
+    /// spin cannot be cut: it starts a margin before the completion is
+    /// due, so a cut one ends before the completion it was planned for.
+    /// A pre-wake whose spin does not fit is not planned.
+    pub spin_ceiling_ns: u64,
 }
 
 impl Default for Env {
@@ -164,6 +171,7 @@ impl Env {
         allowance_ns: u64::MAX,
         prewake: true,
         behind: false,
+        spin_ceiling_ns: u64::MAX,
     };
 }
 
@@ -530,6 +538,8 @@ impl Learner {
                 (Plan::Spin(0), Reason::Contended)
             } else if spin_end_ns.saturating_sub(sleep_ns) > env.allowance_ns {
                 (Plan::Spin(0), Reason::Cap)
+            } else if spin_end_ns.saturating_sub(sleep_ns) > env.spin_ceiling_ns {
+                (Plan::Spin(0), Reason::Ceiling)
             } else {
                 (plan, Reason::Prewake)
             };

@@ -252,6 +252,9 @@ pub enum Reason {
     Contended,
     /// Interrupt mode: the CPU cap's allowance is spent.
     Cap,
+    /// Interrupt mode: the pre-wake planned needs a longer spin than the
+    /// caller's longest ([`Env::spin_ceiling_ns`]).
+    Ceiling,
     /// Handed to the core's dispatcher.
     Dispatch,
     /// Slept on the source until shortly before the earliest typical
@@ -290,6 +293,9 @@ pub struct AdaptiveStats {
     pub contended: u64,
     /// Interrupt-mode waits because the CPU cap's allowance was spent.
     pub capped: u64,
+    /// Interrupt-mode waits because the pre-wake planned needed a longer
+    /// spin than the caller's longest ([`Reason::Ceiling`]).
+    pub ceiling: u64,
     /// Waits handed to the dispatcher.
     pub dispatched: u64,
     /// Total ns spent spinning.
@@ -337,6 +343,7 @@ impl AdaptiveStats {
         siblings: 0,
         contended: 0,
         capped: 0,
+        ceiling: 0,
         dispatched: 0,
         spin_ns: 0,
         recomputes: 0,
@@ -366,6 +373,7 @@ impl AdaptiveStats {
             Reason::Siblings => self.siblings += 1,
             Reason::Contended => self.contended += 1,
             Reason::Cap => self.capped += 1,
+            Reason::Ceiling => self.ceiling += 1,
             Reason::Dispatch => self.dispatched += 1,
             Reason::Prewake => self.prewakes += 1,
             Reason::Behind => self.behind += 1,
@@ -439,6 +447,12 @@ pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
         );
     }
     out += ")";
+    if s.ceiling > 0 {
+        out += &format!(
+            "; interrupt for pre-wakes whose spin is past the longest spin {:.0}%",
+            pct(s.ceiling)
+        );
+    }
     if s.backlogs > 0 {
         out += &format!(
             "; backlogs {} (interrupt while behind {:.0}%)",

@@ -445,6 +445,7 @@ impl Governor {
             allowance_ns: allowance,
             prewake: f.prewake,
             behind,
+            spin_ceiling_ns: self.ceiling_ns,
         };
         let learned = self.learner.plan(f.now_ns, env);
         let why = Why::Learned(self.learner.last_reason());
