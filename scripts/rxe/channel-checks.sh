@@ -222,6 +222,47 @@ check_cq_ex() {
     rxe_info "extended CQs under shim $mode: checksum = no-shim, passed through and said so once; $(grep -o 'cqs_ex_passed=[0-9]*' <<<"$verbs") synthetic=$(channel_field "$verbs" synthetic)"
 }
 
+# check_channel_prewake MODE: channel-wait in its block form (a blocking
+# channel, waited for in ibv_get_cq_event) against a server that takes
+# 2 ms per reply; MODE "none" is the reference. Same checksum as the
+# reference; under adaptive the client's steady waits must be pre-woken
+# (sleep, then poll: the shim's engine line counts prewakes, and caught
+# ones); under hybrid there must be none. TCG's timers are too erratic
+# for a catch rate to be a criterion: the counts are printed.
+check_channel_prewake() {
+    local mode=$1 exe out ref line tag="block/$1 (2 ms service)"
+    exe=$(channel_wait_exe) || return
+    out="$RXE_LOGDIR/$RXE_CUR_NAME.out"
+    ref="$RXE_LOGDIR/.channel-wait-block.ref"
+    local -a pre=()
+    [ "$mode" = none ] || { rxe_need_preload || return; pre=(env LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$mode" FASTWAKE_VERBOSE=1); }
+    "${pre[@]}" env CHANNEL_WAIT_SERVICE_US=2000 taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" 200 block >"$out" 2>&1 \
+        || { rxe_fail "$tag: $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
+    cat "$out"
+    line=$(rxe_last_match "$out" '^channel-wait ok ') || { rxe_fail "$tag: no 'channel-wait ok' line"; return 1; }
+    local sum; sum=$(channel_field "$line" sum)
+    if [ "$mode" = none ]; then
+        echo "$sum" >"$ref"
+        rxe_info "$tag without the shim: $line"
+        return 0
+    fi
+    [ -s "$ref" ] || { rxe_fail "$tag: no reference run (channel-prewake-none must run first)"; return 1; }
+    [ "$sum" = "$(cat "$ref")" ] || { rxe_fail "$tag: payload checksum $sum differs from the run without the shim ($(cat "$ref"))"; return 1; }
+    local eng verbs pw caught
+    eng=$(rxe_last_match "$out" ' prewakes=') || { rxe_fail "$tag: no engine counters (shim not loaded?)"; return 1; }
+    verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "$tag: no verbs counters"; return 1; }
+    pw=$(channel_field "$eng" prewakes); caught=$(channel_field "$eng" prewake_caught)
+    if [ "$mode" = adaptive ]; then
+        [ "${pw:-0}" -gt 0 ] && [ "${caught:-0}" -gt 0 ] \
+            || { rxe_fail "$tag: no ibv_get_cq_event was pre-woken and caught (prewakes=${pw:-?} caught=${caught:-?}): $eng"; return 1; }
+        rxe_metric "channel-prewake.adaptive.prewakes" "$pw"
+        rxe_metric "channel-prewake.adaptive.caught" "$caught"
+    elif [ "${pw:-0}" != 0 ]; then
+        rxe_fail "$tag: $pw pre-wakes outside adaptive mode: $eng"; return 1
+    fi
+    rxe_info "$tag under the shim: checksum = no-shim; prewakes=$pw caught=$caught of $(channel_field "$line" waits) waits; events synthetic/real from: $(echo "$verbs" | grep -o 'events synthetic=[0-9]* real=[0-9]* swallowed=[0-9]*')"
+}
+
 rxe_channel_checks() {
     local how m
     # The library's verbs tests under the shim (random bursts, random wait
@@ -243,6 +284,11 @@ rxe_channel_checks() {
         for m in $RXE_CHANNEL_MODES; do
             rxe_check "shim-channel-stress-$how-$m" check_channel_wait "$how" "$m" "$seed"
         done
+    done
+    # Sleep, then poll for blocking ibv_get_cq_event (issue 16).
+    rxe_check channel-prewake-none check_channel_prewake none
+    for m in hybrid adaptive; do
+        rxe_check "shim-channel-prewake-$m" check_channel_prewake "$m"
     done
     rxe_check cq-ex-none check_cq_ex none
     for m in $RXE_CHANNEL_MODES; do
