@@ -8,9 +8,8 @@
 //
 // usage: channel-wait DEV GID_INDEX N epoll|poll|block [SEED]
 // block: a BLOCKING channel, waited for in ibv_get_cq_event itself (the
-// rc_pingpong -e way). With CHANNEL_WAIT_SERVICE_US=D the server takes D us
-// (a sleep) before each reply: a steady service time, what a pre-wake is
-// for.
+// rc_pingpong -e way). With CHANNEL_WAIT_SERVICE_US=D the server is busy D us
+// before each reply: a steady service time, what a pre-wake is for.
 // With SEED, a randomized stress: the client sends bursts of 1-8 messages
 // before reading their replies and both ends pause at random (0-300 us)
 // before some waits, so CQEs, arms, synthetic readiness and the kernel's
@@ -261,6 +260,23 @@ static void recv_msg(struct end *e, uint64_t seq) {
 
 static struct end ends[2] = {{.name = "client"}, {.name = "server"}};
 
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+// The server's work before a reply: busy for us microseconds. Not a sleep:
+// under TCG the client's waits behind a 2 ms nanosleep fell in two modes,
+// 2.2-2.7 ms and 3.4-4.2 ms (the guest's timers), which is no steady
+// service time; behind a busy 2 ms they stay within 1.95-2.4 ms, a rare
+// outlier aside.
+static void serve_for(long us) {
+    long long end = now_ns() + us * 1000LL;
+    while (now_ns() < end)
+        ;
+}
+
 // A random pause before some waits (stress mode only).
 static void jitter(unsigned *r) {
     if (seed && rand_r(r) % 4 == 0) usleep(rand_r(r) % 300);
@@ -272,11 +288,7 @@ static void *server(void *arg) {
     for (uint64_t i = 0; i < (uint64_t)iters; i++) {
         jitter(&r);
         recv_msg(e, 2 * i);
-        if (service_us > 0) {
-            struct timespec d = {.tv_sec = service_us / 1000000, .tv_nsec = service_us % 1000000 * 1000};
-            while (nanosleep(&d, &d) && errno == EINTR) {
-            }
-        }
+        if (service_us > 0) serve_for(service_us);
         send_msg(e, 2 * i + 1);
     }
     return NULL;

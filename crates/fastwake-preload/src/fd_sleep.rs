@@ -111,4 +111,3 @@ pub(crate) fn sleep_holding_signals(fd: c_int, ns: u64, has_timeout: bool) -> Op
         // sleep on, for what is left.
     }
 }
-

@@ -303,7 +303,7 @@ fn engine(
 /// data), and makes the real call once the socket is readable.
 struct Peeked<F> {
     fd: c_int,
-    /// SO_RCVTIMEO is set: every handler interrupts (see [`interrupts`]).
+    /// SO_RCVTIMEO is set: every handler interrupts (see [`fd_sleep::interrupts`]).
     has_timeout: bool,
     real: F,
 }

@@ -25,6 +25,9 @@
 //!    spun on: one look, then the real non-blocking read.
 //! 6. Mode `interrupt` neither looks nor synthesizes: it is the plain
 //!    blocking read (with the shim's vector choice at CQ creation).
+//! 7. Under `adaptive`, a blocking wait the governor plans as a pre-wake
+//!    sleeps on the fd first, then looks, then reads
+//!    ([`super::prewake`]): the same rules hold.
 
 use super::real::{self, GetCqEventFn};
 use super::stats;
@@ -304,8 +307,9 @@ pub unsafe fn get_cq_event(
     let budget = if nb {
         0
     } else {
-        let planned = with_governor(|g, peer| {
-            let planned = crate::wait::plan_prewake(g, peer, None);
+        let planned = with_governor(|g, _| {
+            // No peer CPU: the one the thread sampled is a socket's.
+            let planned = crate::wait::plan_prewake(g, None, None);
             match planned.prewake_at() {
                 // Sleep, then poll (adaptive): see `super::prewake`.
                 Some(at) if looks => {
