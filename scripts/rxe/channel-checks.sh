@@ -247,8 +247,8 @@ RXE_PREWAKE_ITERS=${RXE_PREWAKE_ITERS:-500}
 #   with it the spin ended before the reply in most pre-wakes (384
 #   planned, 67 caught);
 # - 500 round trips: 32 waits are learned first, then the timers are
-#   probed, then the plan settles (308-447 of the 500 waits pre-woken in
-#   3 of 3 runs, 97-98 % of them caught).
+#   probed, then the plan settles (308-461 of the 500 waits pre-woken in
+#   4 of 4 runs, 97-99 % of them caught).
 # The thresholds (pre-wakes for 2 in 5 of the client's waits, 3 in 4 of
 # them caught) leave room for TCG's outliers and fail when the shim does
 # not pre-wake (adaptive:prewake=off: 0) or pre-wakes without catching
