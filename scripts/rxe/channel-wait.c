@@ -6,7 +6,10 @@
 // number and a pattern, checked at both ends: a lost, duplicated or
 // reordered completion fails the run.
 //
-// usage: channel-wait DEV GID_INDEX N epoll|poll [SEED]
+// usage: channel-wait DEV GID_INDEX N epoll|poll|block [SEED]
+// block: a BLOCKING channel, waited for in ibv_get_cq_event itself (the
+// rc_pingpong -e way). With CHANNEL_WAIT_SERVICE_US=D the server is busy D us
+// before each reply: a steady service time, what a pre-wake is for.
 // With SEED, a randomized stress: the client sends bursts of 1-8 messages
 // before reading their replies and both ends pause at random (0-300 us)
 // before some waits, so CQEs, arms, synthetic readiness and the kernel's
@@ -29,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <time.h>
 #include <unistd.h>
 
 #define RECVS 16
@@ -37,7 +41,8 @@
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
-static int gid_index, use_epoll, iters;
+static int gid_index, use_epoll, use_block, iters;
+static long service_us;
 static unsigned seed;
 static int use_cq_ex;
 static union ibv_gid gid;
@@ -71,7 +76,8 @@ static void setup(struct end *e) {
     e->ch = ibv_create_comp_channel(ctx);
     if (!e->ch) die("ibv_create_comp_channel", e->name);
     int fl = fcntl(e->ch->fd, F_GETFL);
-    if (fl < 0 || fcntl(e->ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) die("fcntl O_NONBLOCK", e->name);
+    if (!use_block && (fl < 0 || fcntl(e->ch->fd, F_SETFL, fl | O_NONBLOCK) < 0))
+        die("fcntl O_NONBLOCK", e->name);
     if (use_cq_ex) {
         struct ibv_cq_init_attr_ex ca = {.cqe = RECVS * 2, .cq_context = e, .channel = e->ch,
             .wc_flags = IBV_WC_STANDARD_FLAGS};
@@ -190,6 +196,24 @@ static void recv_msg(struct end *e, uint64_t seq) {
             return;
         }
         e->waits++;
+        if (use_block) {
+            struct ibv_cq *cq;
+            void *cctx;
+            if (ibv_get_cq_event(e->ch, &cq, &cctx)) {
+                if (errno == EINTR) continue;
+                die("ibv_get_cq_event", e->name);
+            }
+            if (cq != e->rcq || cctx != e) {
+                fprintf(stderr, "channel-wait: %s: event for a foreign CQ\n", e->name);
+                exit(1);
+            }
+            e->events++;
+            if (++e->unacked >= 16) {
+                ibv_ack_cq_events(e->rcq, e->unacked);
+                e->unacked = 0;
+            }
+            continue;
+        }
         int r;
         if (use_epoll) {
             struct epoll_event ev;
@@ -236,6 +260,23 @@ static void recv_msg(struct end *e, uint64_t seq) {
 
 static struct end ends[2] = {{.name = "client"}, {.name = "server"}};
 
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+// The server's work before a reply: busy for us microseconds. Not a sleep:
+// under TCG the client's waits behind a 2 ms nanosleep fell in two modes,
+// 2.2-2.7 ms and 3.4-4.2 ms (the guest's timers), which is no steady
+// service time; behind a busy 2 ms they stay within 1.95-2.4 ms, a rare
+// outlier aside.
+static void serve_for(long us) {
+    long long end = now_ns() + us * 1000LL;
+    while (now_ns() < end)
+        ;
+}
+
 // A random pause before some waits (stress mode only).
 static void jitter(unsigned *r) {
     if (seed && rand_r(r) % 4 == 0) usleep(rand_r(r) % 300);
@@ -247,6 +288,7 @@ static void *server(void *arg) {
     for (uint64_t i = 0; i < (uint64_t)iters; i++) {
         jitter(&r);
         recv_msg(e, 2 * i);
+        if (service_us > 0) serve_for(service_us);
         send_msg(e, 2 * i + 1);
     }
     return NULL;
@@ -254,12 +296,14 @@ static void *server(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc != 5 && argc != 6) {
-        fprintf(stderr, "usage: channel-wait DEV GID_INDEX N epoll|poll [SEED]\n");
+        fprintf(stderr, "usage: channel-wait DEV GID_INDEX N epoll|poll|block [SEED]\n");
         return 2;
     }
     gid_index = atoi(argv[2]);
     iters = atoi(argv[3]);
     use_epoll = !strcmp(argv[4], "epoll");
+    use_block = !strcmp(argv[4], "block");
+    service_us = getenv("CHANNEL_WAIT_SERVICE_US") ? atol(getenv("CHANNEL_WAIT_SERVICE_US")) : 0;
     seed = argc == 6 ? (unsigned)strtoul(argv[5], NULL, 0) : 0;
     use_cq_ex = getenv("CHANNEL_WAIT_CQ_EX") && !strcmp(getenv("CHANNEL_WAIT_CQ_EX"), "1");
     int n;

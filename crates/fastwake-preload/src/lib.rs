@@ -52,6 +52,7 @@
 pub mod config;
 pub mod dispatch;
 pub mod epoll;
+pub mod fd_sleep;
 pub mod fds;
 pub mod peer;
 pub mod poll;

@@ -400,7 +400,7 @@ pub fn report() {
     let pid = rustix::process::getpid().as_raw_nonzero().get();
     let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let e = &s.engine;
-    if l(&e.waits) + l(&e.spins) > 0 {
+    if l(&e.waits) + l(&e.spins) + l(&e.prewakes) > 0 {
         let mut w = Buf::<2048>::new();
         let _ = write!(
             w,

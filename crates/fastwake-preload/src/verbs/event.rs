@@ -25,6 +25,9 @@
 //!    spun on: one look, then the real non-blocking read.
 //! 6. Mode `interrupt` neither looks nor synthesizes: it is the plain
 //!    blocking read (with the shim's vector choice at CQ creation).
+//! 7. Under `adaptive`, a blocking wait the governor plans as a pre-wake
+//!    sleeps on the fd first, then looks, then reads
+//!    ([`super::prewake`]): the same rules hold.
 
 use super::real::{self, GetCqEventFn};
 use super::stats;
@@ -33,14 +36,14 @@ use crate::config::mode;
 use crate::wait::with_governor;
 use fastwake::WaitMode;
 use fastwake::preload_stats::{Call, Pass};
-use fastwake::wait::{Decision, Ending, Facts};
+use fastwake::wait::{Decision, Ending};
 use fastwake_verbs_sys::{ibv_comp_channel, ibv_cq, ibv_wc};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 
 /// Look at the fd only every this many spins: the CQs are the fast signal,
 /// the fd only matters for CQs the shim does not manage or stale events.
-const FD_EVERY: u32 = 64;
+pub(super) const FD_EVERY: u32 = 64;
 
 pub(super) fn fd_readable(fd: c_int) -> bool {
     let mut p = libc::pollfd {
@@ -163,7 +166,7 @@ pub unsafe fn try_event(
 }
 
 /// A synthetic event for `channel` (see `synthetic`), counted.
-fn synthetic_event(channel: *mut ibv_comp_channel) -> Option<Event> {
+pub(super) fn synthetic_event(channel: *mut ibv_comp_channel) -> Option<Event> {
     let cq = synthetic(channel)?;
     stats::add(|s| &s.synthetic, 1);
     // SAFETY: cq is live (a managed CQ just found armed).
@@ -298,23 +301,32 @@ pub unsafe fn get_cq_event(
     let nb = nonblocking(fd);
     let t0 = fastwake::cpu::monotonic_ns();
     let cpu = fastwake::cpu::current();
+    // Interrupt mode is the plain kernel wait (only the vector choice
+    // differs): no look at the CQs, no synthetic events.
+    let looks = m != WaitMode::Interrupt;
     let budget = if nb {
         0
     } else {
-        let facts = Facts {
-            cpu,
-            dispatchable: false,
-            ..Facts::at(t0, None)
-        };
-        match with_governor(|g, _| g.plan(&facts)) {
-            Some((d, why)) => {
-                crate::wait::count_why(why);
-                match d {
-                    Decision::Spin(b) => b,
-                    // No pre-wake asked for (Facts::prewake is false).
-                    Decision::Dispatch | Decision::Block | Decision::Prewake { .. } => 0,
+        let planned = with_governor(|g, _| {
+            // No peer CPU: the one the thread sampled is a socket's.
+            let planned = crate::wait::plan_prewake(g, None, None);
+            match planned.prewake_at() {
+                // Sleep, then poll (adaptive): see `super::prewake`.
+                Some(at) if looks => {
+                    let call = super::prewake::CqEvent::new(real_get, channel, fd);
+                    Err(crate::wait::prewake(g, planned, None, at, call))
                 }
+                _ => Ok(match planned.decision {
+                    Decision::Spin(b) => b,
+                    Decision::Dispatch | Decision::Block | Decision::Prewake { .. } => 0,
+                }),
             }
+        });
+        match planned {
+            Some(Ok(b)) => b,
+            // SAFETY: out-pointers valid (checked non-null, caller's
+            // contract).
+            Some(Err(r)) => return unsafe { report(r, cq_out, ctx_out) },
             // The thread's state is busy (a signal handler's wait) or gone.
             None => 0,
         }
@@ -335,9 +347,6 @@ pub unsafe fn get_cq_event(
         with_governor(|g, _| g.end(e));
     };
     let mut spinning = budget > 0;
-    // Interrupt mode is the plain kernel wait (only the vector choice
-    // differs): no look at the CQs, no synthetic events.
-    let looks = m != WaitMode::Interrupt;
     let mut spins: u32 = 0;
     let mut asleep = None;
     loop {

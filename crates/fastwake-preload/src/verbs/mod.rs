@@ -35,6 +35,7 @@ pub mod monitor;
 mod monitor_tests;
 pub mod odp;
 mod ops;
+mod prewake;
 pub mod real;
 mod stats;
 pub mod table;
