@@ -117,9 +117,13 @@ impl UserRing {
     }
 }
 
+/// A ring as its producer sees it: the ring, and the handle to call when
+/// it calls.
+type Fed = (Arc<UserRing>, Option<RingProducer>);
+
 /// Push values 0..per into every ring, in order per ring, rings in random
 /// order, in bursts with random spins and sleeps between them.
-fn produce(rings: &[(Arc<UserRing>, Option<RingProducer>)], per: u64, seed: u64, cpu: u32) {
+fn produce(rings: &[Fed], per: u64, seed: u64, cpu: u32) {
     fastwake::cpu::pin(cpu).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut next = vec![0u64; rings.len()];
@@ -164,13 +168,7 @@ fn produce(rings: &[(Arc<UserRing>, Option<RingProducer>)], per: u64, seed: u64,
 }
 
 /// `n` rings whose producers make `calls`.
-fn rings(
-    n: usize,
-    calls: Calls,
-) -> (
-    Vec<(Arc<UserRing>, Option<RingProducer>)>,
-    Vec<ExternalRing>,
-) {
+fn rings(n: usize, calls: Calls) -> (Vec<Fed>, Vec<ExternalRing>) {
     (0..n)
         .map(|_| {
             let r = UserRing::new();

@@ -74,7 +74,9 @@
 //!   owner asked for it as it started to wait ([`Peek::arm_notice`]), so
 //!   the dispatcher pops what became ready and peeks nothing else, and a
 //!   producer whose consumer is not waiting pays nothing. The channel
-//!   does (both ends in one process).
+//!   does (both ends in one process), and so does a caller-owned ring
+//!   whose producer calls [`ring::RingProducer::published`] (it pays a
+//!   fence: its request word cannot be the caller's tail).
 //!
 //! Sources without a handle (the default) still work in
 //! [`crate::WaitMode::Dispatch`]: the waiter falls back to interrupt mode.
