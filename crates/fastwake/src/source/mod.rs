@@ -127,7 +127,8 @@ pub trait Peek: Send + Sync {
     /// returns, a completion published later is either notified or seen by
     /// the caller's next peek (the caller peeks once after attaching).
     /// Returns `false` when the source cannot (its producer lives in
-    /// another process, or it has no producer fastwake runs); it is then
+    /// another process, or nothing on its producer's side answers
+    /// requests, like a ring made without notices); it is then
     /// peeked instead. Attaching again replaces the previous notifier.
     fn attach_notices(&self, _notifier: notice::Notifier) -> bool {
         false
