@@ -94,6 +94,19 @@ struct fw_dispatch_wait_stats {
     uint64_t reserved[3]; /* 0 (room for later counters within ABI 1) */
 };
 
+/* How a dispatcher's hand-offs through ready notices went
+ * (fw_dispatcher_notice_stats): the sources whose producer pushes a
+ * notice when their owner waits (an in-process channel, a ring created
+ * with FW_RING_NOTICES whose producer calls fw_ring_published). Counters
+ * since the dispatcher started. */
+struct fw_notice_stats {
+    uint64_t notices;      /* hand-offs found through a notice */
+    uint64_t scan_found;   /* waits the safety net found ready although no notice named them:
+                              a lost or late notice (expected 0), e.g. a fw_ring_published call missed */
+    uint64_t late_notices; /* of those, notices that came after all (the producer was held up) */
+    uint64_t reserved;     /* 0 (room for a later counter within ABI 1) */
+};
+
 typedef struct fw_shared fw_shared;     /* a channel's shared memory, to hand to another process */
 typedef struct fw_sender fw_sender;     /* producing end */
 typedef struct fw_receiver fw_receiver; /* consuming end */
@@ -101,6 +114,7 @@ typedef struct fw_waiter fw_waiter;     /* a wait mode plus its statistics */
 typedef struct fw_dispatcher fw_dispatcher; /* a per-core dispatcher thread */
 typedef struct fw_socket fw_socket;     /* a stream socket read in fixed-size messages */
 typedef struct fw_ring fw_ring;         /* a completion ring the caller owns (io_uring CQ) */
+typedef struct fw_ring_producer fw_ring_producer; /* its producer's handle (FW_RING_NOTICES) */
 typedef struct fw_verbs_cq fw_verbs_cq; /* an RDMA CQ (+ completion channel) the caller owns */
 
 /* libibverbs' types, declared only: include <infiniband/verbs.h> to use
@@ -225,6 +239,9 @@ int fw_dispatcher_stats(const fw_dispatcher *d, struct fw_dispatch_stats *out);
  * All zero, with success, for a dispatcher started with learn_idle == 0,
  * and until its gaps are regular enough. EINVAL: d or out NULL. */
 int fw_dispatcher_prewake_stats(const fw_dispatcher *d, struct fw_prewake_stats *out);
+/* d's ready-notice counters (struct fw_notice_stats above). EINVAL: d or
+ * out NULL. */
+int fw_dispatcher_notice_stats(const fw_dispatcher *d, struct fw_notice_stats *out);
 /* Stop it: its waiters fall back to interrupt mode, none is lost. */
 void fw_dispatcher_stop(fw_dispatcher *d);
 
@@ -257,9 +274,23 @@ void fw_socket_destroy(fw_socket *s);
  * io_uring registered eventfd, or your own ring's doorbell); fastwake
  * drains it. fastwake never writes head or tail; they and fd must outlive
  * the fw_ring. EINVAL: NULL or misaligned counters, unknown kind, or a
- * blocking eventfd; EBADF: fd not open. */
+ * blocking eventfd; EBADF: fd not open.
+ *
+ * A dispatcher peeks such a ring on every pass while its owner waits. For
+ * a ring whose producer is your own code (not the kernel), OR
+ * FW_RING_NOTICES into kind and have the producer call
+ * fw_ring_published after every store of the tail (a release store), with
+ * a handle from fw_ring_producer_create: the dispatcher then serves the
+ * ring through ready notices, pushed only while its owner waits, so its
+ * passes cost what is ready, not what it watches. The call costs a
+ * producer whose owner is not waiting one full fence and one load from
+ * its cache. The producer must still write fd as kind says (a dispatcher
+ * that goes idle hands its waiters back to interrupt mode). A publish
+ * without the call is served late, by the dispatcher's safety net, and
+ * counted (fw_dispatcher_notice_stats: scan_found). */
 #define FW_RING_LEVEL 0
 #define FW_RING_EVENTFD 1
+#define FW_RING_NOTICES 0x100
 int fw_ring_create(const unsigned *head, const unsigned *tail, int fd, int kind, fw_ring **out);
 /* Wait until the ring holds at least one entry; *ready (may be NULL) gets
  * how many. Nothing is consumed: reap them your own way
@@ -268,6 +299,16 @@ int fw_ring_create(const unsigned *head, const unsigned *tail, int fd, int kind,
  * was closed. */
 int fw_ring_wait(fw_waiter *w, fw_ring *r, int64_t timeout_ns, unsigned *ready);
 void fw_ring_destroy(fw_ring *r);
+/* The producer's handle of a ring created with FW_RING_NOTICES (call it
+ * where r is not in use, e.g. before handing r to its owner); usable from
+ * any thread, concurrently, and it may outlive r. EINVAL: r or out NULL,
+ * or r created without FW_RING_NOTICES. */
+int fw_ring_producer_create(const fw_ring *r, fw_ring_producer **out);
+/* After every release store of the ring's tail, while the ring's memory
+ * is mapped: pushes the owner's dispatcher a notice if the owner waits
+ * for one. EINVAL: p NULL. */
+int fw_ring_published(const fw_ring_producer *p);
+void fw_ring_producer_destroy(fw_ring_producer *p);
 
 /* ---- RDMA verbs: a CQ and completion channel the caller created ----------
  *

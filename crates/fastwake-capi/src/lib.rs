@@ -52,6 +52,28 @@ pub struct fw_dispatch_stats {
     pub reserved: u32,
 }
 
+/// How a dispatcher's hand-offs through ready notices went (see the
+/// header).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct fw_notice_stats {
+    pub notices: u64,
+    pub scan_found: u64,
+    pub late_notices: u64,
+    pub reserved: u64,
+}
+
+impl From<&fastwake::dispatch::DispatchStats> for fw_notice_stats {
+    fn from(s: &fastwake::dispatch::DispatchStats) -> Self {
+        fw_notice_stats {
+            notices: s.notices,
+            scan_found: s.scan_found,
+            late_notices: s.late_notices,
+            reserved: 0,
+        }
+    }
+}
+
 /// Pre-wake ("sleep, then poll") counters of an adaptive waiter or of a
 /// How a waiter's dispatch-mode waits ended (see the header).
 #[repr(C)]
@@ -113,6 +135,7 @@ pub struct fw_waiter(Waiter);
 pub struct fw_dispatcher(fastwake::dispatch::Dispatcher);
 pub struct fw_socket(fastwake::source::socket::SocketSource);
 pub struct fw_ring(fastwake::source::ring::ExternalRing);
+pub struct fw_ring_producer(fastwake::source::ring::RingProducer);
 pub struct fw_verbs_cq(fastwake::source::verbs::CallerCq);
 
 #[repr(C)]
@@ -128,6 +151,8 @@ pub struct fw_verbs_stats {
 /// `fw_ring_create`'s kinds, as the header defines them.
 pub const FW_RING_LEVEL: c_int = 0;
 pub const FW_RING_EVENTFD: c_int = 1;
+/// OR'ed into a kind: the ring's producer calls `fw_ring_published`.
+pub const FW_RING_NOTICES: c_int = 0x100;
 
 thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());
@@ -634,6 +659,16 @@ pub unsafe extern "C" fn fw_dispatcher_prewake_stats(
 }
 
 /// # Safety
+/// `d` NULL or from this library; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_dispatcher_notice_stats(
+    d: *const fw_dispatcher,
+    out: *mut fw_notice_stats,
+) -> c_int {
+    guard(|| stats_of(d, out, |d| (&d.0.stats()).into()))
+}
+
+/// # Safety
 /// `d` is NULL or from this library, stopped once.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_dispatcher_stop(d: *mut fw_dispatcher) {
@@ -748,14 +783,21 @@ pub unsafe extern "C" fn fw_ring_create(
     use fastwake::source::ring::{ExternalRing, RingFd};
     guard(|| {
         check_out(out_r)?;
-        let kind = match kind {
+        let notices = kind & FW_RING_NOTICES != 0;
+        let kind = match kind & !FW_RING_NOTICES {
             FW_RING_LEVEL => RingFd::Level,
             FW_RING_EVENTFD => RingFd::EventFd,
             k => return Err(Fail::invalid(format!("unknown ring kind {k}"))),
         };
-        // SAFETY: the caller's promise above, passed on unchanged; `new`
-        // checks null, alignment and the fd.
-        let src = unsafe { ExternalRing::new(head, tail, fd, kind) }?;
+        // SAFETY: the caller's promise above, passed on unchanged; the
+        // constructors check null, alignment and the fd.
+        let src = unsafe {
+            if notices {
+                ExternalRing::with_notices(head, tail, fd, kind)
+            } else {
+                ExternalRing::new(head, tail, fd, kind)
+            }
+        }?;
         out(out_r, fw_ring(src))
     })
 }
@@ -786,6 +828,46 @@ pub unsafe extern "C" fn fw_ring_wait(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_ring_destroy(r: *mut fw_ring) {
     destroy(r)
+}
+
+/// # Safety
+/// `r` NULL or from this library (not in use by another thread); `out`
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_ring_producer_create(
+    r: *const fw_ring,
+    out_p: *mut *mut fw_ring_producer,
+) -> c_int {
+    guard(|| {
+        check_out(out_p)?;
+        // SAFETY: NULL or a live ring, per the header.
+        let r = unsafe { r.as_ref() }.ok_or_else(|| Fail::invalid("ring pointer is NULL"))?;
+        out(out_p, fw_ring_producer(r.0.producer()?))
+    })
+}
+
+/// # Safety
+/// `p` NULL or from this library; any thread, concurrently.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_ring_published(p: *const fw_ring_producer) -> c_int {
+    // SAFETY: NULL or a live producer handle (Sync), per the header.
+    match unsafe { p.as_ref() } {
+        Some(p) => {
+            p.0.published();
+            0
+        }
+        None => {
+            set_last("ring producer pointer is NULL");
+            libc::EINVAL
+        }
+    }
+}
+
+/// # Safety
+/// `p` is NULL or from this library, destroyed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_ring_producer_destroy(p: *mut fw_ring_producer) {
+    destroy(p)
 }
 
 /// The caller's `struct ibv_wc` array of `max` entries, or why not.
@@ -959,6 +1041,8 @@ mod abi_sizes {
         assert_eq!(std::mem::offset_of!(fw_prewake_stats, pauses), 32);
         assert_eq!(std::mem::offset_of!(fw_prewake_stats, margin_ns), 40);
         assert_eq!(std::mem::offset_of!(fw_prewake_stats, reserved), 48);
+        assert_eq!(std::mem::size_of::<fw_notice_stats>(), 32);
+        assert_eq!(std::mem::offset_of!(fw_notice_stats, late_notices), 16);
         // fw_verbs_cq_wait fills the caller's struct ibv_wc array.
         assert_eq!(std::mem::size_of::<ibv_wc>(), 48);
     }

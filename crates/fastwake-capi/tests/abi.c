@@ -38,6 +38,8 @@ _Static_assert(sizeof(struct fw_prewake_stats) == 64, "fw_prewake_stats layout")
 _Static_assert(offsetof(struct fw_prewake_stats, pauses) == 32, "fw_prewake_stats layout");
 _Static_assert(offsetof(struct fw_prewake_stats, margin_ns) == 40, "fw_prewake_stats layout");
 _Static_assert(offsetof(struct fw_prewake_stats, reserved) == 48, "fw_prewake_stats layout");
+_Static_assert(sizeof(struct fw_notice_stats) == 32, "fw_notice_stats layout");
+_Static_assert(offsetof(struct fw_notice_stats, late_notices) == 16, "fw_notice_stats layout");
 
 static int passed, failed;
 
@@ -618,6 +620,117 @@ static void ring_checks(void) {
     close(u.fd);
 }
 
+/* ---- A ring of the program's own, with ready notices ---------------------
+ * A single-producer ring between two threads: the producer (CPU 0) writes
+ * a slot, stores the tail (release), calls fw_ring_published, writes the
+ * eventfd; the owner (CPU 1, "dispatch" mode, a dispatcher on CPU 1 that
+ * never idles) waits with fw_ring_wait and reaps. Every value once, in
+ * order; the hand-offs come through notices, and the dispatcher's safety
+ * net finds no wait a notice did not name. */
+enum { UR_CAP = 8, UR_N = 2000 };
+
+struct user_ring {
+    _Alignas(64) unsigned head;
+    _Alignas(64) unsigned tail;
+    _Alignas(64) uint64_t slots[UR_CAP];
+    int efd;
+    fw_ring_producer *p;
+    int bad;
+};
+
+static void *user_ring_produce(void *arg) {
+    struct user_ring *u = arg;
+    pin(0);
+    for (uint64_t v = 0; v < UR_N; v++) {
+        unsigned t = u->tail; /* the producer's own counter */
+        while (t - __atomic_load_n(&u->head, __ATOMIC_ACQUIRE) == UR_CAP) sched_yield();
+        u->slots[t % UR_CAP] = v;
+        __atomic_store_n(&u->tail, t + 1, __ATOMIC_RELEASE);
+        if (fw_ring_published(u->p) != 0) u->bad = 1;
+        uint64_t one = 1;
+        if (write(u->efd, &one, sizeof one) != sizeof one) u->bad = 1;
+        /* Now and then a pause, so the owner waits (and sleeps). */
+        if (v % 8 == 0) usleep(100);
+    }
+    return NULL;
+}
+
+/* Reap what fw_ring_wait reported; 0 if a value is not the next one. */
+static int user_ring_reap(struct user_ring *u, unsigned ready, uint64_t *next) {
+    unsigned h = u->head, t = __atomic_load_n(&u->tail, __ATOMIC_ACQUIRE);
+    if (ready == 0 || t - h < ready) return 0;
+    for (unsigned i = 0; i < ready; i++)
+        if (u->slots[(h + i) % UR_CAP] != (*next)++) return 0;
+    __atomic_store_n(&u->head, h + ready, __ATOMIC_RELEASE);
+    return 1;
+}
+
+static void user_ring_checks(void) {
+    static struct user_ring u;
+    u.efd = eventfd(0, EFD_NONBLOCK);
+    fw_ring *plain = NULL, *r = NULL;
+    fw_ring_producer *p = NULL;
+    check(fw_ring_create(&u.head, &u.tail, u.efd, FW_RING_EVENTFD, &plain) == 0 &&
+              fw_ring_producer_create(plain, &p) == EINVAL && p == NULL,
+          "ring: producer handle of a ring without FW_RING_NOTICES is EINVAL", "accepted");
+    fw_ring_destroy(plain);
+    check(fw_ring_create(&u.head, &u.tail, u.efd, 7 | FW_RING_NOTICES, &r) == EINVAL && r == NULL,
+          "ring: unknown kind with FW_RING_NOTICES is EINVAL", "accepted");
+    check(fw_ring_producer_create(NULL, &p) == EINVAL, "ring: producer handle of NULL is EINVAL", "accepted");
+    check(fw_ring_published(NULL) == EINVAL, "ring: fw_ring_published(NULL) is EINVAL", "accepted");
+    check(fw_dispatcher_notice_stats(NULL, NULL) == EINVAL, "ring: notice stats of NULL is EINVAL", "accepted");
+    check(fw_ring_create(&u.head, &u.tail, u.efd, FW_RING_EVENTFD | FW_RING_NOTICES, &r) == 0 && r != NULL,
+          "ring: FW_RING_NOTICES accepted", "refused");
+    if (!r) return;
+    check(fw_ring_producer_create(r, NULL) == EINVAL, "ring: producer handle NULL output is EINVAL", "accepted");
+    check(fw_ring_producer_create(r, &p) == 0 && p != NULL, "ring: producer handle created", "refused");
+    if (!p) return;
+    check(fw_ring_published(p) == 0, "ring: fw_ring_published with no owner waiting is 0", "failed");
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+        printf("SKIPPED ring: notices in dispatch mode: needs 2 CPUs (this host has 1)\n");
+    } else {
+        fw_dispatcher *d = NULL;
+        /* Never idle: every wait is the dispatcher's to hand off. */
+        if (fw_dispatcher_start(1, -1, 0, &d) == 0) {
+            u.p = p;
+            pthread_t th;
+            pthread_create(&th, NULL, user_ring_produce, &u);
+            pin(1);
+            fw_waiter *w = NULL;
+            fw_waiter_create("dispatch", &w);
+            uint64_t next = 0;
+            int ok = 1;
+            while (ok && next < UR_N) {
+                unsigned ready = 0;
+                ok = fw_ring_wait(w, r, 1000000000LL, &ready) == 0 && user_ring_reap(&u, ready, &next);
+            }
+            pthread_join(th, NULL);
+            pin(-1);
+            fw_waiter_destroy(w);
+            check(ok && !u.bad && next == UR_N, "ring: notices: every value once, in order",
+                  "lost, duplicated, reordered or late");
+            /* The dispatcher publishes its late-notice count every few
+             * hundred empty passes. */
+            usleep(20000);
+            struct fw_notice_stats ns;
+            fw_dispatcher_notice_stats(d, &ns);
+            printf("INFO ring notices: notices %llu scan_found %llu late_notices %llu\n",
+                   (unsigned long long)ns.notices, (unsigned long long)ns.scan_found,
+                   (unsigned long long)ns.late_notices);
+            check(ns.notices > 0, "ring: hand-offs came through notices", "no notice");
+            check(ns.scan_found == ns.late_notices, "ring: the safety net found no wait without a notice",
+                  "a notice was lost");
+            fw_dispatcher_stop(d);
+        } else {
+            check(0, "ring: dispatcher for the notice check", "did not start");
+        }
+    }
+    fw_ring_producer_destroy(p);
+    fw_ring_producer_destroy(NULL);
+    fw_ring_destroy(r);
+    close(u.efd);
+}
+
 /* ---- RDMA verbs: a CQ and channel the program created (fw_verbs_cq) -------
  * Built with -DFW_TEST_VERBS -libverbs when <infiniband/verbs.h> is there
  * (scripts/c-abi-test); run on a real device (the Soft-RoCE guest:
@@ -1142,6 +1255,7 @@ int main(int argc, char **argv) {
     prewake_checks();
     socket_checks();
     ring_checks();
+    user_ring_checks();
     interruptible_checks();
     verbs_checks(500);
 

@@ -597,3 +597,133 @@ fn demux_pumps_leave_no_completion_behind() {
         drop(inboxes);
     });
 }
+
+/// A caller-owned ring for the ring model: its counters as loom atomics
+/// (the ring's handle reads them through `crate::sync`), and no slots:
+/// entry `k` is the number `k`.
+#[derive(Default)]
+struct LoomRing {
+    head: crate::sync::AtomicU32,
+    tail: crate::sync::AtomicU32,
+}
+
+/// The ring's owner: waits through the `ExternalRing` and reaps one entry
+/// at a time itself, as a caller does (the ring never consumes).
+struct RingOwner {
+    ring: Arc<LoomRing>,
+    src: crate::source::ring::ExternalRing,
+}
+
+impl Source for RingOwner {
+    type Completion = u32;
+
+    fn name(&self) -> &'static str {
+        "loom ring"
+    }
+
+    fn ready(&self) -> bool {
+        self.src.ready()
+    }
+
+    fn try_take(&mut self) -> crate::Result<Option<u32>> {
+        if self.src.try_take()?.is_none() {
+            return Ok(None);
+        }
+        let h = self.ring.head.load(Ordering::Relaxed);
+        self.ring.head.store(h + 1, Ordering::Release);
+        Ok(Some(h))
+    }
+
+    fn arm(&mut self) -> crate::Result<()> {
+        self.src.arm()
+    }
+
+    fn sleep(
+        &mut self,
+        proof: crate::source::Rechecked,
+        timeout: Option<std::time::Duration>,
+    ) -> crate::Result<()> {
+        self.src.sleep(proof, timeout)
+    }
+
+    fn peek(&self) -> Option<&Arc<dyn Peek>> {
+        self.src.peek()
+    }
+}
+
+/// An open fd for the rings' doorbell (never slept on here: the
+/// dispatcher never goes idle, so no wait is handed back).
+fn ring_fd() -> std::os::fd::RawFd {
+    use std::os::fd::AsRawFd;
+    static FD: std::sync::OnceLock<std::os::fd::OwnedFd> = std::sync::OnceLock::new();
+    FD.get_or_init(|| rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap())
+        .as_raw_fd()
+}
+
+/// Ready notices for a caller-owned ring (`ExternalRing::with_notices`,
+/// protocol in `source::ring::producer`): the caller's producer stores
+/// the tail and calls `RingProducer::published` (a SeqCst fence, a load
+/// of the request word, and a compare-exchange that answers a request
+/// the tail is beyond), the owner announces its wait and asks for a
+/// notice (`arm_notice`: a swap of the request word naming its head, a
+/// SeqCst fence, a load of the tail), the dispatcher pops notices. The
+/// ring is noticed, so no pass peeks it and the dispatcher never idles:
+/// a notice is the only way to a hand-off, and one lost to the Dekker
+/// between the tail and the request word leaves the owner waiting while
+/// the dispatcher polls alone (loom's branch limit). Two completions: the
+/// second request may meet the first notice still in the ring, or the
+/// first publish's answer, late (the owner took that entry itself and
+/// asked again). Each entry taken once and in order. Fails (branch
+/// limit) without either fence, or when an answer ignores the head its
+/// request names.
+#[test]
+fn ring_notice_meets_dispatch_wait() {
+    use crate::source::ring::{ExternalRing, RingFd};
+    loom::model(|| {
+        // First, so that it is dropped last: the hub's handle reads it.
+        let ring = Arc::new(LoomRing::default());
+        let hub = notice_hub(1);
+        // SAFETY: the counters live in `ring`, which outlives the source
+        // and every handle (dropped last, after the threads are joined);
+        // the fd is never closed.
+        let src = unsafe {
+            ExternalRing::with_notices(
+                (&ring.head as *const crate::sync::AtomicU32).cast(),
+                (&ring.tail as *const crate::sync::AtomicU32).cast(),
+                ring_fd(),
+                RingFd::Level,
+            )
+        }
+        .unwrap();
+        let producer = src.producer().unwrap();
+        let mut owner = RingOwner {
+            ring: ring.clone(),
+            src,
+        };
+        let i = hub.register(owner.peek().unwrap().clone()).unwrap();
+        // The first turn here: the notifier is attached through std
+        // atomics loom does not see (as in the channel models).
+        let mut w = watch(&hub, false);
+        hub.turn(&mut w);
+        let d = {
+            let hub = hub.clone();
+            let w = Handover(w);
+            loom::thread::spawn(move || dispatch_with(&hub, w, None))
+        };
+        let p = {
+            let ring = ring.clone();
+            loom::thread::spawn(move || {
+                for t in 1..=2 {
+                    ring.tail.store(t, Ordering::Release);
+                    producer.published();
+                }
+            })
+        };
+        for k in 0..2 {
+            assert_eq!(wait_on(&hub, i, &mut owner), k);
+        }
+        hub.request_exit();
+        p.join().unwrap();
+        d.join().unwrap();
+    });
+}

@@ -74,7 +74,9 @@
 //!   owner asked for it as it started to wait ([`Peek::arm_notice`]), so
 //!   the dispatcher pops what became ready and peeks nothing else, and a
 //!   producer whose consumer is not waiting pays nothing. The channel
-//!   does (both ends in one process).
+//!   does (both ends in one process), and so does a caller-owned ring
+//!   whose producer calls [`ring::RingProducer::published`] (it pays a
+//!   fence: its request word cannot be the caller's tail).
 //!
 //! Sources without a handle (the default) still work in
 //! [`crate::WaitMode::Dispatch`]: the waiter falls back to interrupt mode.
@@ -125,7 +127,8 @@ pub trait Peek: Send + Sync {
     /// returns, a completion published later is either notified or seen by
     /// the caller's next peek (the caller peeks once after attaching).
     /// Returns `false` when the source cannot (its producer lives in
-    /// another process, or it has no producer fastwake runs); it is then
+    /// another process, or nothing on its producer's side answers
+    /// requests, like a ring made without notices); it is then
     /// peeked instead. Attaching again replaces the previous notifier.
     fn attach_notices(&self, _notifier: notice::Notifier) -> bool {
         false

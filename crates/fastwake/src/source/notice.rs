@@ -15,6 +15,11 @@
 //! or the owner's OR returns the new head (and the owner does not wait).
 //! A producer whose consumer is not waiting pays nothing extra.
 //!
+//! A caller-owned ring cannot: its published word (the tail) is the
+//! caller's. Its request lives in a word of fastwake's, and its
+//! producer's call (`source::ring::producer`) pays a SeqCst fence and a
+//! load to read it after the tail store (a Dekker, not one word's RMWs).
+//!
 //! # The ring
 //!
 //! A bounded multi-producer, multi-consumer ring of `u32` indices.

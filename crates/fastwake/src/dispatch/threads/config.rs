@@ -34,7 +34,8 @@ pub struct Config {
     pub summary: bool,
     /// See `summary`.
     pub summary_above: usize,
-    /// Serve sources that offer ready notices (the channel) through the
+    /// Serve sources that offer ready notices (the channel, shared-queue
+    /// inboxes, caller-owned rings made with notices) through the
     /// dispatcher's notice ring instead of peeking them every pass: the
     /// cost of a pass then does not grow with the number of idle sources.
     /// Off only to measure what that saves.

@@ -24,6 +24,31 @@
 //! the ring holds, like `epoll_wait` reports readiness. A caller that does
 //! not consume them gets the next wait back at once.
 //!
+//! # Ready notices (opt-in)
+//!
+//! A dispatcher peeks a ring made with [`ExternalRing::new`] on every
+//! pass while its owner waits: the cost of a pass grows with the rings it
+//! watches. A ring made with [`ExternalRing::with_notices`] instead has a
+//! producer side, [`RingProducer`] ([`ExternalRing::producer`]): the
+//! caller's producer calls [`RingProducer::published`] after each publish
+//! of the tail, and a dispatcher serves the ring through ready notices,
+//! as it serves a channel: the owner asks for a notice as it announces a
+//! dispatch-mode wait, the producer's call pushes it only then, and a
+//! pass pops what became ready and peeks nothing else. The request word
+//! is fastwake's own (the counters are the caller's), so the call costs
+//! a producer whose owner is not waiting one SeqCst fence and one load
+//! from its own cache; the protocol, why it loses nothing and what it
+//! costs are in [`producer`].
+//!
+//! Opt-in because a ring served by notices is not peeked by passes: a
+//! producer that does not call it (the kernel filling an io_uring CQ, or
+//! code that forgets) leaves its owner to the dispatcher's safety net,
+//! which peeks a few noticed sources now and then and counts each wait it
+//! finds ready without a notice (`DispatchStats::scan_found`,
+//! `TaskStats::scan_found`): served late, never lost. Notices do not
+//! replace the doorbell: an owner the dispatcher hands back to interrupt
+//! mode (it went idle) sleeps on the fd as before.
+//!
 //! Task work: io_uring posts many completions (sockets, timeouts) from
 //! task work of the submitting thread. A thread spinning in user space is
 //! interrupted to run it (`TWA_SIGNAL`), and one asleep in `poll` or on a
@@ -32,11 +57,16 @@
 //! completions only appear when the owner enters the kernel to get them.
 //! Do not use such rings here.
 
+pub mod producer;
+
+use super::notice::Notifier;
 use super::{Peek, Rechecked, Source};
+use crate::sync::{AtomicU32, Ordering};
 use crate::{Fail, Result};
+use producer::Requests;
+pub use producer::RingProducer;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// What the ring's fd says when it is readable.
@@ -92,6 +122,14 @@ impl<K> RingPeek<K> {
         &self.keep
     }
 
+    /// The consumer's counter (the owner's own: current when the owner
+    /// reads it).
+    #[inline]
+    fn head(&self) -> u32 {
+        // SAFETY: mapped while we live (see `new`).
+        unsafe { (*self.head).load(Ordering::Relaxed) }
+    }
+
     #[inline]
     pub(crate) fn pending(&self) -> u32 {
         // SAFETY: mapped while we live (see `new`). Acquire on the tail
@@ -111,9 +149,50 @@ impl<K: Send + Sync> Peek for RingPeek<K> {
     }
 }
 
+/// An [`ExternalRing`]'s handle: the counters' peek, and with notices
+/// the request word its producer answers.
+struct ExternalPeek {
+    ring: RingPeek,
+    requests: Option<Arc<Requests>>,
+}
+
+impl ExternalPeek {
+    #[inline]
+    fn ready(&self) -> bool {
+        self.ring.pending() != 0
+    }
+}
+
+impl Peek for ExternalPeek {
+    fn ready(&self) -> bool {
+        ExternalPeek::ready(self)
+    }
+
+    fn attach_notices(&self, notifier: Notifier) -> bool {
+        match &self.requests {
+            Some(r) => {
+                r.attach(notifier);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn detach_notices(&self) {
+        if let Some(r) = &self.requests {
+            r.detach();
+        }
+    }
+
+    fn arm_notice(&self) -> Option<bool> {
+        let r = self.requests.as_ref()?;
+        Some(r.arm(self.ring.head(), || self.ready()))
+    }
+}
+
 /// See the [module docs](self).
 pub struct ExternalRing {
-    c: Arc<RingPeek>,
+    c: Arc<ExternalPeek>,
     /// `c` as the dispatcher's handle (the same allocation).
     peek: Arc<dyn Peek>,
     fd: RawFd,
@@ -122,7 +201,9 @@ pub struct ExternalRing {
 
 impl ExternalRing {
     /// A source over the ring whose consumer counter is at `head` and
-    /// producer counter at `tail`, with `fd` as its doorbell.
+    /// producer counter at `tail`, with `fd` as its doorbell. A
+    /// dispatcher peeks it on every pass while its owner waits (see
+    /// [`ExternalRing::with_notices`] for O(ready) service).
     ///
     /// # Safety
     /// `head` and `tail` must point to 4-byte aligned counters that stay
@@ -136,10 +217,54 @@ impl ExternalRing {
         fd: RawFd,
         kind: RingFd,
     ) -> Result<ExternalRing> {
+        // SAFETY: our own contract, passed on.
+        unsafe { Self::make(head, tail, fd, kind, false) }
+    }
+
+    /// As [`ExternalRing::new`], for a ring whose producer calls
+    /// [`RingProducer::published`] after every publish of the tail (get
+    /// the handle from [`ExternalRing::producer`]): a dispatcher then
+    /// serves it through ready notices instead of peeking it every pass
+    /// (see the [module docs](self)). The producer must still write `fd`
+    /// as [`RingFd`] says: an owner the dispatcher hands back to interrupt
+    /// mode sleeps on it.
+    ///
+    /// # Safety
+    /// As [`ExternalRing::new`].
+    pub unsafe fn with_notices(
+        head: *const u32,
+        tail: *const u32,
+        fd: RawFd,
+        kind: RingFd,
+    ) -> Result<ExternalRing> {
+        // SAFETY: our own contract, passed on.
+        unsafe { Self::make(head, tail, fd, kind, true) }
+    }
+
+    /// The producer's handle: see [`RingProducer::published`]. `EINVAL`
+    /// for a ring made with [`ExternalRing::new`] (it takes no notices).
+    pub fn producer(&self) -> Result<RingProducer> {
+        match &self.c.requests {
+            Some(r) => Ok(RingProducer::new(r.clone())),
+            None => Err(Fail::invalid(
+                "this ring takes no notices (make it with ExternalRing::with_notices)",
+            )),
+        }
+    }
+
+    /// # Safety
+    /// As [`ExternalRing::new`].
+    unsafe fn make(
+        head: *const u32,
+        tail: *const u32,
+        fd: RawFd,
+        kind: RingFd,
+        notices: bool,
+    ) -> Result<ExternalRing> {
         if head.is_null() || tail.is_null() {
             return Err(Fail::invalid("ring counters must not be null"));
         }
-        if !head.cast::<AtomicU32>().is_aligned() || !tail.cast::<AtomicU32>().is_aligned() {
+        if !head.is_aligned() || !tail.is_aligned() {
             return Err(Fail::invalid("ring counters must be 4-byte aligned"));
         }
         if fd < 0 {
@@ -156,7 +281,14 @@ impl ExternalRing {
         }
         // SAFETY: null and alignment checked above; the caller keeps them
         // mapped while the source and its handles live (our own contract).
-        let c = Arc::new(unsafe { RingPeek::new(head, tail, ()) });
+        let ring = unsafe { RingPeek::new(head, tail, ()) };
+        let c = Arc::new(ExternalPeek {
+            ring,
+            // SAFETY: the tail as the ring's handle reads it (checked and
+            // kept mapped as above); a producer stores it right before
+            // each call, so it is mapped then too.
+            requests: notices.then(|| unsafe { Requests::new(tail) }),
+        });
         Ok(ExternalRing {
             peek: c.clone(),
             c,
@@ -167,7 +299,7 @@ impl ExternalRing {
 
     /// Entries in the ring now.
     pub fn pending(&self) -> u32 {
-        self.c.pending()
+        self.c.ring.pending()
     }
 }
 
@@ -180,11 +312,11 @@ impl Source for ExternalRing {
     }
 
     fn ready(&self) -> bool {
-        self.c.pending() != 0
+        self.c.ready()
     }
 
     fn try_take(&mut self) -> Result<Option<u32>> {
-        Ok(match self.c.pending() {
+        Ok(match self.c.ring.pending() {
             0 => None,
             n => Some(n),
         })
