@@ -26,6 +26,7 @@
 //! channel; CQs armed solicited-only; programs using mlx5dv; contexts or CQs
 //! beyond the shim's tables (32 / 256); a bad `FASTWAKE_VERBS_VECTOR`.
 
+mod blocking;
 pub(crate) mod channel_fds;
 mod cq_ex;
 mod dispatched;
@@ -318,7 +319,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         }
     }
     // SAFETY: the caller's contract, passed on.
-    let rc = unsafe { event::get_cq_event(real, channel, cq, cq_context) };
+    let rc = unsafe { blocking::get_cq_event(real, channel, cq, cq_context) };
     if rc == 0 && !cq.is_null() {
         // SAFETY: on success the out-pointer holds the CQ (an event is a
         // look at it, for the stall monitor).
