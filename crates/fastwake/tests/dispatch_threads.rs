@@ -797,7 +797,22 @@ fn interruptible_dispatch_wait_ends_with_eintr() {
     let mut cfg = Config::new(cpus().0);
     cfg.idle_after = None;
     let d = Dispatcher::start(cfg).unwrap();
-    let (e, took, st) = signalled_wait(true);
+    // What is tested needs the wait to sleep in dispatch mode. A wait that
+    // finds the dispatcher not seen running for 500 µs falls back to
+    // interrupt mode by design (the starved-dispatcher rule), and a vCPU
+    // the host deschedules that long makes that happen now and then (once
+    // in CI): such a run says nothing about signals, so it is tried again,
+    // and said. Three fallbacks in a row fail below.
+    let (mut e, mut took, mut st) = signalled_wait(true);
+    for attempt in 2..=3 {
+        if st.dispatch_fallbacks == 0 {
+            break;
+        }
+        eprintln!(
+            "interruptible_dispatch_wait_ends_with_eintr: the wait fell back to interrupt mode (dispatcher not seen running: host noise), attempt {attempt}: {st:?}"
+        );
+        (e, took, st) = signalled_wait(true);
+    }
     assert_eq!(e, libc::EINTR, "interruptible wait: {st:?}");
     assert!(took < Duration::from_millis(300), "took {took:?}");
     assert_eq!(
