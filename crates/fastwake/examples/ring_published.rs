@@ -26,13 +26,10 @@
 //!
 //! Needs 2 CPUs and x86-64 (the TSC) for part 2; says SKIPPED otherwise.
 
-use fastwake::Source;
-use fastwake::source::notice::NoticeRing;
 use fastwake::source::ring::{ExternalRing, RingFd, RingProducer};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
 
 #[repr(align(64))]
 struct Line(AtomicU32);
@@ -85,98 +82,106 @@ fn alone(rounds: u32, efd: &std::os::fd::OwnedFd) {
     }
 }
 
+/// Part 2 (x86-64 only: the TSC).
 #[cfg(target_arch = "x86_64")]
-fn tsc() -> u64 {
-    // SAFETY: rdtscp and lfence exist on every x86-64 CPU; they read the
-    // time stamp counter and order instructions, nothing else.
-    unsafe {
-        let mut aux = 0;
-        let t = std::arch::x86_64::__rdtscp(&mut aux);
-        std::arch::x86_64::_mm_lfence();
-        t
+mod with_owner {
+    use super::{Counters, Line, ring};
+    use fastwake::Source;
+    use fastwake::source::notice::NoticeRing;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::{Arc, Barrier};
+    use std::time::{Duration, Instant};
+
+    pub(super) fn tsc() -> u64 {
+        // SAFETY: rdtscp and lfence exist on every x86-64 CPU; they read the
+        // time stamp counter and order instructions, nothing else.
+        unsafe {
+            let mut aux = 0;
+            let t = std::arch::x86_64::__rdtscp(&mut aux);
+            std::arch::x86_64::_mm_lfence();
+            t
+        }
     }
-}
 
-/// TSC ticks per ns, over 100 ms of the monotonic clock.
-#[cfg(target_arch = "x86_64")]
-fn ticks_per_ns() -> f64 {
-    let (t0, c0) = (Instant::now(), tsc());
-    std::thread::sleep(Duration::from_millis(100));
-    (tsc() - c0) as f64 / t0.elapsed().as_nanos() as f64
-}
+    /// TSC ticks per ns, over 100 ms of the monotonic clock.
+    pub(super) fn ticks_per_ns() -> f64 {
+        let (t0, c0) = (Instant::now(), tsc());
+        std::thread::sleep(Duration::from_millis(100));
+        (tsc() - c0) as f64 / t0.elapsed().as_nanos() as f64
+    }
 
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Case {
-    Bare,
-    NotWaiting,
-    Waiting,
-}
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    pub(super) enum Case {
+        Bare,
+        NotWaiting,
+        Waiting,
+    }
 
-/// Part 2, one case: the producer's publish times, in ticks, per round.
-#[cfg(target_arch = "x86_64")]
-fn ping_pong(case: Case, rounds: u32, efd: &std::os::fd::OwnedFd) -> Vec<u64> {
-    let c = Arc::new(Counters {
-        head: Line(AtomicU32::new(0)),
-        tail: Line(AtomicU32::new(0)),
-    });
-    let (r, p) = ring(&c, efd);
-    let notices = NoticeRing::new(1);
-    let peek = r.peek().unwrap().clone();
-    assert!(peek.attach_notices(notices.notifier(0)));
-    let go = Arc::new(Barrier::new(2));
-    let stop = Arc::new(AtomicBool::new(false));
-    let owner = {
-        let (c, go, stop) = (c.clone(), go.clone(), stop.clone());
-        std::thread::spawn(move || {
-            fastwake::cpu::pin(1).unwrap();
-            go.wait();
-            let mut head = 0u32;
-            while !stop.load(Ordering::Relaxed) {
-                if case == Case::Waiting {
-                    // Waits only through its notice ring.
-                    if notices.pop().is_none() {
+    /// Part 2, one case: the producer's publish times, in ticks, per round.
+    pub(super) fn ping_pong(case: Case, rounds: u32, efd: &std::os::fd::OwnedFd) -> Vec<u64> {
+        let c = Arc::new(Counters {
+            head: Line(AtomicU32::new(0)),
+            tail: Line(AtomicU32::new(0)),
+        });
+        let (r, p) = ring(&c, efd);
+        let notices = NoticeRing::new(1);
+        let peek = r.peek().unwrap().clone();
+        assert!(peek.attach_notices(notices.notifier(0)));
+        let go = Arc::new(Barrier::new(2));
+        let stop = Arc::new(AtomicBool::new(false));
+        let owner = {
+            let (c, go, stop) = (c.clone(), go.clone(), stop.clone());
+            std::thread::spawn(move || {
+                fastwake::cpu::pin(1).unwrap();
+                go.wait();
+                let mut head = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    if case == Case::Waiting {
+                        // Waits only through its notice ring.
+                        if notices.pop().is_none() {
+                            std::hint::spin_loop();
+                            continue;
+                        }
+                        if c.tail.0.load(Ordering::Acquire) == head {
+                            continue; // a stale notice
+                        }
+                        // Ask for the next notice before freeing the slot: the
+                        // producer's next publish answers it.
+                        peek.arm_notice();
+                    } else if c.tail.0.load(Ordering::Acquire) == head {
                         std::hint::spin_loop();
                         continue;
                     }
-                    if c.tail.0.load(Ordering::Acquire) == head {
-                        continue; // a stale notice
-                    }
-                    // Ask for the next notice before freeing the slot: the
-                    // producer's next publish answers it.
-                    peek.arm_notice();
-                } else if c.tail.0.load(Ordering::Acquire) == head {
-                    std::hint::spin_loop();
-                    continue;
+                    head = head.wrapping_add(1);
+                    c.head.0.store(head, Ordering::Release);
                 }
-                head = head.wrapping_add(1);
-                c.head.0.store(head, Ordering::Release);
+            })
+        };
+        fastwake::cpu::pin(0).unwrap();
+        if case == Case::Waiting {
+            // The first request.
+            r.peek().unwrap().arm_notice();
+        }
+        go.wait();
+        let mut times = Vec::with_capacity(rounds as usize);
+        for t in 1..=rounds {
+            while c.head.0.load(Ordering::Acquire) != t - 1 {
+                std::hint::spin_loop();
             }
-        })
-    };
-    fastwake::cpu::pin(0).unwrap();
-    if case == Case::Waiting {
-        // The first request.
-        r.peek().unwrap().arm_notice();
-    }
-    go.wait();
-    let mut times = Vec::with_capacity(rounds as usize);
-    for t in 1..=rounds {
-        while c.head.0.load(Ordering::Acquire) != t - 1 {
+            let t0 = tsc();
+            c.tail.0.store(t, Ordering::Release);
+            if case != Case::Bare {
+                p.published();
+            }
+            times.push(tsc() - t0);
+        }
+        while c.head.0.load(Ordering::Acquire) != rounds {
             std::hint::spin_loop();
         }
-        let t0 = tsc();
-        c.tail.0.store(t, Ordering::Release);
-        if case != Case::Bare {
-            p.published();
-        }
-        times.push(tsc() - t0);
+        stop.store(true, Ordering::Relaxed);
+        owner.join().unwrap();
+        times
     }
-    while c.head.0.load(Ordering::Acquire) != rounds {
-        std::hint::spin_loop();
-    }
-    stop.store(true, Ordering::Relaxed);
-    owner.join().unwrap();
-    times
 }
 
 fn main() {
@@ -193,6 +198,7 @@ fn main() {
     println!("SKIPPED with an owner: the timing uses the x86-64 TSC");
     #[cfg(target_arch = "x86_64")]
     {
+        use with_owner::{Case, ping_pong, ticks_per_ns, tsc};
         if cpus < 2 {
             println!("SKIPPED with an owner: needs 2 CPUs");
             return;
