@@ -626,10 +626,17 @@ fn learned_idle_threshold_follows_the_gaps() {
     let (fixed_cpu, _) = run(false, slow, 60);
     let (learned_cpu, st) = run(true, slow, 60);
     eprintln!("200/s: fixed 2 ms threshold {fixed_cpu:?}, learned {learned_cpu:?}; {st:?}");
+    // Steady gaps are pre-woken: the dispatcher sleeps right after each
+    // hand-off (threshold 0) and, once its timer has fired, polls until
+    // the plan's spin end, which is what `idle_after` reads in that
+    // stretch (~5 ms after the last hand-off). Stats read that late (a
+    // test thread held up; once in CI) see the spin end, not a learned
+    // threshold: with pre-wakes, the CPU check below is what tells.
     assert!(
         st.idle_after
-            .is_some_and(|t| t < Duration::from_micros(500)),
-        "learned threshold for 5 ms gaps: {:?}",
+            .is_some_and(|t| t < Duration::from_micros(500))
+            || st.prewakes > 0,
+        "learned threshold for 5 ms gaps: {:?}, no pre-wakes: {st:?}",
         st.idle_after
     );
     assert!(
