@@ -878,28 +878,20 @@ fn interrupt_for(s: &mut Sim, env: Env, why: fastwake::adaptive::Reason) {
     );
 }
 
-/// A pre-wake's spin starts a margin before the completion is due, so a
-/// caller's longest spin (the shim's `FASTWAKE_BUDGET_US`) cannot cut it
-/// the way it cuts a spin plan: cut, it would end before the completion
-/// (in the Soft-RoCE guest, with timers ~200 µs late and the shim's 50 µs
-/// ceiling, 67 of 384 pre-wakes were caught). One that does not fit is
-/// not planned; one that fits is.
+/// A pre-wake's spin starts a margin before the shortest recent wait
+/// ends, so a caller's longest spin (the shim's `FASTWAKE_BUDGET_US`)
+/// shorter than that margin would end it before any completion it was
+/// planned for (in the Soft-RoCE guest, with timers ~200 µs late and the
+/// shim's 50 µs ceiling, 67 of 384 pre-wakes were caught): such a
+/// pre-wake is not planned. One whose margin fits is (its spin, cut to
+/// the ceiling, catches what comes within it).
 #[test]
-fn prewake_is_not_planned_when_its_spin_is_past_the_callers_longest_spin() {
+fn prewake_is_not_planned_when_its_margin_is_past_the_callers_longest_spin() {
     let (mut s, _) = prewaking(5);
-    let Plan::Prewake {
-        sleep_ns,
-        spin_end_ns,
-    } = s.core.current_plan()
-    else {
-        panic!(
-            "no pre-wake plan: {}",
-            fastwake::adaptive::explain(&s.core, None)
-        );
-    };
-    let window = spin_end_ns - sleep_ns;
+    let margin = s.core.stats().margin_ns;
+    assert!(margin > 0, "{}", fastwake::adaptive::explain(&s.core, None));
     let short = Env {
-        spin_ceiling_ns: window - 1,
+        spin_ceiling_ns: margin - 1,
         ..Env::default()
     };
     interrupt_for(&mut s, short, fastwake::adaptive::Reason::Ceiling);
@@ -910,10 +902,45 @@ fn prewake_is_not_planned_when_its_spin_is_past_the_callers_longest_spin() {
         fastwake::adaptive::explain(&s.core, None)
     );
     let enough = Env {
-        spin_ceiling_ns: window,
+        spin_ceiling_ns: margin,
         ..Env::default()
     };
     assert!(matches!(s.core.plan(s.now, enough), Plan::Prewake { .. }));
+}
+
+/// The probes that measure the timers (planned with the bootstrap margin,
+/// 100 µs, before the lateness is known) run whatever the ceiling: the
+/// shim's default is 50 µs, and without them no margin would ever be
+/// learned, so no pre-wake planned at all.
+#[test]
+fn timer_probes_run_under_a_ceiling_shorter_than_the_bootstrap_margin() {
+    let dist = Dist::Steady {
+        d: 300_000.0,
+        jitter: 0.1,
+    };
+    let mut s = Sim::new(Config::default(), 5);
+    let tiny = Env {
+        spin_ceiling_ns: 1_000,
+        ..Env::default()
+    };
+    let mut probes = 0;
+    for _ in 0..2_000 {
+        let w = dist.sample(&mut s.rng);
+        if matches!(s.step(w, tiny), Plan::Prewake { .. }) {
+            probes += 1;
+        }
+        if s.core.prewake().margin_ns().is_some() {
+            break;
+        }
+    }
+    assert!(
+        probes > 0 && s.core.prewake().margin_ns().is_some(),
+        "{probes} probes, margin {:?}: {}",
+        s.core.prewake().margin_ns(),
+        fastwake::adaptive::explain(&s.core, None)
+    );
+    // Learned (~tens of µs here), the margin is past a 1 µs ceiling.
+    interrupt_for(&mut s, tiny, fastwake::adaptive::Reason::Ceiling);
 }
 
 /// Pre-wakes whose completions keep coming before the timer (whatever the

@@ -148,10 +148,13 @@ pub struct Env {
     pub behind: bool,
     /// The longest spin the caller does (`u64::MAX`: none; the shim's
     /// `FASTWAKE_BUDGET_US`). A spin plan is cut to it, which still
-    /// catches the completions that come early in the spin; a pre-wake's
-    /// spin cannot be cut: it starts a margin before the completion is
-    /// due, so a cut one ends before the completion it was planned for.
-    /// A pre-wake whose spin does not fit is not planned.
+    /// catches the completions that come early in the spin. A pre-wake's
+    /// spin starts a margin before the shortest recent wait ends: cut to
+    /// a ceiling shorter than that margin, it ends before any completion
+    /// it was planned for, so such a pre-wake is not planned once the
+    /// margin is learned from the timers (the probes that measure them
+    /// still run). One whose margin fits is, and its cut spin catches what
+    /// comes within it.
     pub spin_ceiling_ns: u64,
 }
 
@@ -538,7 +541,12 @@ impl Learner {
                 (Plan::Spin(0), Reason::Contended)
             } else if spin_end_ns.saturating_sub(sleep_ns) > env.allowance_ns {
                 (Plan::Spin(0), Reason::Cap)
-            } else if spin_end_ns.saturating_sub(sleep_ns) > env.spin_ceiling_ns {
+            } else if self.prewake.margin_ns().is_some()
+                && self.stats.margin_ns > env.spin_ceiling_ns
+            {
+                // Only a margin learned from the timers: the probes that
+                // measure them (the bootstrap margin) must still run,
+                // whatever the ceiling cuts off their spins.
                 (Plan::Spin(0), Reason::Ceiling)
             } else {
                 (plan, Reason::Prewake)

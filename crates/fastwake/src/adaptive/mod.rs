@@ -252,8 +252,10 @@ pub enum Reason {
     Contended,
     /// Interrupt mode: the CPU cap's allowance is spent.
     Cap,
-    /// Interrupt mode: the pre-wake planned needs a longer spin than the
-    /// caller's longest ([`Env::spin_ceiling_ns`]).
+    /// Interrupt mode: the pre-wake planned wakes further ahead of the
+    /// shortest recent wait (its margin) than the caller's longest spin
+    /// ([`Env::spin_ceiling_ns`]), so its spin would end before any
+    /// completion it was planned for.
     Ceiling,
     /// Handed to the core's dispatcher.
     Dispatch,
@@ -293,8 +295,8 @@ pub struct AdaptiveStats {
     pub contended: u64,
     /// Interrupt-mode waits because the CPU cap's allowance was spent.
     pub capped: u64,
-    /// Interrupt-mode waits because the pre-wake planned needed a longer
-    /// spin than the caller's longest ([`Reason::Ceiling`]).
+    /// Interrupt-mode waits because the pre-wake planned had a margin
+    /// longer than the caller's longest spin ([`Reason::Ceiling`]).
     pub ceiling: u64,
     /// Waits handed to the dispatcher.
     pub dispatched: u64,
@@ -449,7 +451,7 @@ pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
     out += ")";
     if s.ceiling > 0 {
         out += &format!(
-            "; interrupt for pre-wakes whose spin is past the longest spin {:.0}%",
+            "; interrupt for pre-wakes whose margin is past the longest spin {:.0}%",
             pct(s.ceiling)
         );
     }
