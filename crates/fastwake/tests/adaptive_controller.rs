@@ -820,13 +820,16 @@ fn early_completions_pull_the_prewake_earlier() {
     );
 }
 
+/// A steady 300 µs ±10 % service time: what pre-wakes are for.
+const STEADY_300US: Dist = Dist::Steady {
+    d: 300_000.0,
+    jitter: 0.1,
+};
+
 /// A learner that has learned a steady 300 µs ±10 % service time and
 /// plans pre-wakes for it (asserted), with that distribution.
 fn prewaking(seed: u64) -> (Sim, Dist) {
-    let dist = Dist::Steady {
-        d: 300_000.0,
-        jitter: 0.1,
-    };
+    let dist = STEADY_300US;
     let mut s = Sim::new(Config::default(), seed);
     s.run(dist, 1_500);
     assert!(
@@ -914,10 +917,7 @@ fn prewake_is_not_planned_when_its_margin_is_past_the_callers_longest_spin() {
 /// learned, so no pre-wake planned at all.
 #[test]
 fn timer_probes_run_under_a_ceiling_shorter_than_the_bootstrap_margin() {
-    let dist = Dist::Steady {
-        d: 300_000.0,
-        jitter: 0.1,
-    };
+    let dist = STEADY_300US;
     let mut s = Sim::new(Config::default(), 5);
     let tiny = Env {
         spin_ceiling_ns: 1_000,
