@@ -141,7 +141,7 @@ pub struct Args {
     /// Also measure the CPU an idle dispatcher (threads) and an idle task
     /// runtime use over one second after the idle threshold, with --conns
     /// waiters and no traffic: one more line, after the table or the JSON
-    /// (not with --sweep).
+    /// (not with --sweep; channel waiters only, not run with sockets).
     #[arg(long)]
     pub idle_probe: bool,
     /// Print JSON (one object per row) instead of a table.
