@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 
 mod common;
-use common::{assert_one_line_error, fastwake};
+use common::{assert_exit_and_one_line, assert_one_line_error, fastwake};
 
 /// Benchmarks spin (poll and hybrid rows); run them one at a time.
 static SPIN: Mutex<()> = Mutex::new(());
@@ -208,6 +208,100 @@ fn share_oracle_serves_rotations_and_throughput() {
         let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
         assert_eq!(modes[0], "oracle", "{cmd}");
     }
+}
+
+/// `--source socket` (loopback TCP) and `--source unix`: the same modes
+/// over socket connections, the server end the library's socket source.
+/// The client checks every reply's tag (a wrong one fails the run); the
+/// task runtime finds its waits on its kernel ready list and peeks the
+/// sockets only as they come (not one by one every pass, as tasks:scan
+/// does).
+#[test]
+fn share_over_sockets_serves_the_modes_and_reports_the_kernel_list() {
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let cmd = "bench share --source socket --conns 4 --rotate 2 --mode tasks,threads,evloop,oracle,reference,tasks:scan --iters 600 --warmup 50 --rounds 3";
+    let rows = json_rows(cmd);
+    let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(
+        modes,
+        [
+            "tasks",
+            "threads",
+            "evloop",
+            "oracle",
+            "reference",
+            "tasks:scan"
+        ]
+    );
+    for r in &rows {
+        assert_eq!(r["source"], "socket", "{r}");
+        let conns = if r["mode"] == "reference" { 1 } else { 4 };
+        assert_eq!(r["conns"], conns, "{r}");
+        assert!(r["rtt_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        for k in ["epoll_waits", "kernel_found", "peeks", "relay_epoll_waits"] {
+            assert!(r[k].is_u64(), "row lacks {k}: {r}");
+        }
+    }
+    let (tasks, scan) = (&rows[0], &rows[5]);
+    // 750 round trips (600 measured, 50 warm-up per slice), nearly all
+    // waits the list found.
+    assert!(tasks["kernel_found"].as_u64().unwrap() >= 600, "{tasks}");
+    assert!(tasks["epoll_waits"].as_u64().unwrap() > 0, "{tasks}");
+    // Peeked once as each is inserted, 4 sockets in each of 3 slices.
+    assert!(tasks["peeks"].as_u64().unwrap() <= 3 * 4, "{tasks}");
+    assert_eq!(scan["epoll_waits"], 0, "tasks:scan used the list: {scan}");
+    assert!(scan["peeks"].as_u64().unwrap() >= 600, "{scan}");
+    let threads = &rows[1];
+    assert!(
+        threads["handoffs"].as_u64().unwrap() + threads["relays"].as_u64().unwrap() > 0,
+        "{threads}"
+    );
+    let rows = json_rows(
+        "bench share --source unix --conns 3 --load throughput --mode tasks,oracle --iters 600 --warmup 50 --rounds 3",
+    );
+    for r in &rows {
+        assert_eq!(r["source"], "unix", "{r}");
+        assert_eq!(r["conns"], 3, "{r}");
+        assert!(r["rtt_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}
+
+/// `fastwake ARGS` under a file-descriptor limit (`ulimit` in `sh`).
+fn fastwake_with_fd_limit(ulimit: &str, args: &str) -> std::process::Output {
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit {ulimit} && exec \"$0\" {args}"))
+        .arg(common::exe())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run sh")
+}
+
+/// Sockets need file descriptors (6 per connection): a low soft limit is
+/// raised to the hard one, saying so in one line; a hard limit too low
+/// for the run is one line and exit 2; a sweep stops where the limit
+/// does, saying so in one line.
+#[test]
+fn share_over_sockets_fits_the_file_descriptor_limit() {
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let run = "bench share --source unix --mode tasks --iters 200 --warmup 10 --rounds 1 --json";
+    let o = fastwake_with_fd_limit("-S -n 100", &format!("{run} --conns 64"));
+    assert_exit_and_one_line(&o, 0, "raised the soft file-descriptor limit");
+    let o = fastwake_with_fd_limit("-n 200", &format!("{run} --conns 64"));
+    assert_exit_and_one_line(&o, 2, "allows 22 socket connections, not 64");
+    let o = fastwake_with_fd_limit(
+        "-n 200",
+        &format!("{run} --sweep --sweep-max 64 --rotate 1"),
+    );
+    assert_exit_and_one_line(&o, 0, "the sweep stops at 16");
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    let conns: Vec<u64> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["conns"].as_u64().unwrap())
+        .collect();
+    assert_eq!(conns, [1, 4, 16]);
 }
 
 /// Thread-per-connection in the library's spinning modes, and threads

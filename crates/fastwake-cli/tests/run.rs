@@ -1,12 +1,11 @@
 //! `fastwake run`: prepares LD_PRELOAD and FASTWAKE_* and execs the command,
 //! whose exit status becomes its own; bad input is one line.
 
+mod common;
+
+use common::{assert_exit_and_one_line, exe};
 use std::path::PathBuf;
 use std::process::{Command, Output};
-
-fn exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_fastwake"))
-}
 
 /// The shim next to the binary, as `fastwake run` looks for it.
 fn shim() -> Option<PathBuf> {
@@ -110,11 +109,7 @@ fn bad_input_is_one_line_with_a_nonzero_exit() {
         ),
         (&["--"][..], "<CMD>"),
     ] {
-        let o = run(args, &[]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
-        assert!(err.contains(needle), "{err:?}");
+        assert_exit_and_one_line(&run(args, &[]), 2, needle);
     }
     let o = run(&["--", "/nonexistent/program"], &[]);
     if shim().is_some() {
@@ -172,12 +167,10 @@ fn profiles_reach_the_shim() {
 fn unknown_variables_are_named() {
     let Some(_) = shim() else { return };
     let o = run(&["--", "true"], &[("FASTWAKE_BUDGET", "-5")]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
-    assert!(
-        err.contains("unknown variable FASTWAKE_BUDGET ignored (did you mean FASTWAKE_BUDGET_US?)"),
-        "{err:?}"
+    assert_exit_and_one_line(
+        &o,
+        0,
+        "unknown variable FASTWAKE_BUDGET ignored (did you mean FASTWAKE_BUDGET_US?)",
     );
 }
 
@@ -187,10 +180,7 @@ fn a_missing_shim_is_one_line() {
         &["--", "true"],
         &[("FASTWAKE_PRELOAD", "/nonexistent/libfastwake_preload.so")],
     );
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2));
-    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
-    assert!(err.contains("FASTWAKE_PRELOAD"), "{err:?}");
+    assert_exit_and_one_line(&o, 2, "FASTWAKE_PRELOAD");
 }
 
 /// A program that waits in none of the hooked calls (it computes, reads

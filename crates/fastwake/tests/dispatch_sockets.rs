@@ -169,21 +169,35 @@ fn many_sockets_random_ready_patterns_tasks() {
     );
 }
 
-/// (d, threads) Kernel threads in dispatch mode on one CPU, each reading
-/// one socket, random ready patterns: every tag once and in order, and
-/// the dispatcher found waits through its kernel list.
-#[test]
-fn many_sockets_random_ready_patterns_threads() {
-    let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("socket stress seed {seed} (FW_STRESS_SEED to replay)");
+/// What a run of [`threads_on_sockets`] counted.
+struct ThreadsRun {
+    handoffs: u64,
+    relays: u64,
+    stats: fastwake::dispatch::DispatchStats,
+    /// Relays' one-by-one peeks before the traffic: every thread's first
+    /// wait registers its socket, and a relay peeks the sockets the
+    /// dispatcher has not yet taken in (so not yet listed).
+    relay_peeks_before: u64,
+}
+
+/// Kernel threads in dispatch mode on one CPU, each reading one socket,
+/// served by a dispatcher made with `cfg` (its CPU is set here), random
+/// ready patterns from the other CPU: every tag once and in order. `None`
+/// without two CPUs.
+fn threads_on_sockets(
+    mut cfg: Config,
+    sources: usize,
+    per: u64,
+    seed: u64,
+    what: &str,
+) -> Option<ThreadsRun> {
     let (pcpu, wcpu) = common::two_cpus();
     if pcpu == wcpu {
-        eprintln!("SKIPPED many_sockets_random_ready_patterns_threads: needs 2 CPUs");
-        return;
+        eprintln!("SKIPPED {what}: needs 2 CPUs");
+        return None;
     }
-    let (sources, per) = (24, 300);
-    let d = Dispatcher::start(Config::new(wcpu)).expect("start dispatcher");
+    cfg.cpu = wcpu;
+    let d = Dispatcher::start(cfg).expect("start dispatcher");
     let start = std::sync::Arc::new(std::sync::Barrier::new(sources + 1));
     let mut peers = Vec::new();
     let mut waiters = Vec::new();
@@ -214,20 +228,51 @@ fn many_sockets_random_ready_patterns_threads() {
         }));
     }
     start.wait();
-    fastwake::cpu::pin(pcpu).unwrap();
-    produce(peers, per, seed);
-    let mut handoffs = 0;
+    // Every thread waiting, every registration taken in.
+    std::thread::sleep(Duration::from_millis(50));
+    let relay_peeks_before = d.stats().kernel_list.relay_peeks;
+    // On a thread of its own: pinning this one would leave the next run
+    // one CPU.
+    std::thread::spawn(move || {
+        fastwake::cpu::pin(pcpu).unwrap();
+        produce(peers, per, seed);
+    })
+    .join()
+    .unwrap();
+    let (mut handoffs, mut relays) = (0, 0);
     for w in waiters {
-        handoffs += w.join().unwrap().handoffs;
+        let st = w.join().unwrap();
+        handoffs += st.handoffs;
+        relays += st.relays;
     }
     // The dispatcher publishes its list's counters every few hundred
     // empty passes: give it a moment with nothing to do.
     std::thread::sleep(Duration::from_millis(20));
-    let s = d.stats();
+    let stats = d.stats();
     eprintln!(
-        "socket stress threads, {sources} sockets x {per}: {handoffs} hand-offs; dispatcher {s:?} (seed {seed})"
+        "{what}, {sources} sockets x {per}: {handoffs} hand-offs, {relays} relays; dispatcher {stats:?} (seed {seed})"
     );
-    assert!(handoffs > 0, "no wait was handed off");
+    Some(ThreadsRun {
+        handoffs,
+        relays,
+        stats,
+        relay_peeks_before,
+    })
+}
+
+/// (d, threads) Kernel threads in dispatch mode on one CPU, each reading
+/// one socket, random ready patterns: every tag once and in order, and
+/// the dispatcher found waits through its kernel list.
+#[test]
+fn many_sockets_random_ready_patterns_threads() {
+    let _g = common::spin_lock();
+    let seed = common::stress_seed();
+    eprintln!("socket stress seed {seed} (FW_STRESS_SEED to replay)");
+    let Some(r) = threads_on_sockets(Config::new(0), 24, 300, seed, "socket stress threads") else {
+        return;
+    };
+    let s = r.stats;
+    assert!(r.handoffs > 0, "no wait was handed off");
     assert!(
         s.kernel_list.found > 0,
         "the dispatcher found no wait through its kernel list: {s:?}"
@@ -236,6 +281,48 @@ fn many_sockets_random_ready_patterns_threads() {
     assert_eq!(
         s.kernel_list.fallbacks, 0,
         "sockets refused by the epoll set"
+    );
+}
+
+/// Relaying threads serve the core's sockets through the dispatcher's
+/// epoll set: relays hand off waits the set reported (`relay_found`),
+/// peek no socket one by one, and lose, duplicate or reorder nothing;
+/// with the list off, the same relays peek the sockets one by one.
+#[test]
+fn relays_hand_off_through_the_kernel_list() {
+    let _g = common::spin_lock();
+    let seed = common::stress_seed();
+    eprintln!("socket relay seed {seed} (FW_STRESS_SEED to replay)");
+    let cfg = Config::new(0);
+    assert!(cfg.relay.is_some(), "relays are on by default");
+    let Some(on) = threads_on_sockets(cfg, 32, 300, seed, "relays, list on") else {
+        return;
+    };
+    let k = on.stats.kernel_list;
+    assert!(on.relays > 0, "no relay hand-off: {:?}", on.stats);
+    assert_eq!(
+        on.relays, on.stats.relayed,
+        "the waiters' and the dispatcher's relay counts differ"
+    );
+    assert!(k.relay_waits > 0, "no relay used the set: {k:?}");
+    assert!(
+        k.relay_found >= on.relays,
+        "relay hand-offs that the set did not report: {} relays, {k:?}",
+        on.relays
+    );
+    assert_eq!(
+        k.relay_peeks, on.relay_peeks_before,
+        "relays peeked listed sockets one by one: {k:?}"
+    );
+    assert_eq!(k.stale, 0, "stale events without any reuse");
+    let mut off_cfg = Config::new(0);
+    off_cfg.kernel_list = false;
+    let off = threads_on_sockets(off_cfg, 32, 300, seed, "relays, list off").unwrap();
+    let k = off.stats.kernel_list;
+    assert_eq!(k.relay_waits, 0, "{k:?}");
+    assert!(
+        k.relay_peeks > off.relay_peeks_before,
+        "without the list, relays should peek the sockets one by one: {k:?}"
     );
 }
 

@@ -33,3 +33,12 @@ pub fn assert_one_line_error(args: &[&str], needle: &str) {
     assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
     assert!(o.stdout.is_empty(), "{args:?}: printed a result anyway");
 }
+
+/// `o` exited with `code` and said one line on stderr, containing
+/// `needle`.
+pub fn assert_exit_and_one_line(o: &Output, code: i32, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err:?}");
+    assert!(err.contains(needle), "{err:?} lacks {needle:?}");
+}

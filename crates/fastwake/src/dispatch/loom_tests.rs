@@ -45,7 +45,14 @@ fn notice_hub(capacity: usize) -> Arc<Hub> {
 
 /// The dispatcher thread's own watch, as `Hub::run` makes it.
 fn watch(hub: &Hub, summary: bool) -> Watch {
-    Watch::new(hub.slots.len(), summary, 0, false, hub.notices.clone())
+    Watch::new(
+        hub.slots.len(),
+        summary,
+        0,
+        false,
+        hub.notices.clone(),
+        hub.kernel.clone(),
+    )
 }
 
 /// A watch made on one thread for the dispatcher thread.

@@ -251,6 +251,8 @@ impl Runtime {
             cfg.summary_above,
             cfg.prefetch,
             cfg.notices.then(|| NoticeRing::new(cfg.capacity)),
+            // Nobody relays for a runtime: the shared part is its own.
+            Arc::new(super::kernel_list::Shared::new(cfg.capacity)),
         );
         if !cfg.kernel_list {
             watch.without_kernel_list();

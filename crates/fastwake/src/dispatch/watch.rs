@@ -20,7 +20,7 @@
 //! source to the summary when it grows past that (see `docs/dispatch.md`
 //! for the measurements behind the default).
 
-use super::kernel_list::KernelList;
+use super::kernel_list::{self, KernelList};
 use crate::source::notice::NoticeRing;
 use crate::source::summary::Summary;
 use crate::source::{NextAt, Peek, Pump};
@@ -118,6 +118,7 @@ impl Watch {
         summary_above: usize,
         prefetch: bool,
         notices: Option<Arc<NoticeRing>>,
+        kernel: Arc<kernel_list::Shared>,
     ) -> Watch {
         Watch {
             entries: (0..capacity).map(|_| None).collect(),
@@ -138,7 +139,7 @@ impl Watch {
             hot: std::collections::VecDeque::with_capacity(HOT + 1),
             scanned: (0..capacity).map(|_| Cell::new(false)).collect(),
             late: Cell::new(0),
-            kernel: KernelList::new(capacity),
+            kernel: KernelList::new(kernel),
             pumps: Vec::new(),
         }
     }

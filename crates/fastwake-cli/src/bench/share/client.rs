@@ -1,20 +1,28 @@
 //! The client side: one busy-polling thread driving every connection in
 //! the `latency` or the `throughput` load.
 
+use super::conn::ClientLink;
 use super::mode::Load;
 use super::servers::Servers;
 use crate::bench::stats::Sample;
-use fastwake::source::Source;
-use fastwake::source::channel::{self, Receiver, Sender};
 use fastwake::{Fail, Result};
 use std::time::{Duration, Instant};
 
-/// The client's end of one connection.
-pub(super) struct ClientEnd {
-    pub(super) tx: Sender,
-    pub(super) rx: Receiver,
+/// The client's end of one connection, and the tags it sent and got back.
+pub(super) struct ClientEnd<L> {
+    pub(super) link: L,
     pub(super) sent: u64,
     pub(super) received: u64,
+}
+
+impl<L> ClientEnd<L> {
+    pub(super) fn new(link: L) -> ClientEnd<L> {
+        ClientEnd {
+            link,
+            sent: 0,
+            received: 0,
+        }
+    }
 }
 
 /// What one slice measured.
@@ -26,38 +34,36 @@ pub(super) struct Slice {
     pub(super) n: u64,
 }
 
-fn recv_poll(c: &mut ClientEnd) -> Result<()> {
+fn recv_poll<L: ClientLink>(c: &mut ClientEnd<L>) -> Result<()> {
     loop {
-        if c.rx.ready()
-            && let Some(m) = c.rx.try_take()?
-        {
-            return check(c, m);
+        if let Some(tag) = c.link.poll()? {
+            return check(c, tag);
         }
         std::hint::spin_loop();
     }
 }
 
-fn check(c: &mut ClientEnd, m: channel::Msg) -> Result<()> {
-    if m.tag != c.received {
+fn check<L>(c: &mut ClientEnd<L>, tag: u64) -> Result<()> {
+    if tag != c.received {
         return Err(Fail::new(
             libc::EPROTO,
-            format!("reply tag {} where {} was expected", m.tag, c.received),
+            format!("reply tag {} where {} was expected", tag, c.received),
         ));
     }
     c.received += 1;
     Ok(())
 }
 
-fn send(c: &mut ClientEnd, payload: &[u8]) -> Result<()> {
-    c.tx.send(c.sent, payload)?;
+fn send<L: ClientLink>(c: &mut ClientEnd<L>, payload: &[u8]) -> Result<()> {
+    c.link.send(c.sent, payload)?;
     c.sent += 1;
     Ok(())
 }
 
 /// Run the client side of one slice: `warmup` then `n` measured round trips.
-pub(super) fn drive(
+pub(super) fn drive<L: ClientLink>(
     load: Load,
-    clients: &mut [ClientEnd],
+    clients: &mut [ClientEnd<L>],
     servers: &Servers,
     payload: &[u8],
     warmup: u64,
@@ -107,11 +113,8 @@ pub(super) fn drive(
             let mut start = None;
             while done < total {
                 for (i, c) in clients.iter_mut().enumerate() {
-                    if !c.rx.ready() {
-                        continue;
-                    }
-                    let Some(m) = c.rx.try_take()? else { continue };
-                    check(c, m)?;
+                    let Some(tag) = c.link.poll()? else { continue };
+                    check(c, tag)?;
                     done += 1;
                     if done == warmup {
                         start = Some((

@@ -2,13 +2,13 @@
 //! row per mode.
 
 use super::client::{ClientEnd, Slice, drive};
+use super::conn::Wire;
 use super::layout::Layout;
 use super::mode::{Load, Mode};
 use super::servers::{Counts, start};
 use crate::bench::rounds::Rounds;
 use crate::bench::stats::{Row, Sample};
 use fastwake::Result;
-use fastwake::source::channel::{self, Config as ChanConfig, Doorbell};
 use std::time::Duration;
 
 /// One run's parameters, as `run` validated them.
@@ -20,21 +20,21 @@ pub(super) struct Plan {
     pub(super) warmup: u64,
     pub(super) rounds: u64,
     pub(super) size: usize,
-    pub(super) capacity: u32,
     pub(super) idle_after: Option<Duration>,
     /// Latency load: connections the request rotates over (None: all).
     pub(super) rotate: Option<usize>,
 }
 
-/// Measure `modes` interleaved; one row each.
-pub(super) fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Vec<Row>> {
+/// Measure `modes` interleaved over connections `wire` makes; one row
+/// each.
+pub(super) fn measure<W: Wire>(
+    wire: &W,
+    modes: &[Mode],
+    plan: &Plan,
+    layout: &Layout,
+) -> Result<Vec<Row>> {
     fastwake::cpu::pin(layout.client_cpu)?;
     let payload = vec![0x5au8; plan.size];
-    let cfg = ChanConfig {
-        capacity: plan.capacity,
-        slot_size: plan.size.max(1) as u32,
-        doorbell: Doorbell::Futex,
-    };
     let mut samples: Vec<Sample> = modes.iter().map(|_| Sample::new()).collect();
     let mut totals: Vec<Slice> = modes.iter().map(|_| Slice::default()).collect();
     let mut counts: Vec<Counts> = modes.iter().map(|_| Counts::default()).collect();
@@ -49,19 +49,11 @@ pub(super) fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Ve
         } else {
             plan.conns
         };
-        let mut clients = Vec::with_capacity(conns);
-        let mut ends = Vec::with_capacity(conns);
-        for _ in 0..conns {
-            let (req_tx, req_rx) = channel::channel(cfg)?;
-            let (resp_tx, resp_rx) = channel::channel(cfg)?;
-            clients.push(ClientEnd {
-                tx: req_tx,
-                rx: resp_rx,
-                sent: 0,
-                received: 0,
-            });
-            ends.push((req_rx, resp_tx));
-        }
+        let (mut clients, ends): (Vec<_>, Vec<_>) = wire
+            .connect(conns)?
+            .into_iter()
+            .map(|(c, s)| (ClientEnd::new(c), s))
+            .unzip();
         let active = plan.rotate.unwrap_or(conns).min(conns);
         let servers = start(mode, ends, layout, plan.idle_after, active)?;
         let mut this_round = Sample::new();
@@ -95,7 +87,7 @@ pub(super) fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Ve
         .map(|(((m, (s, t)), c), rp)| {
             let conns = if *m == Mode::Reference { 1 } else { plan.conns };
             let mut row = Row::from_sample(
-                "channel",
+                wire.name(),
                 &m.label(),
                 "cross",
                 plan.size,
@@ -127,6 +119,22 @@ pub(super) fn measure(modes: &[Mode], plan: &Plan, layout: &Layout) -> Result<Ve
                     .map(serde_json::Value::Number)
                     .unwrap_or(serde_json::Value::Null),
             );
+            if wire.name() != "channel" {
+                // The kernel ready list (sockets): what the dispatchers or
+                // runtimes and the relays asked the kernel.
+                let k = c.kernel;
+                for (key, v) in [
+                    ("epoll_waits", k.waits),
+                    ("kernel_found", k.found),
+                    ("peeks", k.peeks),
+                    ("relay_epoll_waits", k.relay_waits),
+                    ("relay_found", k.relay_found),
+                    ("relay_peeks", k.relay_peeks),
+                    ("stale", k.stale),
+                ] {
+                    row.extra.insert(key.into(), v.into());
+                }
+            }
             row
         })
         .collect())

@@ -125,3 +125,80 @@ pub(super) fn print_sweep(title: &str, modes: &[Mode], all: &[(usize, Vec<Row>)]
         " over the whole sweep: {notices} hand-offs found through ready notices; the safety-net scan found {found} waits whose notice had not come, of which {late} came later (late, not lost)"
     );
 }
+
+/// The keys of a socket row's kernel ready list counters, with their
+/// column heads.
+const KERNEL_KEYS: [(&str, &str); 7] = [
+    ("epoll_waits", "epoll_waits"),
+    ("kernel_found", "found"),
+    ("peeks", "peeks"),
+    ("relay_epoll_waits", "relay_waits"),
+    ("relay_found", "relay_found"),
+    ("relay_peeks", "relay_peeks"),
+    ("stale", "stale"),
+];
+
+fn count(r: &Row, k: &str) -> u64 {
+    r.extra.get(k).and_then(|v| v.as_u64()).unwrap_or(0)
+}
+
+/// Sockets: what the dispatchers or task runtimes (epoll_waits on their
+/// set, waits it found, one-by-one peeks) and the relaying threads asked
+/// the kernel, in all and per round trip (`round_trips` per mode, warm-up
+/// included).
+pub(super) fn print_kernel_lists(rows: &[Row], round_trips: u64) {
+    println!(
+        " kernel ready list (one epoll set per dispatcher or runtime), whole slices (set-up and teardown included): totals, and per round trip of the {round_trips} each mode made"
+    );
+    let mut head = format!(" {:<16}", "mode");
+    for (_, h) in KERNEL_KEYS {
+        head += &format!(" {:>20}", h);
+    }
+    println!("{head}");
+    let per = round_trips.max(1) as f64;
+    for r in rows {
+        let mut line = format!(" {:<16}", r.mode);
+        for (k, _) in KERNEL_KEYS {
+            let n = count(r, k);
+            line += &format!(" {:>20}", format!("{n} ({:.2})", n as f64 / per));
+        }
+        println!("{line}");
+    }
+}
+
+/// Sockets, after the `--sweep` table: per round trip, the `epoll_wait`
+/// calls and the one-by-one peeks of each mode's dispatchers or runtimes
+/// (relays' added), and the waits their set found.
+pub(super) fn print_sweep_kernel_lists(
+    modes: &[Mode],
+    all: &[(usize, Vec<Row>)],
+    round_trips: u64,
+) {
+    println!(
+        " per round trip ({round_trips} a mode; whole slices, set-up and teardown included): epoll_wait calls / one-by-one socket peeks / waits found on the kernel ready list, dispatcher or runtime and relays together"
+    );
+    let mut head = format!(" {:>7}", "sources");
+    for m in modes {
+        head += &format!(" {:>22}", m.label());
+    }
+    println!("{head}");
+    let per = round_trips.max(1) as f64;
+    for (conns, rows) in all {
+        let mut line = format!(" {:>7}", conns);
+        for r in rows {
+            let waits = count(r, "epoll_waits") + count(r, "relay_epoll_waits");
+            let peeks = count(r, "peeks") + count(r, "relay_peeks");
+            let found = count(r, "kernel_found") + count(r, "relay_found");
+            line += &format!(
+                " {:>22}",
+                format!(
+                    "{:.2} / {:.2} / {:.2}",
+                    waits as f64 / per,
+                    peeks as f64 / per,
+                    found as f64 / per
+                )
+            );
+        }
+        println!("{line}");
+    }
+}

@@ -2,12 +2,12 @@
 //! connection, tasks on a runtime per core, an event loop per core),
 //! started for one slice and torn down after it.
 
+use super::conn::ServerEnd;
 use super::layout::Layout;
 use super::mode::Mode;
 use crate::bench::thread_clock::ThreadClock;
-use fastwake::dispatch::{self, Dispatcher, Runtime, TaskConfig};
+use fastwake::dispatch::{self, Dispatcher, KernelListStats, Runtime, TaskConfig};
 use fastwake::source::Source;
-use fastwake::source::channel::{self, Receiver, Sender};
 use fastwake::{Fail, Result, WaitMode, Waiter};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -26,6 +26,9 @@ pub(super) struct Counts {
     pub(super) scan_found: u64,
     /// Of those, notices that came late rather than never.
     pub(super) late_notices: u64,
+    /// The dispatchers' or runtimes' kernel ready lists (sockets), as
+    /// last published.
+    pub(super) kernel: KernelListStats,
 }
 
 impl Counts {
@@ -45,6 +48,7 @@ impl Counts {
         self.notices += o.notices;
         self.scan_found += o.scan_found;
         self.late_notices += o.late_notices;
+        self.kernel += o.kernel;
     }
 }
 
@@ -87,6 +91,7 @@ impl Servers {
             c.notices += s.notices;
             c.scan_found += s.scan_found;
             c.late_notices += s.late_notices;
+            c.kernel += s.kernel_list;
         }
         drop(self.dispatchers);
         first.map(|_| c)
@@ -99,18 +104,6 @@ pub(super) fn closed_ok(r: Result<()>) -> Result<()> {
         Err(e) if e.is_closed() => Ok(()),
         r => r,
     }
-}
-
-fn echo(rx: &mut Receiver, tx: &mut Sender, m: channel::Msg) -> Result<()> {
-    let payload_len = m.len as usize;
-    let mut buf = [0u8; 64];
-    let n = payload_len.min(buf.len());
-    buf[..n].copy_from_slice(&rx.payload()[..n]);
-    if payload_len > buf.len() {
-        let p = rx.payload().to_vec();
-        return tx.send(m.tag, &p);
-    }
-    tx.send(m.tag, &buf[..n])
 }
 
 pub(super) fn spawn_server(
@@ -134,9 +127,9 @@ pub(super) fn spawn_server(
 
 /// Start the servers of `mode` for `ends` (server side of each connection),
 /// of which the client uses the first `active`.
-pub(super) fn start(
+pub(super) fn start<E: ServerEnd>(
     mode: Mode,
-    ends: Vec<(Receiver, Sender)>,
+    ends: Vec<E>,
     layout: &Layout,
     idle_after: Option<Duration>,
     active: usize,
@@ -167,6 +160,8 @@ pub(super) fn start(
                     let mut cfg = dispatch::Config::new(cpu);
                     cfg.policy = policy;
                     cfg.notices = notices;
+                    // `:scan` peeks every source: sockets too.
+                    cfg.kernel_list = notices;
                     if !relay {
                         cfg.relay = None;
                     }
@@ -177,52 +172,33 @@ pub(super) fn start(
                     dispatchers.push(Dispatcher::start(cfg)?);
                 }
             }
-            for (j, (mut rx, mut tx)) in ends.into_iter().enumerate() {
+            for (j, mut e) in ends.into_iter().enumerate() {
                 let cpu = layout.server_cpus[j % k];
                 threads.push(spawn_server(format!("fw-srv{j}"), cpu, &ctx, move || {
                     let mut w = Waiter::new(wm);
                     closed_ok((|| loop {
-                        let m = w.wait(&mut rx)?;
-                        echo(&mut rx, &mut tx, m)?;
+                        let m = w.wait(e.source())?;
+                        e.echo(m)?;
                     })())?;
                     Ok(Counts::of(&w.stats()))
                 })?);
             }
         }
         Mode::EventLoop => {
-            let mut per_core: Vec<Vec<(Receiver, Sender)>> = (0..k).map(|_| Vec::new()).collect();
+            let mut per_core: Vec<Vec<E>> = (0..k).map(|_| Vec::new()).collect();
             for (j, e) in ends.into_iter().enumerate() {
                 per_core[j % k].push(e);
             }
-            for (c, mut ends) in per_core.into_iter().enumerate() {
+            for (c, ends) in per_core.into_iter().enumerate() {
                 let cpu = layout.server_cpus[c];
                 threads.push(spawn_server(format!("fw-ev{c}"), cpu, &ctx, move || {
-                    let mut n: u32 = 0;
-                    while !ends.is_empty() {
-                        n = n.wrapping_add(1);
-                        let mut closed = None;
-                        for (j, (rx, tx)) in ends.iter_mut().enumerate() {
-                            // A close shows only through try_take.
-                            if !rx.ready() && !n.is_multiple_of(1024) {
-                                continue;
-                            }
-                            match rx.try_take() {
-                                Ok(Some(m)) => echo(rx, tx, m)?,
-                                Ok(None) => {}
-                                Err(e) if e.is_closed() => closed = Some(j),
-                                Err(e) => return Err(e),
-                            }
-                        }
-                        if let Some(j) = closed {
-                            ends.swap_remove(j);
-                        }
-                    }
+                    E::event_loop(ends)?;
                     Ok(Counts::default())
                 })?);
             }
         }
         Mode::Oracle => {
-            let mut per_core: Vec<Vec<(Receiver, Sender)>> = (0..k).map(|_| Vec::new()).collect();
+            let mut per_core: Vec<Vec<E>> = (0..k).map(|_| Vec::new()).collect();
             for (j, e) in ends.into_iter().enumerate() {
                 // Idle connections stay open (their client ends do) but
                 // are never waited on: that is what the oracle knows.
@@ -240,16 +216,16 @@ pub(super) fn start(
                     let mut next = 0usize;
                     let mut spins: u32 = 0;
                     while !ends.is_empty() {
-                        let (rx, tx) = &mut ends[next];
+                        let e = &mut ends[next];
                         spins = spins.wrapping_add(1);
                         // A close shows only through try_take.
-                        if !rx.ready() && !spins.is_multiple_of(1024) {
+                        if !e.source().ready() && !spins.is_multiple_of(1024) {
                             std::hint::spin_loop();
                             continue;
                         }
-                        match rx.try_take() {
+                        match e.source().try_take() {
                             Ok(Some(m)) => {
-                                echo(rx, tx, m)?;
+                                e.echo(m)?;
                                 next = (next + 1) % ends.len();
                             }
                             Ok(None) => {}
@@ -264,7 +240,7 @@ pub(super) fn start(
             }
         }
         Mode::Tasks { prefetch, notices } => {
-            let mut per_core: Vec<Vec<(Receiver, Sender)>> = (0..k).map(|_| Vec::new()).collect();
+            let mut per_core: Vec<Vec<E>> = (0..k).map(|_| Vec::new()).collect();
             for (j, e) in ends.into_iter().enumerate() {
                 per_core[j % k].push(e);
             }
@@ -275,13 +251,15 @@ pub(super) fn start(
                         idle_after,
                         prefetch,
                         notices,
+                        // `:scan` peeks every source: sockets too.
+                        kernel_list: notices,
                         ..TaskConfig::default()
                     })?;
-                    for (mut rx, mut tx) in ends {
+                    for mut e in ends {
                         rt.spawn(move |cx| {
                             closed_ok((|| loop {
-                                let m = cx.wait(&mut rx)?;
-                                echo(&mut rx, &mut tx, m)?;
+                                let m = cx.wait(e.source())?;
+                                e.echo(m)?;
                             })())
                         })?;
                     }
@@ -293,6 +271,7 @@ pub(super) fn start(
                             notices: st.notices,
                             scan_found: st.scan_found,
                             late_notices: st.late_notices,
+                            kernel: st.kernel_list,
                             ..Counts::default()
                         }),
                     }

@@ -4,6 +4,7 @@
 
 use super::faults::Faults;
 use super::{Config, lock, write};
+use crate::dispatch::kernel_list::Shared;
 use crate::dispatch::slot::{Slot, WaitSet};
 use crate::dispatch::{DispatchStats, KernelListStats, State};
 use crate::source::Peek;
@@ -88,6 +89,10 @@ pub(crate) struct Hub {
     /// The dispatcher's kernel ready list counters, published with
     /// `passes`.
     pub(super) kernel_list: Mutex<KernelListStats>,
+    /// What relays share of the dispatcher's kernel ready list: its epoll
+    /// set, so a relay makes one `epoll_wait` for the core's listed
+    /// sockets instead of one `poll` each.
+    pub(crate) kernel: Arc<Shared>,
     /// The dispatcher's pre-wake (`idle` module): ns since `epoch` at which
     /// the waiters it pauses now come back to it; 0: none. Written before
     /// it pauses them (the pause's CAS publishes it).
@@ -138,6 +143,7 @@ impl Hub {
             scan_found: AtomicU64::new(0),
             late_notices: AtomicU64::new(0),
             kernel_list: Mutex::new(KernelListStats::default()),
+            kernel: Arc::new(Shared::new(cfg.capacity)),
             resume_at: AtomicU64::new(0),
             returned: AtomicU64::new(0),
             prewakes: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -318,7 +324,9 @@ impl Hub {
             idle_sleeps: self.idle_sleeps.load(Ordering::Relaxed),
             paused: self.paused.load(Ordering::Relaxed),
             registered: self.registered.load(Ordering::Relaxed),
-            kernel_list: *lock(&self.kernel_list),
+            // The relays' counters live: the rest is published by the
+            // dispatcher now and then.
+            kernel_list: self.kernel.with_relays(*lock(&self.kernel_list)),
             idle_after: self.idle_threshold(),
             prewakes,
             prewake_early: early,

@@ -29,15 +29,17 @@ impl Hub {
     ///
     /// Notices first: a popped notice is this relay's to serve (the
     /// dispatcher will not see it), and sources served by notices are left
-    /// out of the scan.
+    /// out of the scan. Then the sources on the dispatcher's kernel ready
+    /// list (sockets), all of them with one `epoll_wait` on its set
+    /// (`dispatch::kernel_list`, "Relays"), also left out of the scan,
+    /// which peeks the rest one by one.
     pub(crate) fn relay_pass(&self, me: usize) -> bool {
         let (found, noticed) = {
             let handles = read(&self.handles);
-            let ready = |i: usize| {
-                i != me
-                    && self.slots[i].state() == WAITING
-                    && handles[i].as_ref().is_some_and(|p| p.ready())
-            };
+            let waiting = |i: usize| i != me && self.slots[i].state() == WAITING;
+            let peek = |i: usize| handles[i].as_ref().is_some_and(|p| p.ready());
+            let ready = |i: usize| waiting(i) && peek(i);
+            let mut peeks = 0;
             let mut found = None;
             let mut noticed = false;
             if let Some(r) = &self.notices {
@@ -49,20 +51,30 @@ impl Hub {
                     }
                 }
             }
+            if found.is_none() {
+                found = self.kernel.relay_find(waiting);
+            }
             'scan: for w in 0..self.waitset.words() {
                 if found.is_some() {
                     break;
                 }
-                let mut bits = self.waitset.word(w) & !self.noticed.get(w).load(Ordering::Relaxed);
+                let mut bits = self.waitset.word(w)
+                    & !self.noticed.get(w).load(Ordering::Relaxed)
+                    & !self.kernel.listed_word(w);
                 while bits != 0 {
                     let i = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
-                    if ready(i) {
+                    if !waiting(i) {
+                        continue;
+                    }
+                    peeks += 1;
+                    if peek(i) {
                         found = Some(i);
                         break 'scan;
                     }
                 }
             }
+            self.kernel.count_relay_peeks(peeks);
             (found, noticed)
         };
         // Slots live as long as the core, so no lock is needed to hand.

@@ -26,6 +26,7 @@ impl Hub {
             // dispatcher runs on the waiters' core.
             self.cfg.run_on.is_none(),
             self.notices.clone(),
+            self.kernel.clone(),
         );
         if !self.cfg.kernel_list {
             watch.without_kernel_list();
