@@ -718,8 +718,16 @@ static void user_ring_checks(void) {
                    (unsigned long long)ns.notices, (unsigned long long)ns.scan_found,
                    (unsigned long long)ns.late_notices);
             check(ns.notices > 0, "ring: hand-offs came through notices", "no notice");
-            check(ns.scan_found == ns.late_notices, "ring: the safety net found no wait without a notice",
-                  "a notice was lost");
+            /* Not scan_found == late_notices, as for a channel: a ring's
+             * producer stores its tail and then calls fw_ring_published,
+             * and the safety net may find the entry in between (the
+             * producer preempted there); if the owner has asked again by
+             * the time the call runs, the call owes nothing and no late
+             * notice follows. A lost notice shows as many finds (a
+             * producer that never calls: hundreds here), not a few. */
+            check(ns.scan_found <= ns.late_notices + 2 + ns.notices / 50,
+                  "ring: the safety net found few waits without a notice (a preempted producer's window)",
+                  "notices lost");
             fw_dispatcher_stop(d);
         } else {
             check(0, "ring: dispatcher for the notice check", "did not start");

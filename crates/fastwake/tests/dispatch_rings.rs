@@ -242,9 +242,20 @@ fn threads_are_handed_off_through_ring_notices() {
     cfg.relay = None;
     let ds = threads_on_rings(16, 1_500, Calls::Published, cfg, seed);
     assert!(ds.notices > 0, "no hand-off came through a notice: {ds:?}");
-    assert_eq!(
-        ds.scan_found, ds.late_notices,
-        "the safety net found waits whose notice never came (seed {seed})"
+    few_without_a_notice(ds.notices, ds.scan_found, ds.late_notices, seed);
+}
+
+/// Not `scan_found == late_notices`, as for a channel: a ring's producer
+/// stores its tail and then calls `published`, and the safety net may find
+/// the entry in between (the producer preempted there); if the owner has
+/// asked again by the time the call runs, the call owes nothing and no
+/// late notice follows (seen once in CI's C test: 7 finds, 4 late, 287
+/// notices). Lost notices show as many finds (a producer that never
+/// calls: hundreds, `a_ring_whose_producer_forgets_the_call_...`).
+fn few_without_a_notice(notices: u64, found: u64, late: u64, seed: u64) {
+    assert!(
+        found <= late + 2 + notices / 50,
+        "the safety net found {found} waits without a notice ({late} came late, {notices} notices): lost notices (seed {seed})"
     );
 }
 
@@ -342,8 +353,5 @@ fn tasks_are_handed_off_through_ring_notices() {
     let ts = rt.join().unwrap();
     eprintln!("tasks, {n} rings x {per}: {ts:?} (seed {seed})");
     assert!(ts.notices > 0, "no hand-off came through a notice: {ts:?}");
-    assert_eq!(
-        ts.scan_found, ts.late_notices,
-        "the safety net found waits whose notice never came (seed {seed})"
-    );
+    few_without_a_notice(ts.notices, ts.scan_found, ts.late_notices, seed);
 }
