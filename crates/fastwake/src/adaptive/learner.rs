@@ -257,6 +257,9 @@ pub struct Learner {
     lean_frac: f64,
     /// Long-run share of a core the plan spins (with the catch limit).
     full_frac: f64,
+    /// The same without the catch limit: the model's own budget, which a
+    /// contended CPU spins while this share is small (see `apply_env`).
+    model_frac: f64,
     /// The best plan other than a pre-wake, for callers that cannot sleep
     /// until a time ([`Env::prewake`]) while the plan is one.
     fallback: Plan,
@@ -277,6 +280,11 @@ pub struct Learner {
     win_ns: f64,
     win_last: Option<u64>,
     win_pending: u32,
+    /// Of `win_ns`, the ns the waiter slept in its waits (and those slept
+    /// since the last recompute): what is left is the time it wanted the
+    /// CPU ([`Learner::busy_share`]).
+    win_asleep: f64,
+    asleep_pending: f64,
     /// Longest budget [`Config::catch_pct`] allows (u64::MAX: no limit).
     catch_ns: u64,
     /// Sleep CPU costs observed so far (the first replaces the default).
@@ -284,16 +292,19 @@ pub struct Learner {
     /// Wake-up latencies observed so far, and their moving average.
     wake_samples: u32,
     measured_wake_ns: f64,
-    /// Long-run mean ns between waits: the running mean of the first
-    /// [`RATE_MEMORY`] gaps, then an EWMA with that memory. Unlike
-    /// `cycle_ns` (a few dozen waits) it spans many bursts and the idle
-    /// gaps between them.
+    /// Long-run mean ns between completions: the running mean over the
+    /// first [`RATE_MEMORY`] completions, then an EWMA with that memory.
+    /// Unlike `cycle_ns` (a few dozen waits) it spans many bursts and the
+    /// idle gaps between them.
     long_gap_ns: f64,
     gaps: u32,
+    /// Completions taken without waiting since the last wait
+    /// ([`Learner::note_taken`]).
+    taken: u32,
     stats: AdaptiveStats,
 }
 
-/// Memory of the long-run rate, in waits: at 1,000 waits/s half a second,
+/// Memory of the long-run rate, in completions: at 1,000/s half a second,
 /// so a rare bursty stream is judged on many bursts, and at 100,000/s
 /// 5 ms, so a stream that speeds up leaves the idle rule quickly.
 pub const RATE_MEMORY: u32 = 512;
@@ -320,6 +331,7 @@ impl Learner {
             lean: Plan::Spin(0),
             lean_frac: 1.0,
             full_frac: 1.0,
+            model_frac: 1.0,
             fallback: Plan::Spin(0),
             prewake: Prewake::new(),
             prewake_frac: 1.0,
@@ -330,12 +342,15 @@ impl Learner {
             win_ns: 0.0,
             win_last: None,
             win_pending: 0,
+            win_asleep: 0.0,
+            asleep_pending: 0.0,
             catch_ns: u64::MAX,
             sleep_samples: 0,
             wake_samples: 0,
             measured_wake_ns: 0.0,
             long_gap_ns: 0.0,
             gaps: 0,
+            taken: 0,
             stats: AdaptiveStats::ZERO,
         }
     }
@@ -437,13 +452,32 @@ impl Learner {
         self.measured_wake_ns
     }
 
-    /// Long-run waits per second (0 before the second wait).
+    /// Long-run completions per second (0 before the second wait).
     pub fn rate(&self) -> f64 {
         if self.long_gap_ns > 0.0 {
             1e9 / self.long_gap_ns
         } else {
             0.0
         }
+    }
+
+    /// `n` completions were taken without waiting since the last wait:
+    /// they count towards the long-run rate ([`Learner::rate`]).
+    pub fn note_taken(&mut self, n: u32) {
+        self.taken = self.taken.saturating_add(n);
+    }
+
+    /// Share of the time the waiter wanted its CPU (running or runnable:
+    /// not asleep in a wait), over the window the spin's share is judged
+    /// over ([`SHARE_WINDOW_NS`]); 1 before the window holds a few waits.
+    /// A waiter that sleeps through most of it, between the bursts of a
+    /// bursty stream, is below its fair share of a contended CPU whatever
+    /// it does inside the bursts (see `wait::backlog`).
+    pub fn busy_share(&self) -> f64 {
+        if self.win_waits < MIN_WEIGHT as f64 || self.win_ns <= 0.0 {
+            return 1.0;
+        }
+        (1.0 - self.win_asleep / self.win_ns).clamp(0.0, 1.0)
     }
 
     /// Below the idle rate (see [`Config::idle_rate`])? Judged once the
@@ -477,12 +511,20 @@ impl Learner {
                 // ~1/16 weight per wait: close to the histogram's memory.
                 self.cycle_ns + (gap - self.cycle_ns) / 16.0
             };
-            self.gaps = self.gaps.saturating_add(1);
+            // The gap brought the completion of the last wait and those
+            // taken without waiting after it: the rate is the stream's,
+            // not the waits'. A waiter that falls behind (a co-located
+            // load holding its CPU) takes much of a burst from the queue
+            // (measured beside two busy processes, 10k/s ON/OFF: 2-6k
+            // waits a second), and the idle rule must not then judge the
+            // stream idle and sleep through its bursts.
+            let k = 1 + std::mem::take(&mut self.taken);
+            self.gaps = self.gaps.saturating_add(k);
             let n = self.gaps.min(RATE_MEMORY) as f64;
             // One long pause (seconds) would otherwise hold a busy stream
             // in the idle rule for a thousand waits after it resumes.
-            let g = gap.min(MAX_RATE_GAP_NS as f64);
-            self.long_gap_ns += (g - self.long_gap_ns) / n;
+            let g = gap.min(MAX_RATE_GAP_NS as f64) / k as f64;
+            self.long_gap_ns += (g - self.long_gap_ns) * (k as f64 / n).min(1.0);
         }
         self.last_wait = Some(now);
         if self.since >= RECOMPUTE_EVERY
@@ -570,13 +612,26 @@ impl Learner {
                     // that spins through short bursts keeps its priority
                     // and its latency (a 10k/s ON/OFF stream, 10 % duty:
                     // spinning 3.9 µs vs 11.6 µs, for 2 % of a core).
-                    // So: the usual budget while its share is small; else
-                    // only the CPU-only budget (spinning that costs less
-                    // than a sleep and wake-up, which take the others' CPU
-                    // too), if that share is small; else interrupt mode.
+                    // So: the model's budget while its share is small,
+                    // without the catch limit: on a free CPU a miss costs
+                    // one wake-up and the limit trades that tail for CPU,
+                    // but here a miss gives the CPU to the others, the
+                    // wake-up waits for the scheduler to preempt them, and
+                    // the rest of the burst queues behind it (measured
+                    // beside two busy processes, a 10k/s ON/OFF stream:
+                    // the 90 % catch limit, 29-57 µs, missed 2-5 times a
+                    // burst, p50 12-220 µs; without it one miss a burst,
+                    // the burst's end, p50 0.2-0.7 µs as a 50 µs hybrid).
+                    // Else the catch-limited budget if its share is small;
+                    // else only the CPU-only budget (spinning that costs
+                    // less than a sleep and wake-up, which take the
+                    // others' CPU too), if that share is small; else
+                    // interrupt mode.
                     let full = b.min(self.catch_ns);
                     let afford = |x: u64| x <= env.allowance_ns;
-                    if self.full_frac <= SHARED_MAX_FRAC && afford(full) {
+                    if self.model_frac <= SHARED_MAX_FRAC && afford(b) {
+                        (Plan::Spin(b), Reason::LeanSpin)
+                    } else if self.full_frac <= SHARED_MAX_FRAC && afford(full) {
                         (Plan::Spin(full), Reason::LeanSpin)
                     } else {
                         match self.lean {
@@ -670,6 +725,13 @@ impl Learner {
         self.hist.add(w);
         self.prewake.record_wait(w);
         self.since += 1;
+        if outcome.slept {
+            // Until the completion: from there to running again (the
+            // wake-up, a wait on the run queue behind the others) the
+            // thread wants its CPU.
+            let asleep = w.saturating_sub(outcome.spun_ns);
+            self.asleep_pending += asleep.min(MAX_SHARE_GAP_NS) as f64;
+        }
     }
 
     /// Re-run the model over the histogram.
@@ -684,9 +746,11 @@ impl Learner {
             let f = (-dt / SHARE_WINDOW_NS as f64).exp();
             self.win_waits = self.win_waits * f + self.win_pending as f64;
             self.win_ns = self.win_ns * f + dt;
+            self.win_asleep = self.win_asleep * f + self.asleep_pending.min(dt);
         }
         self.win_last = Some(now);
         self.win_pending = 0;
+        self.asleep_pending = 0.0;
         self.since = 0;
         self.last_recompute = now;
         self.stats.recomputes += 1;
@@ -763,9 +827,12 @@ impl Learner {
         if let Plan::Spin(b) = self.plan {
             self.stats.budget_ns = b;
         }
-        self.full_frac = match self.plan {
-            Plan::Spin(b) if b > 0 => self.long_run_share(b.min(self.catch_ns)),
-            _ => 1.0,
+        (self.full_frac, self.model_frac) = match self.plan {
+            Plan::Spin(b) if b > 0 => (
+                self.long_run_share(b.min(self.catch_ns)),
+                self.long_run_share(b),
+            ),
+            _ => (1.0, 1.0),
         };
         // The margin in force: how far before the shortest recent wait the
         // plan's timer is set.
