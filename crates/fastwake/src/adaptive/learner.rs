@@ -292,19 +292,16 @@ pub struct Learner {
     /// Wake-up latencies observed so far, and their moving average.
     wake_samples: u32,
     measured_wake_ns: f64,
-    /// Long-run mean ns between completions: the running mean over the
-    /// first [`RATE_MEMORY`] completions, then an EWMA with that memory.
-    /// Unlike `cycle_ns` (a few dozen waits) it spans many bursts and the
-    /// idle gaps between them.
+    /// Long-run mean ns between waits: the running mean of the first
+    /// [`RATE_MEMORY`] gaps, then an EWMA with that memory. Unlike
+    /// `cycle_ns` (a few dozen waits) it spans many bursts and the idle
+    /// gaps between them.
     long_gap_ns: f64,
     gaps: u32,
-    /// Completions taken without waiting since the last wait
-    /// ([`Learner::note_taken`]).
-    taken: u32,
     stats: AdaptiveStats,
 }
 
-/// Memory of the long-run rate, in completions: at 1,000/s half a second,
+/// Memory of the long-run rate, in waits: at 1,000 waits/s half a second,
 /// so a rare bursty stream is judged on many bursts, and at 100,000/s
 /// 5 ms, so a stream that speeds up leaves the idle rule quickly.
 pub const RATE_MEMORY: u32 = 512;
@@ -350,7 +347,6 @@ impl Learner {
             measured_wake_ns: 0.0,
             long_gap_ns: 0.0,
             gaps: 0,
-            taken: 0,
             stats: AdaptiveStats::ZERO,
         }
     }
@@ -452,19 +448,13 @@ impl Learner {
         self.measured_wake_ns
     }
 
-    /// Long-run completions per second (0 before the second wait).
+    /// Long-run waits per second (0 before the second wait).
     pub fn rate(&self) -> f64 {
         if self.long_gap_ns > 0.0 {
             1e9 / self.long_gap_ns
         } else {
             0.0
         }
-    }
-
-    /// `n` completions were taken without waiting since the last wait:
-    /// they count towards the long-run rate ([`Learner::rate`]).
-    pub fn note_taken(&mut self, n: u32) {
-        self.taken = self.taken.saturating_add(n);
     }
 
     /// Share of the time the waiter wanted its CPU (running or runnable:
@@ -511,20 +501,12 @@ impl Learner {
                 // ~1/16 weight per wait: close to the histogram's memory.
                 self.cycle_ns + (gap - self.cycle_ns) / 16.0
             };
-            // The gap brought the completion of the last wait and those
-            // taken without waiting after it: the rate is the stream's,
-            // not the waits'. A waiter that falls behind (a co-located
-            // load holding its CPU) takes much of a burst from the queue
-            // (measured beside two busy processes, 10k/s ON/OFF: 2-6k
-            // waits a second), and the idle rule must not then judge the
-            // stream idle and sleep through its bursts.
-            let k = 1 + std::mem::take(&mut self.taken);
-            self.gaps = self.gaps.saturating_add(k);
+            self.gaps = self.gaps.saturating_add(1);
             let n = self.gaps.min(RATE_MEMORY) as f64;
             // One long pause (seconds) would otherwise hold a busy stream
             // in the idle rule for a thousand waits after it resumes.
-            let g = gap.min(MAX_RATE_GAP_NS as f64) / k as f64;
-            self.long_gap_ns += (g - self.long_gap_ns) * (k as f64 / n).min(1.0);
+            let g = gap.min(MAX_RATE_GAP_NS as f64);
+            self.long_gap_ns += (g - self.long_gap_ns) / n;
         }
         self.last_wait = Some(now);
         if self.since >= RECOMPUTE_EVERY
@@ -619,9 +601,10 @@ impl Learner {
                     // wake-up waits for the scheduler to preempt them, and
                     // the rest of the burst queues behind it (measured
                     // beside two busy processes, a 10k/s ON/OFF stream:
-                    // the 90 % catch limit, 29-57 µs, missed 2-5 times a
-                    // burst, p50 12-220 µs; without it one miss a burst,
-                    // the burst's end, p50 0.2-0.7 µs as a 50 µs hybrid).
+                    // the 90 % catch limit, 33-57 µs, missed 3-7 times a
+                    // burst, p50 12-168 µs; without it 1.2-1.6 times, the
+                    // burst's end, p50 0.2-0.7 µs; a 50 µs hybrid had
+                    // 0.2-18 µs in the same runs).
                     // Else the catch-limited budget if its share is small;
                     // else only the CPU-only budget (spinning that costs
                     // less than a sleep and wake-up, which take the

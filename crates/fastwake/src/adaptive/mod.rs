@@ -239,9 +239,10 @@ pub enum Reason {
     LongWaits,
     /// Interrupt mode: fewer waits per second than [`Config::idle_rate`].
     IdleRate,
-    /// Spun on a contended CPU: with the usual budget while the spin is a
-    /// small share of the core over the long run, else with the budget of
-    /// the CPU-only objective.
+    /// Spun on a contended CPU: with the model's budget (no catch limit)
+    /// while that spin is a small share of the core over the long run,
+    /// else with the catch-limited one, else with the budget of the
+    /// CPU-only objective, each while its share is small.
     LeanSpin,
     /// Interrupt mode: the producer runs on this CPU.
     SameCpu,

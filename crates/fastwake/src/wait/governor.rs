@@ -429,7 +429,6 @@ impl Governor {
         // Behind? (super::backlog: a long run of completions taken
         // without waiting; spinning held off while that helps.)
         let run = std::mem::take(&mut self.run);
-        self.learner.note_taken(run);
         let (backlog, behind) = if self.learner.config().backlog {
             self.backlog
                 .observe(f.now_ns, run, self.learner.busy_share())
