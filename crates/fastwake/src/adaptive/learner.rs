@@ -260,6 +260,9 @@ pub struct Learner {
     lean_frac: f64,
     /// Long-run share of a core the plan spins (with the catch limit).
     full_frac: f64,
+    /// The same without the catch limit: the model's own budget, which a
+    /// contended CPU spins while this share is small (see `apply_env`).
+    model_frac: f64,
     /// The best plan other than a pre-wake, for callers that cannot sleep
     /// until a time ([`Env::prewake`]) while the plan is one.
     fallback: Plan,
@@ -280,6 +283,11 @@ pub struct Learner {
     win_ns: f64,
     win_last: Option<u64>,
     win_pending: u32,
+    /// Of `win_ns`, the ns the waiter slept in its waits (and those slept
+    /// since the last recompute): what is left is the time it wanted the
+    /// CPU ([`Learner::busy_share`]).
+    win_asleep: f64,
+    asleep_pending: f64,
     /// Longest budget [`Config::catch_pct`] allows (u64::MAX: no limit).
     catch_ns: u64,
     /// Sleep CPU costs observed so far (the first replaces the default).
@@ -323,6 +331,7 @@ impl Learner {
             lean: Plan::Spin(0),
             lean_frac: 1.0,
             full_frac: 1.0,
+            model_frac: 1.0,
             fallback: Plan::Spin(0),
             prewake: Prewake::new(),
             prewake_frac: 1.0,
@@ -333,6 +342,8 @@ impl Learner {
             win_ns: 0.0,
             win_last: None,
             win_pending: 0,
+            win_asleep: 0.0,
+            asleep_pending: 0.0,
             catch_ns: u64::MAX,
             sleep_samples: 0,
             wake_samples: 0,
@@ -447,6 +458,19 @@ impl Learner {
         } else {
             0.0
         }
+    }
+
+    /// Share of the time the waiter wanted its CPU (running or runnable:
+    /// not asleep in a wait), over the window the spin's share is judged
+    /// over ([`SHARE_WINDOW_NS`]); 1 before the window holds a few waits.
+    /// A waiter that sleeps through most of it, between the bursts of a
+    /// bursty stream, is below its fair share of a contended CPU whatever
+    /// it does inside the bursts (see `wait::backlog`).
+    pub fn busy_share(&self) -> f64 {
+        if self.win_waits < MIN_WEIGHT as f64 || self.win_ns <= 0.0 {
+            return 1.0;
+        }
+        (1.0 - self.win_asleep / self.win_ns).clamp(0.0, 1.0)
     }
 
     /// Below the idle rate (see [`Config::idle_rate`])? Judged once the
@@ -578,13 +602,27 @@ impl Learner {
                     // that spins through short bursts keeps its priority
                     // and its latency (a 10k/s ON/OFF stream, 10 % duty:
                     // spinning 3.9 µs vs 11.6 µs, for 2 % of a core).
-                    // So: the usual budget while its share is small; else
-                    // only the CPU-only budget (spinning that costs less
-                    // than a sleep and wake-up, which take the others' CPU
-                    // too), if that share is small; else interrupt mode.
+                    // So: the model's budget while its share is small,
+                    // without the catch limit: on a free CPU a miss costs
+                    // one wake-up and the limit trades that tail for CPU,
+                    // but here a miss gives the CPU to the others, the
+                    // wake-up waits for the scheduler to preempt them, and
+                    // the rest of the burst queues behind it (measured
+                    // beside two busy processes, a 10k/s ON/OFF stream:
+                    // the 90 % catch limit, 33-57 µs, missed 3-7 times a
+                    // burst, p50 12-168 µs; without it 1.2-1.6 times, the
+                    // burst's end, p50 0.2-0.7 µs; a 50 µs hybrid had
+                    // 0.2-18 µs in the same runs).
+                    // Else the catch-limited budget if its share is small;
+                    // else only the CPU-only budget (spinning that costs
+                    // less than a sleep and wake-up, which take the
+                    // others' CPU too), if that share is small; else
+                    // interrupt mode.
                     let full = b.min(self.catch_ns);
                     let afford = |x: u64| x <= env.allowance_ns;
-                    if self.full_frac <= SHARED_MAX_FRAC && afford(full) {
+                    if self.model_frac <= SHARED_MAX_FRAC && afford(b) {
+                        (Plan::Spin(b), Reason::LeanSpin)
+                    } else if self.full_frac <= SHARED_MAX_FRAC && afford(full) {
                         (Plan::Spin(full), Reason::LeanSpin)
                     } else {
                         match self.lean {
@@ -678,6 +716,13 @@ impl Learner {
         self.hist.add(w);
         self.prewake.record_wait(w);
         self.since += 1;
+        if outcome.slept {
+            // Until the completion: from there to running again (the
+            // wake-up, a wait on the run queue behind the others) the
+            // thread wants its CPU.
+            let asleep = w.saturating_sub(outcome.spun_ns);
+            self.asleep_pending += asleep.min(MAX_SHARE_GAP_NS) as f64;
+        }
     }
 
     /// Re-run the model over the histogram.
@@ -692,9 +737,11 @@ impl Learner {
             let f = (-dt / SHARE_WINDOW_NS as f64).exp();
             self.win_waits = self.win_waits * f + self.win_pending as f64;
             self.win_ns = self.win_ns * f + dt;
+            self.win_asleep = self.win_asleep * f + self.asleep_pending.min(dt);
         }
         self.win_last = Some(now);
         self.win_pending = 0;
+        self.asleep_pending = 0.0;
         self.since = 0;
         self.last_recompute = now;
         self.stats.recomputes += 1;
@@ -771,9 +818,12 @@ impl Learner {
         if let Plan::Spin(b) = self.plan {
             self.stats.budget_ns = b;
         }
-        self.full_frac = match self.plan {
-            Plan::Spin(b) if b > 0 => self.long_run_share(b.min(self.catch_ns)),
-            _ => 1.0,
+        (self.full_frac, self.model_frac) = match self.plan {
+            Plan::Spin(b) if b > 0 => (
+                self.long_run_share(b.min(self.catch_ns)),
+                self.long_run_share(b),
+            ),
+            _ => (1.0, 1.0),
         };
         // The margin in force: how far before the shortest recent wait the
         // plan's timer is set.

@@ -239,9 +239,10 @@ pub enum Reason {
     LongWaits,
     /// Interrupt mode: fewer waits per second than [`Config::idle_rate`].
     IdleRate,
-    /// Spun on a contended CPU: with the usual budget while the spin is a
-    /// small share of the core over the long run, else with the budget of
-    /// the CPU-only objective.
+    /// Spun on a contended CPU: with the model's budget (no catch limit)
+    /// while that spin is a small share of the core over the long run,
+    /// else with the catch-limited one, else with the budget of the
+    /// CPU-only objective, each while its share is small.
     LeanSpin,
     /// Interrupt mode: the producer runs on this CPU.
     SameCpu,
@@ -396,7 +397,7 @@ pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
         }
     };
     let mut out = format!(
-        "{}: {} waits: spin {:.0}% (hit {}, miss {}; lean {:.0}%), interrupt: long-waits {:.0}% idle-rate {:.0}% contended {:.0}% same-cpu {:.0}% siblings {:.0}% cap {:.0}% learning {:.0}%, dispatch {:.0}%; budget {:.1}us (lean {:.1}us); rate {:.0}/s; wait p50 {:.1}us p90 {:.1}us; spun {:.3}s; plan changes {}",
+        "{}: {} waits: spin {:.0}% (hit {}, miss {}; lean {:.0}%), interrupt: long-waits {:.0}% idle-rate {:.0}% contended {:.0}% same-cpu {:.0}% siblings {:.0}% cap {:.0}% learning {:.0}%, dispatch {:.0}%; budget {:.1}us (lean {:.1}us); rate {:.0}/s, busy {:.0}% of the time; wait p50 {:.1}us p90 {:.1}us; spun {:.3}s; plan changes {}",
         learner.config(),
         s.decisions,
         pct(s.spins),
@@ -414,6 +415,7 @@ pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
         s.budget_ns as f64 / 1000.0,
         learner.lean_budget() as f64 / 1000.0,
         learner.rate(),
+        100.0 * learner.busy_share(),
         h.quantile(0.5) as f64 / 1000.0,
         h.quantile(0.9) as f64 / 1000.0,
         s.spin_ns as f64 / 1e9,

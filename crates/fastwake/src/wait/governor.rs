@@ -430,7 +430,8 @@ impl Governor {
         // without waiting; spinning held off while that helps.)
         let run = std::mem::take(&mut self.run);
         let (backlog, behind) = if self.learner.config().backlog {
-            self.backlog.observe(f.now_ns, run)
+            self.backlog
+                .observe(f.now_ns, run, self.learner.busy_share())
         } else {
             (false, false)
         };
