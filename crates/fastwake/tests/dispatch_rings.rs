@@ -237,9 +237,7 @@ fn threads_are_handed_off_through_ring_notices() {
     let _g = common::spin_lock();
     let seed = common::stress_seed();
     eprintln!("seed {seed} (FW_STRESS_SEED to replay)");
-    let mut cfg = Config::new(0);
-    cfg.idle_after = None;
-    cfg.relay = None;
+    let cfg = always_dispatching();
     let ds = threads_on_rings(16, 1_500, Calls::Published, cfg, seed);
     assert!(ds.notices > 0, "no hand-off came through a notice: {ds:?}");
     few_without_a_notice(ds.notices, ds.scan_found, ds.late_notices, seed);
@@ -257,6 +255,15 @@ fn few_without_a_notice(notices: u64, found: u64, late: u64, seed: u64) {
         found <= late + 2 + notices / 50,
         "the safety net found {found} waits without a notice ({late} came late, {notices} notices): lost notices (seed {seed})"
     );
+}
+
+/// A dispatcher on CPU 0 that never goes idle and with no relays: every
+/// wait is its own to hand off, so its counters tell the whole story.
+fn always_dispatching() -> Config {
+    let mut cfg = Config::new(0);
+    cfg.idle_after = None;
+    cfg.relay = None;
+    cfg
 }
 
 /// The same with the default dispatcher (idle after 2 ms, relays): waits
@@ -278,9 +285,7 @@ fn a_ring_without_notices_is_peeked() {
     let _g = common::spin_lock();
     let seed = common::stress_seed();
     eprintln!("seed {seed} (FW_STRESS_SEED to replay)");
-    let mut cfg = Config::new(0);
-    cfg.idle_after = None;
-    cfg.relay = None;
+    let cfg = always_dispatching();
     let ds = threads_on_rings(4, 400, Calls::Plain, cfg, seed);
     assert!(ds.handoffs > 0, "never handed off: {ds:?}");
     assert_eq!(ds.notices, 0, "notices from a ring without them: {ds:?}");
@@ -296,9 +301,7 @@ fn a_ring_whose_producer_forgets_the_call_is_found_by_the_safety_net() {
     let _g = common::spin_lock();
     let seed = common::stress_seed();
     eprintln!("seed {seed} (FW_STRESS_SEED to replay)");
-    let mut cfg = Config::new(0);
-    cfg.idle_after = None;
-    cfg.relay = None;
+    let cfg = always_dispatching();
     let ds = threads_on_rings(4, 400, Calls::Forgotten, cfg, seed);
     assert_eq!(ds.notices, 0, "a notice nobody pushed: {ds:?}");
     assert_eq!(ds.late_notices, 0, "{ds:?}");
