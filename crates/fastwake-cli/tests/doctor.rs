@@ -134,6 +134,7 @@ fn json_is_one_document_with_the_schema_and_anchors_that_exist() {
         "xps",
         "io_uring",
         "wake_up_latency",
+        "timed_sleep",
     ] {
         assert!(ids.iter().any(|i| i == id), "no {id} finding: {ids:?}");
     }
@@ -154,6 +155,25 @@ fn json_is_one_document_with_the_schema_and_anchors_that_exist() {
         missing > 0,
         "an error exactly when a series is missing: {w}"
     );
+    // The timed sleeps: lateness and CPU, or why not. A sleep ends at
+    // or after its deadline and costs some CPU.
+    let t = &j["timed_sleep"];
+    assert_eq!(t["error"].is_string(), t["lateness"].is_null(), "{t}");
+    if !t["lateness"].is_null() {
+        let l = &t["lateness"];
+        assert_eq!(l["idle_us"], 50.0, "{t}");
+        assert_eq!(l["sleeps"], 200, "{t}");
+        let (min, p50, p99, max) = (
+            l["min_us"].as_f64().unwrap(),
+            l["p50_us"].as_f64().unwrap(),
+            l["p99_us"].as_f64().unwrap(),
+            l["max_us"].as_f64().unwrap(),
+        );
+        assert!(0.0 <= min && min <= p50 && p50 <= p99 && p99 <= max, "{t}");
+        // No more CPU than the time a sleep took (plus the loop's).
+        let cpu = t["cpu_per_sleep_us"].as_f64().unwrap();
+        assert!(cpu > 0.0 && cpu < 60.0 + max, "{t}");
+    }
 }
 
 #[test]

@@ -14,6 +14,7 @@ pub mod anchor {
     pub const IDLE: &str = "idle-states-and-guest-halt-polling";
     pub const GOVERNOR: &str = "frequency-governor";
     pub const WAKE_UP: &str = "wake-up-latency";
+    pub const TIMED_SLEEP: &str = "timed-sleeps-and-pre-wakes";
     pub const RDMA: &str = "rdma-devices-and-libibverbs";
     pub const MEMLOCK: &str = "memlock-limits-for-rdma";
     pub const VECTORS: &str = "completion-vectors";
@@ -23,9 +24,22 @@ pub mod anchor {
     pub const ODP: &str = "on-demand-paging-and-rdma-stalls";
     /// All of them.
     #[cfg(test)]
-    pub const ALL: [&str; 14] = [
-        CPUS, PRESSURE, IRQ, ISOLATED, IDLE, GOVERNOR, WAKE_UP, RDMA, MEMLOCK, VECTORS, BUSY_POLL,
-        RFS_XPS, IO_URING, ODP,
+    pub const ALL: [&str; 15] = [
+        CPUS,
+        PRESSURE,
+        IRQ,
+        ISOLATED,
+        IDLE,
+        GOVERNOR,
+        WAKE_UP,
+        TIMED_SLEEP,
+        RDMA,
+        MEMLOCK,
+        VECTORS,
+        BUSY_POLL,
+        RFS_XPS,
+        IO_URING,
+        ODP,
     ];
 }
 
@@ -226,6 +240,8 @@ pub(super) mod check {
         "wake-up latency",
         anchor::WAKE_UP,
     );
+    pub const TIMED_SLEEP: Check =
+        Check::new("timed_sleep", Area::Cpu, "timed sleep", anchor::TIMED_SLEEP);
 }
 
 impl Finding {

@@ -1,8 +1,9 @@
 //! `fastwake doctor`: what this host offers for microsecond waiting, and
 //! what to change. Read-only: it never modifies the host. It reads /proc
 //! and /sys, dlopens libibverbs (and closes it), creates and drops one
-//! io_uring instance to see whether io_uring works, and measures one thing,
-//! the wake-up latency, with two threads of its own for ~0.3 s.
+//! io_uring instance to see whether io_uring works, and measures two
+//! things with threads of its own: the wake-up latency (~0.3 s) and what a
+//! timed sleep costs, the pre-wake's sleep (~15 ms).
 //!
 //! Every check produces a [`Finding`] (a value: level, measured detail,
 //! advice, the section of docs/tuning.md that explains it); [`render_text`]
@@ -22,7 +23,7 @@ pub const GUIDE: &str = "docs/tuning.md";
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Print one JSON document (version, host, date, kernel, findings,
-    /// warnings, the wake-up measurement) instead of the text report.
+    /// warnings, the wake-up and timed-sleep measurements) instead of the text report.
     #[arg(long)]
     pub json: bool,
 }
@@ -37,6 +38,7 @@ mod odp;
 mod rdma;
 #[cfg(test)]
 mod tests;
+mod timer;
 mod wake;
 
 pub use cpu::guest_halt_poll_ns;
@@ -46,6 +48,7 @@ use host::*;
 use net::*;
 use odp::*;
 use rdma::*;
+use timer::*;
 use wake::*;
 
 /// Everything `doctor` found; `--json` prints exactly this.
@@ -63,6 +66,7 @@ pub struct Report {
     /// Findings at level bad.
     pub bad: usize,
     pub wake_up: WakeUp,
+    pub timed_sleep: TimedSleep,
 }
 
 impl Report {
@@ -74,6 +78,7 @@ impl Report {
             warnings: 0,
             bad: 0,
             wake_up: WakeUp::default(),
+            timed_sleep: TimedSleep::default(),
         }
     }
     fn push(&mut self, f: Finding) {
@@ -206,9 +211,12 @@ pub fn inspect() -> Report {
     r.push(judge_xps(&nics));
     r.push(io_uring());
 
-    // Last: the measurement; its finding joins the cpu section.
+    // Last: the measurements; their findings join the cpu section.
     let (w, f) = wake_up();
     r.wake_up = w;
+    r.push(f);
+    let (t, f) = timed_sleep();
+    r.timed_sleep = t;
     r.push(f);
     r.findings.sort_by_key(|f| f.area);
     r
