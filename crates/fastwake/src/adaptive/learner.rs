@@ -1019,10 +1019,7 @@ impl Learner {
         };
         if self.cfg.prewake
             && prewake
-            && let Some(p) = self.prewake.best(
-                self.prewake_costs(),
-                self.cfg.catch_pct.min(100) as f64 / 100.0,
-            )
+            && let Some(p) = self.prewake.best(self.prewake_costs())
             && let c = self.prewake_choice(p)
             && self.fits(&c)
             && c.cost < best.cost

@@ -59,10 +59,7 @@ pub struct Config {
     /// a burst. Always allowed: the CPU-only optimum and the ski-rental
     /// budget (a spin as long as a sleep's own cost, wake-up plus CPU). Measured on a 10k/s ON/OFF
     /// stream: the model alone spun to ~200 µs at 1.46× the CPU of a
-    /// 20 µs hybrid for the same p50. The same share bounds a pre-wake
-    /// from the other side: of the pre-wake plans predicted to catch it,
-    /// the one with the least CPU (the latest wake-up) is taken
-    /// ([`prewake::Prewake::best`]); 100 = the least latency + CPU/worth.
+    /// 20 µs hybrid for the same p50.
     pub catch_pct: u8,
     /// Use the measured wake-up latency as the model's cost of a sleep
     /// (`wake=learn`) instead of the default 4.3 µs (`wake=model`). Either

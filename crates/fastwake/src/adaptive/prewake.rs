@@ -254,18 +254,7 @@ impl Prewake {
     /// would have cost with each lateness. Runs only where the shortest
     /// recent wait is long enough to sleep in, so it is done well before
     /// the completion it plans for is due.
-    ///
-    /// `catch` (a share of waits, 0-1) bounds how early the thread wakes:
-    /// of the plans predicted to catch at least that share spinning, the
-    /// one with the least CPU is taken, the rule of the spin's catch limit
-    /// ([`super::Config::catch_pct`]) turned round. Why: each earlier
-    /// wake-up spins a little longer on *every* wait to catch a few more in
-    /// the tail, and with the default worth the objective pays a wait's
-    /// whole CPU for a fraction of a µs of mean latency (measured: a 33 µs
-    /// margin, lateness p90, before 200 µs ± 10 % waits spent 0.22× poll's
-    /// CPU where the p50 margin's plan predicts ~0.13× at the same p50).
-    /// Where no plan reaches `catch`, the least J is taken, as before.
-    pub fn best(&self, c: Costs, catch: f64) -> Option<Figures> {
+    pub fn best(&self, c: Costs) -> Option<Figures> {
         let mut s = [0u32; RECENT];
         let n = self.waits.sorted(&mut s);
         if n < MIN_RECENT || (s[0] as u64) < MIN_SLEEP_NS {
@@ -282,17 +271,16 @@ impl Prewake {
         }
         let (late, m) = self.lateness_points();
         let late = &late[..m];
-        let margins: [Option<u64>; 4] = match self.margin_ns() {
-            None => [None; 4],
+        let margins: [Option<u64>; 3] = match self.margin_ns() {
+            None => [None; 3],
             Some(m90) => {
                 let mut l = [0u32; LATENESS];
                 let k = self.lateness.sorted(&mut l);
                 let q = |x| Some(quantile(&l[..k], x) as u64 + MARGIN_GUARD_NS);
-                [q(0.25), q(0.5), q(0.75), Some(m90)]
+                [q(0.5), q(0.75), Some(m90)]
             }
         };
-        // The least J, and the least CPU of those that catch enough.
-        let (mut best, mut thrifty): (Option<Figures>, Option<Figures>) = (None, None);
+        let mut best: Option<Figures> = None;
         // The wake-up point is a margin before the *shortest* recent wait,
         // never a later order statistic: a completion the waits predict
         // then never comes while the thread sleeps on its timer (which
@@ -317,16 +305,13 @@ impl Prewake {
                     if best.is_none_or(|b| f.cost < b.cost) {
                         best = Some(f);
                     }
-                    if f.p_hit >= catch && thrifty.is_none_or(|b| f.cpu < b.cpu) {
-                        thrifty = Some(f);
-                    }
                 }
                 if margin.is_none() {
                     break;
                 }
             }
         }
-        thrifty.or(best)
+        best
     }
 }
 
@@ -387,7 +372,6 @@ mod tests {
         sleep_cpu_ns: 5_000.0,
         worth: 100.0,
     };
-    const CATCH: f64 = 0.9;
 
     fn fed(waits: impl Iterator<Item = u64>, late: &[u64]) -> Prewake {
         let mut p = Prewake::new();
@@ -409,7 +393,7 @@ mod tests {
         let p = fed(waits, &late);
         let m = p.margin_ns().unwrap();
         assert!((14_000..=17_000).contains(&m), "margin {m}");
-        let f = p.best(COSTS, CATCH).expect("a plan");
+        let f = p.best(COSTS).expect("a plan");
         assert!(f.plan.sleep_ns + m <= 900_000 + 4 * 3_125, "{f:?}");
         assert!(f.plan.sleep_ns >= 800_000, "{f:?}");
         // Spins about the jitter plus the margin, not the whole wait.
@@ -418,31 +402,12 @@ mod tests {
     }
 
     #[test]
-    fn the_catch_target_takes_the_latest_wake_up_that_still_catches_enough() {
-        // 200 µs ± 10 %, timers late by 5-40 µs, most by little (this VM's
-        // spread: p50 ~10 µs, p90 ~30 µs): the least-J plan wakes a p90
-        // margin early; the catch rule wakes later, spins less on every
-        // wait, and still catches 90 %.
-        let waits = (0..64).map(|i| 180_000 + i * 625);
-        let late: Vec<u64> = (0..32).map(|i| 5_000 + i * i * 35).collect();
-        let p = fed(waits, &late);
-        let j = p.best(COSTS, 1.0).expect("a plan");
-        let t = p.best(COSTS, CATCH).expect("a plan");
-        assert!(t.p_hit >= CATCH, "{t:?}");
-        assert!(t.plan.sleep_ns > j.plan.sleep_ns, "{t:?} vs {j:?}");
-        assert!(t.cpu < 0.8 * j.cpu, "{t:?} vs {j:?}");
-        // Still never asked to sleep past the shortest wait less the
-        // least lateness seen.
-        assert!(t.plan.sleep_ns + 5_000 < 180_000, "{t:?}");
-    }
-
-    #[test]
     fn without_lateness_samples_the_margin_is_the_bootstrap_one() {
         let p = fed((0..64).map(|_| 150_000), &[]);
         assert_eq!(p.margin_ns(), None);
-        assert_eq!(p.best(COSTS, CATCH).unwrap().plan.sleep_ns, 75_000);
+        assert_eq!(p.best(COSTS).unwrap().plan.sleep_ns, 75_000);
         let p = fed((0..64).map(|_| 1_000_000), &[]);
-        assert_eq!(p.best(COSTS, CATCH).unwrap().plan.sleep_ns, 900_000);
+        assert_eq!(p.best(COSTS).unwrap().plan.sleep_ns, 900_000);
     }
 
     #[test]
@@ -451,16 +416,16 @@ mod tests {
         // waits; with no pre-wake nothing measures the timers again, so
         // the samples must age out, and the bootstrap margin probes anew.
         let mut p = fed((0..64).map(|_| 300_000), &[329_000; 32]);
-        assert!(p.best(COSTS, CATCH).is_none());
+        assert!(p.best(COSTS).is_none());
         for _ in 1..LATENESS_TTL_WAITS {
             p.record_wait(300_000);
         }
-        assert!(p.best(COSTS, CATCH).is_none(), "forgotten a wait too early");
+        assert!(p.best(COSTS).is_none(), "forgotten a wait too early");
         assert_eq!(p.lateness_forgotten(), 0);
         p.record_wait(300_000);
         assert_eq!(p.lateness_forgotten(), 1);
         assert_eq!(p.margin_ns(), None);
-        assert_eq!(p.best(COSTS, CATCH).unwrap().plan.sleep_ns, 200_000);
+        assert_eq!(p.best(COSTS).unwrap().plan.sleep_ns, 200_000);
         // While pre-wakes measure the timers, the samples are kept.
         let mut p = fed((0..64).map(|_| 300_000), &[20_000; 32]);
         for _ in 0..4 * LATENESS_TTL_WAITS {
@@ -475,12 +440,12 @@ mod tests {
     fn short_or_few_waits_get_no_plan() {
         assert!(
             fed((0..64).map(|_| 9_000), &[1_000; 8])
-                .best(COSTS, CATCH)
+                .best(COSTS)
                 .is_none()
         );
         assert!(
             fed((0..31).map(|_| 500_000), &[1_000; 8])
-                .best(COSTS, CATCH)
+                .best(COSTS)
                 .is_none()
         );
     }
