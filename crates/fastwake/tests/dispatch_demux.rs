@@ -12,8 +12,6 @@ use fastwake::dispatch::{Config, Dispatcher, Runtime, TaskConfig};
 use fastwake::source::Source;
 use fastwake::source::demux::{Demux, DemuxStats, Inbox, MemQueue};
 use fastwake::{WaitMode, Waiter};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
 type Q = MemQueue<u64>;
@@ -22,39 +20,10 @@ type Q = MemQueue<u64>;
 /// random order, in bursts with random spins and sleeps between them.
 fn produce(d: &Demux<Q>, owners: u64, per: u64, seed: u64, cpu: u32) {
     fastwake::cpu::pin(cpu).unwrap();
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut next = vec![0u64; owners as usize];
-    let mut open: Vec<u64> = (0..owners).collect();
-    while !open.is_empty() {
-        let burst = match rng.random_range(0..3) {
-            0 => 1,
-            1 => rng.random_range(1..=4),
-            _ => rng.random_range(1..=open.len()),
-        };
-        for _ in 0..burst.min(open.len()) {
-            let j = rng.random_range(0..open.len());
-            let k = open[j];
-            d.queue().push(k, next[k as usize]);
-            next[k as usize] += 1;
-            if next[k as usize] == per {
-                open.swap_remove(j);
-            }
-        }
-        match rng.random_range(0..256) {
-            // Past the dispatchers' 2 ms idle threshold: threads are
-            // handed back to interrupt mode (the queue's shared event fd),
-            // the task runtime naps.
-            0 => std::thread::sleep(Duration::from_millis(3)),
-            1..=4 => std::thread::sleep(Duration::from_micros(rng.random_range(1..400))),
-            5..=36 => {
-                let until = Instant::now() + Duration::from_micros(rng.random_range(1..20));
-                while Instant::now() < until {
-                    std::hint::spin_loop();
-                }
-            }
-            _ => {}
-        }
-    }
+    common::produce_bursts(owners as usize, per, 4, seed, |k, v| {
+        d.queue().push(k as u64, v);
+        true
+    });
 }
 
 fn check(k: u64, want: u64, got: (u64, u64), seed: u64) {

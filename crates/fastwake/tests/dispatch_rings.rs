@@ -12,8 +12,6 @@ mod common;
 use fastwake::dispatch::{Config, DispatchStats, Dispatcher, Runtime, TaskConfig};
 use fastwake::source::ring::{ExternalRing, RingFd, RingProducer};
 use fastwake::{WaitMode, Waiter};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -125,46 +123,10 @@ type Fed = (Arc<UserRing>, Option<RingProducer>);
 /// order, in bursts with random spins and sleeps between them.
 fn produce(rings: &[Fed], per: u64, seed: u64, cpu: u32) {
     fastwake::cpu::pin(cpu).unwrap();
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut next = vec![0u64; rings.len()];
-    let mut open: Vec<usize> = (0..rings.len()).collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !open.is_empty() {
-        assert!(Instant::now() < deadline, "producer stuck (seed {seed})");
-        let burst = match rng.random_range(0..3) {
-            0 => 1,
-            1 => rng.random_range(1..=4),
-            _ => rng.random_range(1..=open.len()),
-        };
-        for _ in 0..burst.min(open.len()) {
-            let j = rng.random_range(0..open.len());
-            let k = open[j];
-            let (r, p) = &rings[k];
-            if !r.try_push(next[k], p.as_ref()) {
-                // Full: its owner is behind; another ring's turn.
-                std::thread::yield_now();
-                continue;
-            }
-            next[k] += 1;
-            if next[k] == per {
-                open.swap_remove(j);
-            }
-        }
-        match rng.random_range(0..256) {
-            // Past the dispatchers' 2 ms idle threshold: threads are
-            // handed back to interrupt mode (the ring's eventfd), the
-            // task runtime naps.
-            0 => std::thread::sleep(Duration::from_millis(3)),
-            1..=8 => std::thread::sleep(Duration::from_micros(rng.random_range(1..400))),
-            9..=40 => {
-                let until = Instant::now() + Duration::from_micros(rng.random_range(1..20));
-                while Instant::now() < until {
-                    std::hint::spin_loop();
-                }
-            }
-            _ => {}
-        }
-    }
+    common::produce_bursts(rings.len(), per, 8, seed, |k, v| {
+        let (r, p) = &rings[k];
+        r.try_push(v, p.as_ref())
+    });
 }
 
 /// `n` rings whose producers make `calls`.

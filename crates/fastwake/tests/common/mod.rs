@@ -37,3 +37,59 @@ pub fn stress_seed() -> u64 {
                 .as_nanos() as u64
         })
 }
+
+/// A producer for the dispatch stress tests: values `0..per` for each of
+/// `sources` sources, in order per source, sources in random order, in
+/// random bursts (one, a few, or across the open sources) with pauses of
+/// every length between them: now and then past the dispatchers' 2 ms
+/// idle threshold (threads go back to interrupt mode, task runtimes nap),
+/// `naps` in 256 a short sleep, 32 in 256 a short spin. `push(k, v)`
+/// offers value `v` to source `k`; false means full (its owner is
+/// behind): the value is offered again later. Panics after 60 s (a stuck
+/// producer), naming the seed.
+pub fn produce_bursts(
+    sources: usize,
+    per: u64,
+    naps: u32,
+    seed: u64,
+    mut push: impl FnMut(usize, u64) -> bool,
+) {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use std::time::{Duration, Instant};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut next = vec![0u64; sources];
+    let mut open: Vec<usize> = (0..sources).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !open.is_empty() {
+        assert!(Instant::now() < deadline, "producer stuck (seed {seed})");
+        let burst = match rng.random_range(0..3) {
+            0 => 1,
+            1 => rng.random_range(1..=4),
+            _ => rng.random_range(1..=open.len()),
+        };
+        for _ in 0..burst.min(open.len()) {
+            let j = rng.random_range(0..open.len());
+            let k = open[j];
+            if !push(k, next[k]) {
+                std::thread::yield_now();
+                continue;
+            }
+            next[k] += 1;
+            if next[k] == per {
+                open.swap_remove(j);
+            }
+        }
+        let pause = rng.random_range(0..256u32);
+        if pause == 0 {
+            std::thread::sleep(Duration::from_millis(3));
+        } else if pause <= naps {
+            std::thread::sleep(Duration::from_micros(rng.random_range(1..400)));
+        } else if pause <= naps + 32 {
+            let until = Instant::now() + Duration::from_micros(rng.random_range(1..20));
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
