@@ -921,6 +921,7 @@ struct vpong {
     const char *why;
     struct fw_wait_stats ws;
     struct fw_verbs_stats vs;
+    struct fw_dispatch_wait_stats ds;
 };
 
 static void *v_pong(void *p) {
@@ -943,6 +944,7 @@ static void *v_pong(void *p) {
     }
     fw_waiter_stats(w, &a->ws);
     fw_verbs_cq_stats(v, &a->vs);
+    fw_waiter_dispatch_stats(w, &a->ds);
 out:
     fw_verbs_cq_destroy(v);
     fw_waiter_destroy(w);
@@ -952,8 +954,13 @@ out:
 static struct vend v_ping, v_pong_end;
 
 /* n data-checked round trips with both ends waiting in mode; d: the
- * dispatcher serving CPU 1 (the pong end), or NULL. */
-static void verbs_round_trips(const char *mode, int n, fw_dispatcher *d) {
+ * dispatcher serving CPU 1 (the pong end), or NULL. With retry != 0, a run
+ * in which d made no hand-off because every pong wait fell back to
+ * interrupt mode (the dispatcher not seen running: under TCG the guest's
+ * kernel work can starve a SCHED_IDLE thread for over 500 µs at a time)
+ * is not judged: it says so and returns 1, for the caller to run again.
+ * A dispatcher that runs and still never hands off fails either way. */
+static int verbs_round_trips(const char *mode, int n, fw_dispatcher *d, int retry) {
     char name[96];
     snprintf(name, sizeof name, "verbs: %d round trips over RC, %s", n, mode);
     struct fw_dispatch_stats d0 = {0}, d1 = {0};
@@ -965,7 +972,7 @@ static void verbs_round_trips(const char *mode, int n, fw_dispatcher *d) {
     if (fw_waiter_create(mode, &w) || fw_verbs_cq_create(v_ping.cq, v_ping.ch, &v)) {
         check(0, name, "create");
         fw_waiter_destroy(w);
-        return;
+        return 0;
     }
     pin(0);
     pthread_t t;
@@ -997,6 +1004,12 @@ static void verbs_round_trips(const char *mode, int n, fw_dispatcher *d) {
     int polling = strcmp(mode, "poll") == 0, interrupt = strcmp(mode, "interrupt") == 0;
     if (!why && polling && (ws.sleeps || a.ws.sleeps || vs.events || a.vs.events)) why = "poll mode slept";
     if (!why && interrupt && (a.ws.sleeps == 0 || a.vs.events == 0)) why = "interrupt mode never slept on the channel";
+    if (!why && d && handoffs == 0 && retry && a.ds.fallbacks > 0 && a.ds.handoffs == 0) {
+        printf("INFO %s: no hand-off: all %llu of the pong's dispatch waits fell back to interrupt mode "
+               "(dispatcher not seen running); running it again\n",
+               name, (unsigned long long)a.ds.fallbacks);
+        return 1;
+    }
     if (!why && d && handoffs == 0) why = "no hand-off by the dispatcher";
     check(!why, name, why ? why : "");
     printf("INFO verbs %s: ping completions=%llu sleeps=%llu events=%llu acked=%llu arms=%llu | pong "
@@ -1005,9 +1018,11 @@ static void verbs_round_trips(const char *mode, int n, fw_dispatcher *d) {
            (unsigned long long)vs.acked, (unsigned long long)vs.arms, (unsigned long long)a.ws.completions,
            (unsigned long long)a.ws.sleeps, (unsigned long long)a.vs.events, (unsigned long long)a.vs.acked,
            (unsigned long long)a.vs.arms);
-    if (d) printf(" | dispatcher handoffs=%llu rescued=%llu", (unsigned long long)handoffs,
-                  (unsigned long long)(d1.rescued - d0.rescued));
+    if (d) printf(" | dispatcher handoffs=%llu rescued=%llu | pong dispatch waits: handoffs=%llu fallbacks=%llu",
+                  (unsigned long long)handoffs, (unsigned long long)(d1.rescued - d0.rescued),
+                  (unsigned long long)a.ds.handoffs, (unsigned long long)a.ds.fallbacks);
     printf("\n");
+    return 0;
 }
 
 /* Open the device (FASTWAKE_TEST_VERBS_DEV, else the first) and pick the
@@ -1157,12 +1172,13 @@ static void verbs_checks(int n) {
     printf("INFO verbs: device %s, %s, GID index %d, %d comp vectors\n", ibv_get_device_name(vd.ctx->device),
            vd.roce ? "RoCE" : "IB", vd.gid_index, vd.ctx->num_comp_vectors);
     const char *modes[] = {"poll", "interrupt", "hybrid:20us", "adaptive"};
-    for (int m = 0; m < 4; m++) verbs_round_trips(modes[m], n, NULL);
+    for (int m = 0; m < 4; m++) verbs_round_trips(modes[m], n, NULL, 0);
     fw_dispatcher *d = NULL;
     /* Never idle: under TCG a round trip can take longer than any idle
      * threshold, and an idle dispatcher hands waits back to interrupt mode. */
     if (fw_dispatcher_start(1, -1, 0, &d) == 0) {
-        verbs_round_trips("dispatch", n, d);
+        for (int left = 2; verbs_round_trips("dispatch", n, d, left > 0); left--) {
+        }
         fw_dispatcher_stop(d);
     } else {
         check(0, "verbs: dispatcher for CPU 1", fw_last_error());

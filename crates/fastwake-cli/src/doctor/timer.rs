@@ -32,16 +32,17 @@ pub struct TimedSleep {
     pub error: Option<String>,
 }
 
-/// Sorted lateness (ns) of `n` sleeps of `asked` and the CPU per sleep,
-/// on CPU `cpu` if given.
-fn timed_sleeps(n: usize, asked: Duration, cpu: Option<u32>) -> Result<(Vec<u64>, f64), String> {
+/// Sorted lateness (ns) of `n` sleeps of `asked`, the CPU per sleep, and
+/// the CPU slept on: `cpu` if given and the thread could be pinned there
+/// (an affinity mask without it leaves the thread where it may run).
+type Sleeps = (Vec<u64>, f64, Option<u32>);
+
+fn timed_sleeps(n: usize, asked: Duration, cpu: Option<u32>) -> Result<Sleeps, String> {
     use fastwake::source::channel::{self, Config};
     use fastwake::source::{BlockReport, block_until_ready};
     let (tx, mut rx) = channel::channel(Config::default()).map_err(|e| e.to_string())?;
     let t = std::thread::spawn(move || {
-        if let Some(c) = cpu {
-            let _ = fastwake::cpu::pin(c);
-        }
+        let cpu = cpu.filter(|&c| fastwake::cpu::pin(c).is_ok());
         let _slack = fastwake::cpu::FineTimerSlack::set();
         let mut late = Vec::with_capacity(n);
         let cpu0 = fastwake::cpu::thread_cpu_time();
@@ -59,25 +60,22 @@ fn timed_sleeps(n: usize, asked: Duration, cpu: Option<u32>) -> Result<(Vec<u64>
                     .as_nanos() as u64,
             );
         }
-        let cpu = (fastwake::cpu::thread_cpu_time() - cpu0).as_nanos() as f64 / n as f64;
-        Ok((late, cpu))
+        let used = (fastwake::cpu::thread_cpu_time() - cpu0).as_nanos() as f64 / n as f64;
+        Ok((late, used, cpu))
     });
     let r = t.join().map_err(|_| "sleeping thread failed".to_string());
     // Kept open until the sleeps are done: a closed channel is ready.
     drop(tx);
-    let (mut late, cpu) = r??;
+    let (mut late, used, cpu) = r??;
     late.sort_unstable();
-    Ok((late, cpu))
+    Ok((late, used, cpu))
 }
 
 pub(super) fn timed_sleep() -> (TimedSleep, Finding) {
-    let cpu = (fastwake::cpu::online() >= 2).then_some(1);
-    let mut t = TimedSleep {
-        cpu,
-        ..Default::default()
-    };
-    let d = match timed_sleeps(SLEEPS, ASKED, cpu) {
-        Ok((late, cpu_ns)) => {
+    let mut t = TimedSleep::default();
+    let d = match timed_sleeps(SLEEPS, ASKED, (fastwake::cpu::online() >= 2).then_some(1)) {
+        Ok((late, cpu_ns, cpu)) => {
+            t.cpu = cpu;
             t.lateness = WakeStats::of(ASKED.as_secs_f64() * 1e6, &late);
             t.cpu_per_sleep_us = Some(cpu_ns / 1000.0);
             let l = t.lateness.as_ref().expect("SLEEPS > 0");
