@@ -92,8 +92,7 @@ fn threads_through_one_queue(
 #[test]
 fn threads_are_handed_off_through_one_shared_queue() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("demux");
     let (handoffs, ds, st) = threads_through_one_queue(&[WaitMode::Dispatch], 16, 1_500, seed);
     assert!(handoffs > 0, "no wait was handed off");
     assert!(ds.notices > 0, "no hand-off came through a routed notice");
@@ -111,8 +110,7 @@ fn threads_are_handed_off_through_one_shared_queue() {
 #[test]
 fn mixed_wait_modes_share_one_queue() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("demux");
     let modes = [
         WaitMode::Dispatch,
         WaitMode::Interrupt,
@@ -132,8 +130,7 @@ fn mixed_wait_modes_share_one_queue() {
 #[test]
 fn tasks_are_handed_off_through_one_shared_queue() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("demux");
     let (owners, per) = (64u64, 800u64);
     let (pcpu, wcpu) = common::two_cpus();
     let d: Demux<Q> = Demux::new(MemQueue::new().unwrap());

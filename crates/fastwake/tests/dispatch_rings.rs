@@ -197,8 +197,7 @@ fn threads_on_rings(n: usize, per: u64, calls: Calls, cfg: Config, seed: u64) ->
 #[test]
 fn threads_are_handed_off_through_ring_notices() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("ring");
     let cfg = always_dispatching();
     let ds = threads_on_rings(16, 1_500, Calls::Published, cfg, seed);
     assert!(ds.notices > 0, "no hand-off came through a notice: {ds:?}");
@@ -234,8 +233,7 @@ fn always_dispatching() -> Config {
 #[test]
 fn threads_on_ring_notices_survive_idle_and_relays() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("ring");
     let ds = threads_on_rings(16, 1_000, Calls::Published, Config::new(0), seed);
     assert!(ds.notices > 0, "no hand-off came through a notice: {ds:?}");
 }
@@ -245,8 +243,7 @@ fn threads_on_ring_notices_survive_idle_and_relays() {
 #[test]
 fn a_ring_without_notices_is_peeked() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("ring");
     let cfg = always_dispatching();
     let ds = threads_on_rings(4, 400, Calls::Plain, cfg, seed);
     assert!(ds.handoffs > 0, "never handed off: {ds:?}");
@@ -261,8 +258,7 @@ fn a_ring_without_notices_is_peeked() {
 #[test]
 fn a_ring_whose_producer_forgets_the_call_is_found_by_the_safety_net() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("ring");
     let cfg = always_dispatching();
     let ds = threads_on_rings(4, 400, Calls::Forgotten, cfg, seed);
     assert_eq!(ds.notices, 0, "a notice nobody pushed: {ds:?}");
@@ -278,8 +274,7 @@ fn a_ring_whose_producer_forgets_the_call_is_found_by_the_safety_net() {
 #[test]
 fn tasks_are_handed_off_through_ring_notices() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("ring");
     let (n, per) = (64usize, 800u64);
     let (pcpu, wcpu) = common::two_cpus();
     let (rings, srcs) = rings(n, Calls::Published);

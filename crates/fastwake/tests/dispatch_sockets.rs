@@ -139,8 +139,7 @@ fn run_within(mut rt: Runtime, what: &str) -> TaskStats {
 #[test]
 fn many_sockets_random_ready_patterns_tasks() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("socket stress seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("socket stress");
     let (sources, per) = (64, 400);
     let mut rt = Runtime::new(TaskConfig {
         // Short, so idle periods (naps: sockets cannot ring the summary)
@@ -266,8 +265,7 @@ fn threads_on_sockets(
 #[test]
 fn many_sockets_random_ready_patterns_threads() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("socket stress seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("socket stress");
     let Some(r) = threads_on_sockets(Config::new(0), 24, 300, seed, "socket stress threads") else {
         return;
     };
@@ -291,8 +289,7 @@ fn many_sockets_random_ready_patterns_threads() {
 #[test]
 fn relays_hand_off_through_the_kernel_list() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("socket relay seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("socket relay");
     let cfg = Config::new(0);
     assert!(cfg.relay.is_some(), "relays are on by default");
     let Some(on) = threads_on_sockets(cfg, 32, 300, seed, "relays, list on") else {

@@ -243,8 +243,7 @@ fn threads_run_with(
 #[test]
 fn many_sources_random_ready_patterns_tasks() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("dispatch stress seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("dispatch stress");
     tasks_run(16, 5_000, seed);
     tasks_run(300, 600, seed ^ 1);
 }
@@ -252,8 +251,7 @@ fn many_sources_random_ready_patterns_tasks() {
 #[test]
 fn many_sources_random_ready_patterns_threads() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("dispatch stress seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("dispatch stress");
     threads_run(64, 600, seed);
 }
 
@@ -264,8 +262,7 @@ fn many_sources_random_ready_patterns_threads() {
 #[test]
 fn steady_bursts_with_prewakes_threads() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("dispatch stress seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("dispatch stress");
     let s = threads_run_with(
         8,
         400,

@@ -110,8 +110,7 @@ fn run(mode: WaitMode, doorbell: Doorbell, seed: u64) {
 #[test]
 fn stress_every_mode() {
     let _g = common::spin_lock();
-    let seed = common::stress_seed();
-    eprintln!("stress seed {seed} (FW_STRESS_SEED to replay)");
+    let seed = common::stress_seed("stress");
     run(WaitMode::Poll, Doorbell::Futex, seed);
     run(WaitMode::Interrupt, Doorbell::Futex, seed);
     run(WaitMode::Interrupt, Doorbell::EventFd, seed);

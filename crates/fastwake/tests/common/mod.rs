@@ -26,8 +26,9 @@ pub fn payload_for(tag: u64, len: usize) -> Vec<u8> {
 }
 
 /// The stress tests' seed: FW_STRESS_SEED to replay a run, else the clock.
-pub fn stress_seed() -> u64 {
-    std::env::var("FW_STRESS_SEED")
+/// Printed (on stderr, after `what`), so a failing run can be replayed.
+pub fn stress_seed(what: &str) -> u64 {
+    let seed = std::env::var("FW_STRESS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| {
@@ -35,7 +36,10 @@ pub fn stress_seed() -> u64 {
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_nanos() as u64
-        })
+        });
+    let sep = if what.is_empty() { "" } else { " " };
+    eprintln!("{what}{sep}seed {seed} (FW_STRESS_SEED to replay)");
+    seed
 }
 
 /// A producer for the dispatch stress tests: values `0..per` for each of
