@@ -155,6 +155,23 @@ fn counts_hub(capacity: usize) -> (Arc<Hub>, Arc<Counts>, usize) {
     (hub, src, i)
 }
 
+/// The dispatcher thread, its first turn taken here. Why here: the turn
+/// takes the registrations in and attaches their summary flags and
+/// notifiers, which the sources publish through std atomics loom does not
+/// see, so it must happen before the other threads start; every later
+/// turn is the dispatcher thread's.
+fn spawn_turned(
+    hub: &Arc<Hub>,
+    summary: bool,
+    idle_after: Option<u32>,
+) -> loom::thread::JoinHandle<()> {
+    let mut w = watch(hub, summary);
+    hub.turn(&mut w);
+    let hub = hub.clone();
+    let w = Handover(w);
+    loom::thread::spawn(move || dispatch_with(&hub, w, idle_after))
+}
+
 /// The dispatcher thread, polling (never idle) until asked to exit.
 fn spawn_polling(hub: &Arc<Hub>) -> loom::thread::JoinHandle<()> {
     let hub = hub.clone();
@@ -379,18 +396,7 @@ fn channel_meets_dispatch_wait_on(
         })
         .unwrap();
         let i = hub.register(rx.peek().unwrap().clone()).unwrap();
-        // The first turn, which takes the registration in (and attaches
-        // the summary flag), here: the channel publishes the flag through
-        // a std atomic, which loom does not see, so it must be attached
-        // before the other threads start. Every later turn is the
-        // dispatcher thread's.
-        let mut w = watch(&hub, summary);
-        hub.turn(&mut w);
-        let d = {
-            let hub = hub.clone();
-            let w = Handover(w);
-            loom::thread::spawn(move || dispatch_with(&hub, w, idle_after))
-        };
+        let d = spawn_turned(&hub, summary, idle_after);
         let p = loom::thread::spawn(move || {
             for tag in 0..n {
                 tx.send(tag, b"").unwrap();
@@ -474,13 +480,7 @@ fn relay_and_dispatcher_pop_notices_once() {
         })
         .unwrap();
         let i = hub.register(rx.peek().unwrap().clone()).unwrap();
-        let mut w = watch(&hub, false);
-        hub.turn(&mut w);
-        let d = {
-            let hub = hub.clone();
-            let w = Handover(w);
-            loom::thread::spawn(move || dispatch_with(&hub, w, None))
-        };
+        let d = spawn_turned(&hub, false, None);
         let r = {
             let hub = hub.clone();
             loom::thread::spawn(move || {
@@ -554,15 +554,7 @@ fn demux_pump_meets_dispatch_wait() {
         let d = Demux::new(MemQueue::<u64>::new().unwrap());
         let mut inbox = d.inbox(7).unwrap();
         let i = hub.register(inbox.peek().unwrap().clone()).unwrap();
-        // The first turn here, as in the channel models: the notifier is
-        // attached through std atomics loom does not see.
-        let mut w = watch(&hub, false);
-        hub.turn(&mut w);
-        let disp = {
-            let hub = hub.clone();
-            let w = Handover(w);
-            loom::thread::spawn(move || dispatch_with(&hub, w, None))
-        };
+        let disp = spawn_turned(&hub, false, None);
         let p = {
             let d = d.clone();
             loom::thread::spawn(move || (0..2).for_each(|v| d.queue().push(7, v)))
@@ -708,15 +700,7 @@ fn ring_notice_meets_dispatch_wait() {
             src,
         };
         let i = hub.register(owner.peek().unwrap().clone()).unwrap();
-        // The first turn here: the notifier is attached through std
-        // atomics loom does not see (as in the channel models).
-        let mut w = watch(&hub, false);
-        hub.turn(&mut w);
-        let d = {
-            let hub = hub.clone();
-            let w = Handover(w);
-            loom::thread::spawn(move || dispatch_with(&hub, w, None))
-        };
+        let d = spawn_turned(&hub, false, None);
         let p = {
             let ring = ring.clone();
             loom::thread::spawn(move || {
