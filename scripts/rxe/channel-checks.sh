@@ -24,6 +24,28 @@ channel_wait_exe() {
 # channel_field LINE KEY: the value of KEY=... in LINE.
 channel_field() { [[ $1 =~ (^|[ ])$2=([^ ]+) ]] && echo "${BASH_REMATCH[2]}"; }
 
+# channel_wait_run TAG MODE OUT REF REFNAME CMD...: run a channel-wait
+# command line, print its output, and hold its payload checksum against
+# the run without the shim: mode none writes it to REF, any other mode
+# must match it (REFNAME names the check that writes it). Sets CW_LINE to
+# the 'channel-wait ok' line. Returns 0 when checked, 3 for the reference
+# run itself (nothing more to check), 1 on a failure (already said).
+channel_wait_run() {
+    local tag=$1 mode=$2 out=$3 ref=$4 refname=$5 sum
+    shift 5
+    "$@" >"$out" 2>&1 || { rxe_fail "$tag: $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
+    cat "$out"
+    CW_LINE=$(rxe_last_match "$out" '^channel-wait ok ') || { rxe_fail "$tag: no 'channel-wait ok' line"; return 1; }
+    sum=$(channel_field "$CW_LINE" sum)
+    if [ "$mode" = none ]; then
+        echo "$sum" >"$ref"
+        rxe_info "$tag without the shim: $CW_LINE"
+        return 3
+    fi
+    [ -s "$ref" ] || { rxe_fail "$tag: no reference run ($refname must run first)"; return 1; }
+    [ "$sum" = "$(cat "$ref")" ] || { rxe_fail "$tag: payload checksum $sum differs from the run without the shim ($(cat "$ref"))"; return 1; }
+}
+
 # check_channel_wait HOW MODE: channel-wait in its HOW (epoll|poll) form,
 # MODE "none" (no shim: the reference) or a shim mode. Same n and payload
 # checksum as the reference; under a looking mode the shim must have
@@ -37,18 +59,12 @@ check_channel_wait() {
     ref="$RXE_LOGDIR/.channel-wait-$how${seed:+-stress}.ref"
     local -a pre=()
     [ "$mode" = none ] || { rxe_need_preload || return; pre=(env LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$mode" FASTWAKE_VERBOSE=1); }
-    "${pre[@]}" taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" "$RXE_CHANNEL_ITERS" "$how" $seed >"$out" 2>&1 \
-        || { rxe_fail "$tag: $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
-    cat "$out"
-    line=$(rxe_last_match "$out" '^channel-wait ok ') || { rxe_fail "$tag: no 'channel-wait ok' line"; return 1; }
-    local sum; sum=$(channel_field "$line" sum)
-    if [ "$mode" = none ]; then
-        echo "$sum" >"$ref"
-        rxe_info "$tag without the shim: $line"
-        return 0
-    fi
-    [ -s "$ref" ] || { rxe_fail "$tag: no reference run (channel-wait-$how-none must run first)"; return 1; }
-    [ "$sum" = "$(cat "$ref")" ] || { rxe_fail "$tag: payload checksum $sum differs from the run without the shim ($(cat "$ref"))"; return 1; }
+    local rc=0
+    channel_wait_run "$tag" "$mode" "$out" "$ref" "channel-wait-$how-none" \
+        "${pre[@]}" taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" "$RXE_CHANNEL_ITERS" "$how" $seed || rc=$?
+    [ "$rc" = 3 ] && return 0
+    [ "$rc" = 0 ] || return 1
+    line=$CW_LINE
     local verbs calls
     verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "$tag: no verbs counters (shim not loaded?)"; return 1; }
     [[ $verbs == *"contexts wrapped=1"* ]] || { rxe_fail "$tag: the shim did not wrap the context: $verbs"; return 1; }
@@ -205,17 +221,15 @@ check_ucx() {
 # shim, the shim counted the extended CQs (cqs_ex_passed=2) and said once,
 # under FASTWAKE_VERBOSE, that they pass through.
 check_cq_ex() {
-    local mode=$1 exe out ref="$RXE_LOGDIR/.channel-wait-cqex.ref" line sum
+    local mode=$1 exe out ref="$RXE_LOGDIR/.channel-wait-cqex.ref"
     exe=$(channel_wait_exe) || return
     out="$RXE_LOGDIR/$RXE_CUR_NAME.out"
     local -a pre=(env CHANNEL_WAIT_CQ_EX=1)
     [ "$mode" = none ] || { rxe_need_preload || return; pre+=(LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$mode" FASTWAKE_VERBOSE=1); }
-    "${pre[@]}" "$exe" "$RXE_DEV" "$RXE_GID" 100 epoll >"$out" 2>&1 || { rxe_fail "cq_ex/$mode: $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
-    cat "$out"
-    line=$(rxe_last_match "$out" '^channel-wait ok ') || { rxe_fail "cq_ex/$mode: no 'channel-wait ok' line"; return 1; }
-    sum=$(channel_field "$line" sum)
-    if [ "$mode" = none ]; then echo "$sum" >"$ref"; rxe_info "extended CQs without the shim: $line"; return 0; fi
-    [ "$sum" = "$(cat "$ref" 2>/dev/null)" ] || { rxe_fail "cq_ex/$mode: checksum $sum differs from the run without the shim"; return 1; }
+    local rc=0
+    channel_wait_run "cq_ex/$mode" "$mode" "$out" "$ref" cq-ex-none "${pre[@]}" "$exe" "$RXE_DEV" "$RXE_GID" 100 epoll || rc=$?
+    [ "$rc" = 3 ] && return 0
+    [ "$rc" = 0 ] || return 1
     local verbs; verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "cq_ex/$mode: no verbs counters"; return 1; }
     [ "$(channel_field "$verbs" cqs_ex_passed)" = 2 ] || { rxe_fail "cq_ex/$mode: extended CQs not counted: $verbs"; return 1; }
     [ "$(grep -c 'extended CQs (ibv_create_cq_ex) pass through' "$out")" = 1 ] || { rxe_fail "cq_ex/$mode: no single pass-through note under FASTWAKE_VERBOSE"; return 1; }
@@ -264,18 +278,12 @@ check_channel_prewake() {
         pre=(env LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$mode" FASTWAKE_VERBOSE=1)
         [ "$mode" = adaptive ] && pre+=(FASTWAKE_BUDGET_US=2000)
     fi
-    "${pre[@]}" env CHANNEL_WAIT_SERVICE_US=2000 taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" "$n" block >"$out" 2>&1 \
-        || { rxe_fail "$tag: $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
-    cat "$out"
-    line=$(rxe_last_match "$out" '^channel-wait ok ') || { rxe_fail "$tag: no 'channel-wait ok' line"; return 1; }
-    local sum; sum=$(channel_field "$line" sum)
-    if [ "$mode" = none ]; then
-        echo "$sum" >"$ref"
-        rxe_info "$tag without the shim: $line"
-        return 0
-    fi
-    [ -s "$ref" ] || { rxe_fail "$tag: no reference run (channel-prewake-none must run first)"; return 1; }
-    [ "$sum" = "$(cat "$ref")" ] || { rxe_fail "$tag: payload checksum $sum differs from the run without the shim ($(cat "$ref"))"; return 1; }
+    local rc=0
+    channel_wait_run "$tag" "$mode" "$out" "$ref" channel-prewake-none \
+        "${pre[@]}" env CHANNEL_WAIT_SERVICE_US=2000 taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" "$n" block || rc=$?
+    [ "$rc" = 3 ] && return 0
+    [ "$rc" = 0 ] || return 1
+    line=$CW_LINE
     local eng="" verbs pw caught
     verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "$tag: no verbs counters (shim not loaded?)"; return 1; }
     # The engine line is printed only when its counters moved: none means
