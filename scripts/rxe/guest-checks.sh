@@ -153,6 +153,7 @@ rxe_channel_checks
 rxe_bench2_checks
 . "$RXE_SELF_DIR/capi-checks.sh"
 rxe_check c-abi-verbs             check_capi_verbs
+rxe_check c-abi-shared-cq         check_capi_shared_cq
 # --- end issue 15 ---
 # --- issue 18: stall monitor, ODP guard ---
 . "$RXE_SELF_DIR/stall-checks.sh"

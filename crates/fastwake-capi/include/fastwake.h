@@ -116,6 +116,8 @@ typedef struct fw_socket fw_socket;     /* a stream socket read in fixed-size me
 typedef struct fw_ring fw_ring;         /* a completion ring the caller owns (io_uring CQ) */
 typedef struct fw_ring_producer fw_ring_producer; /* its producer's handle (FW_RING_NOTICES) */
 typedef struct fw_verbs_cq fw_verbs_cq; /* an RDMA CQ (+ completion channel) the caller owns */
+typedef struct fw_verbs_shared_cq fw_verbs_shared_cq; /* one CQ for many QPs, routed per owner */
+typedef struct fw_verbs_inbox fw_verbs_inbox; /* one owner's completions from a shared CQ */
 
 /* libibverbs' types, declared only: include <infiniband/verbs.h> to use
  * the fw_verbs_* functions; nothing else here needs it. */
@@ -132,6 +134,24 @@ struct fw_verbs_stats {
     uint64_t arms;      /* ibv_req_notify_cq calls */
     uint64_t stashed;   /* work completions polled by a peek, not yet returned */
 };
+
+/* What a fw_verbs_shared_cq did (fw_verbs_shared_cq_stats). */
+struct fw_shared_cq_stats {
+    uint64_t routed;      /* work completions routed into an inbox */
+    uint64_t unrouted;    /* for a key with no inbox, or left in a destroyed one (kept) */
+    uint64_t pumps;       /* polls of the CQ that found work completions */
+    uint64_t handed_over; /* polls that found another thread polling and left it the work */
+    uint64_t notices;     /* ready notices pushed to dispatchers (owners waiting in dispatch mode) */
+    uint64_t rings;       /* doorbells rung (owners asleep in interrupt mode) */
+    uint64_t events;      /* completion events read from the channel */
+    uint64_t arms;        /* ibv_req_notify_cq calls */
+    uint64_t acked;       /* events acked with ibv_ack_cq_events */
+    uint64_t reserved[3];
+};
+
+/* fw_verbs_shared_cq_create's routes. */
+#define FW_ROUTE_QP_NUM 0     /* by wc.qp_num: one inbox per QP, its sends and receives */
+#define FW_ROUTE_WR_ID_HIGH 1 /* by wc.wr_id >> shift: the owner's key in the high bits */
 
 /* Version of this ABI in the loaded library; compare with FW_ABI_VERSION. */
 uint32_t fw_abi_version(void);
@@ -397,6 +417,84 @@ void fw_verbs_cq_destroy(fw_verbs_cq *v);
  * pinned to a CPU on that CPU's vector and its wake-ups stay on that CPU.
  * EINVAL: ctx or vector NULL, cpu < -1 or not a CPU of this host. */
 int fw_verbs_comp_vector_for_cpu(struct ibv_context *ctx, int cpu, int *vector);
+
+/* ---- RDMA verbs: one shared CQ for the connections of one core -----------
+ *
+ * A dispatcher that peeks one CQ per connection pays for every connection
+ * it watches. A shared CQ is one CQ (and one completion channel) for many
+ * QPs: fastwake polls it, routes each work completion to the inbox of its
+ * owner (by QP number, or by the high bits of wr_id), and a dispatcher
+ * polls that one CQ per pass whatever the number of connections. Each
+ * inbox is a source for every wait mode; owners asleep in interrupt mode
+ * share the channel (one event wakes one of them, which routes for all).
+ *
+ *     fw_verbs_shared_cq *s; fw_verbs_inbox *in[K]; fw_waiter *w;
+ *     fw_verbs_shared_cq_create(ctx, 1024, 1, FW_ROUTE_QP_NUM, 0, &s); // CPU 1's vector
+ *     struct ibv_qp_init_attr qa = {.send_cq = fw_verbs_shared_cq_cq(s),
+ *                                   .recv_cq = fw_verbs_shared_cq_cq(s), ...};
+ *     for (k = 0; k < K; k++) {
+ *         qp[k] = ibv_create_qp(pd, &qa);
+ *         fw_verbs_shared_cq_inbox(s, qp[k]->qp_num, &in[k]);
+ *     }
+ *     ... owner k (a thread on CPU 1): ...
+ *     fw_waiter_create("dispatch", &w);
+ *     if (fw_verbs_inbox_wait(w, in[k], -1, wc, 16, &n) == 0) ...
+ *     ...
+ *     for (k = 0; k < K; k++) ibv_destroy_qp(qp[k]);   // first, as for any CQ
+ *     for (k = 0; k < K; k++) fw_verbs_inbox_destroy(in[k]);
+ *     fw_verbs_shared_cq_destroy(s);   // the CQ goes with the last handle
+ *
+ * Ownership. fastwake creates the CQ and its channel on the caller's
+ * context (the context must stay open until the shared CQ and all its
+ * inboxes are destroyed) and destroys both when the last of the shared
+ * CQ and its inboxes is destroyed. The QPs are the caller's: create them on
+ * fw_verbs_shared_cq_cq, never poll or arm that CQ yourself, and destroy
+ * the QPs first.
+ *
+ * Nothing is lost: a completion whose key has no inbox is kept, counted
+ * (unrouted) and goes to an inbox created later with that key, or to
+ * fw_verbs_shared_cq_take_unrouted; so do the completions an inbox held
+ * when it was destroyed.
+ *
+ * Threads: the shared CQ's calls may be made from any thread at once,
+ * except its destroy; an inbox is used by one thread at a time (its
+ * owner's), as every other source.
+ */
+
+/* A shared CQ of entries entries (room for the completions of every QP it
+ * serves) on the completion vector for CPU cpu (-1: the calling thread's,
+ * as fw_verbs_comp_vector_for_cpu chooses), routed by route (shift: for
+ * FW_ROUTE_WR_ID_HIGH, 0-63; ignored otherwise). EINVAL: ctx or out NULL,
+ * entries < 1, cpu < -1, an unknown route or shift; ENOTSUP: the provider
+ * has no poll_cq/req_notify_cq ops, or libibverbs.so.1 cannot be loaded;
+ * ibv_create_cq's errno otherwise. */
+int fw_verbs_shared_cq_create(struct ibv_context *ctx, int entries, int cpu, int route, int shift,
+                              fw_verbs_shared_cq **out);
+/* The CQ, to create QPs on (ibv_create_qp's send_cq and recv_cq); NULL for a
+ * NULL s. */
+struct ibv_cq *fw_verbs_shared_cq_cq(const fw_verbs_shared_cq *s);
+/* The inbox of the owner of key (a qp_num, or wr_id >> shift): completions
+ * kept for key so far come first. EINVAL: s or out NULL, or key already has
+ * an inbox. */
+int fw_verbs_shared_cq_inbox(const fw_verbs_shared_cq *s, uint64_t key, fw_verbs_inbox **out);
+/* Wait, in w's mode, until the inbox has a work completion, then copy up to
+ * max of them to wc (max >= 1) and their count to *n (may be NULL; 0 on
+ * failure), in the CQ's order. ETIMEDOUT: none within timeout_ns (< 0:
+ * forever). EINVAL: NULL w, in or wc, or max < 1. An error of ibv_poll_cq
+ * is returned as its errno, to this and every later wait. */
+int fw_verbs_inbox_wait(fw_waiter *w, fw_verbs_inbox *in, int64_t timeout_ns, struct ibv_wc *wc, int max, int *n);
+/* Without waiting: copy up to max of the inbox's work completions to wc
+ * (polling the shared CQ if it has none), *n = how many (0: none). */
+int fw_verbs_inbox_poll(fw_verbs_inbox *in, struct ibv_wc *wc, int max, int *n);
+/* The oldest kept completions nobody owns (at most max), *n = how many. */
+int fw_verbs_shared_cq_take_unrouted(const fw_verbs_shared_cq *s, struct ibv_wc *wc, int max, int *n);
+int fw_verbs_shared_cq_stats(const fw_verbs_shared_cq *s, struct fw_shared_cq_stats *out);
+/* Free the inbox; the completions it held are kept as unrouted. NULL is
+ * accepted. */
+void fw_verbs_inbox_destroy(fw_verbs_inbox *in);
+/* Free this handle; the CQ and its channel are destroyed with the last of
+ * it and its inboxes. NULL is accepted. */
+void fw_verbs_shared_cq_destroy(fw_verbs_shared_cq *s);
 
 #ifdef __cplusplus
 }

@@ -4,8 +4,8 @@
  * Built and run by scripts/c-abi-test. Prints one line per check (PASS,
  * FAIL, SKIPPED, and INFO lines with counters) and "c-abi: N passed, M
  * failed". With -DFW_TEST_VERBS (and -libverbs) it also has a verbs part,
- * which needs an RDMA device (the Soft-RoCE guest runs `abi verbs [N]`, only
- * that part) and says SKIPPED without one. */
+ * which needs an RDMA device (the Soft-RoCE guest runs `abi verbs [N]` and
+ * `abi shared-cq [N]`, only those parts) and says SKIPPED without one. */
 #include "fastwake.h"
 
 #include <errno.h>
@@ -40,6 +40,9 @@ _Static_assert(offsetof(struct fw_prewake_stats, margin_ns) == 40, "fw_prewake_s
 _Static_assert(offsetof(struct fw_prewake_stats, reserved) == 48, "fw_prewake_stats layout");
 _Static_assert(sizeof(struct fw_notice_stats) == 32, "fw_notice_stats layout");
 _Static_assert(offsetof(struct fw_notice_stats, late_notices) == 16, "fw_notice_stats layout");
+_Static_assert(sizeof(struct fw_shared_cq_stats) == 96, "fw_shared_cq_stats layout");
+_Static_assert(offsetof(struct fw_shared_cq_stats, events) == 48, "fw_shared_cq_stats layout");
+_Static_assert(offsetof(struct fw_shared_cq_stats, reserved) == 72, "fw_shared_cq_stats layout");
 
 static int passed, failed;
 
@@ -777,6 +780,8 @@ struct vend {
     int unreaped; /* sends on cq not yet completed */
 };
 
+static int vend_qp(struct vend *e);
+
 static int vend_init(struct vend *e, int cpu, int own_send_cq) {
     memset(e, 0, sizeof *e);
     int vec = -1;
@@ -789,6 +794,11 @@ static int vend_init(struct vend *e, int cpu, int own_send_cq) {
     if (own_send_cq && fcntl(e->ch->fd, F_SETFL, fcntl(e->ch->fd, F_GETFL) | O_NONBLOCK)) return -1;
     e->cq = ibv_create_cq(vd.ctx, 4 * V_DEPTH, NULL, e->ch, vec);
     e->send_cq = own_send_cq ? ibv_create_cq(vd.ctx, 4 * V_DEPTH, NULL, e->ch, vec) : e->cq;
+    return vend_qp(e);
+}
+
+/* e's buffer, memory region and QP, on e->send_cq and e->cq. */
+static int vend_qp(struct vend *e) {
     e->buf = calloc(V_DEPTH + 1, V_MSG);
     if (!e->cq || !e->send_cq || !e->buf) return -1;
     e->mr = ibv_reg_mr(vd.pd, e->buf, (V_DEPTH + 1) * V_MSG, IBV_ACCESS_LOCAL_WRITE);
@@ -890,11 +900,22 @@ static int v_consume(struct vend *e, struct ibv_wc *wc, int n, uint32_t seq, int
     return got;
 }
 
+/* One wait of up to 8 work completions, 10 s at most, on a fw_verbs_cq or
+ * on a shared CQ's inbox. */
+typedef int (*v_wait_fn)(fw_waiter *w, void *src, struct ibv_wc *wc, int *n);
+static int v_wait_cq(fw_waiter *w, void *v, struct ibv_wc *wc, int *n) {
+    return fw_verbs_cq_wait(w, v, 10000000000LL, wc, 8, n);
+}
+static int v_wait_inbox(fw_waiter *w, void *in, struct ibv_wc *wc, int *n) {
+    return fw_verbs_inbox_wait(w, in, 10000000000LL, wc, 8, n);
+}
+
 /* Wait (in w's mode) until the receive of seq arrives on e's CQ. */
-static int v_await(fw_waiter *w, fw_verbs_cq *v, struct vend *e, uint32_t seq, int dir, const char **why) {
+static int v_await(fw_waiter *w, v_wait_fn wait, void *src, struct vend *e, uint32_t seq, int dir,
+                   const char **why) {
     for (;;) {
         struct ibv_wc wc[8];
-        int n = -1, rc = fw_verbs_cq_wait(w, v, 10000000000LL, wc, 8, &n);
+        int n = -1, rc = wait(w, src, wc, &n);
         if (rc) return *why = rc == ETIMEDOUT ? "timed out (lost completion?)" : fw_last_error(), -1;
         if (n < 1 || n > 8) return *why = "bad count", -1;
         int r = v_consume(e, wc, n, seq, dir, why);
@@ -934,7 +955,7 @@ static void *v_pong(void *p) {
         goto out;
     }
     for (uint32_t i = 0; i < (uint32_t)a->n && !a->why; i++)
-        if (v_await(w, v, a->e, i, 0, &a->why) == 0 && vend_send(a->e, i, 1)) a->why = "ibv_post_send (pong)";
+        if (v_await(w, v_wait_cq, v, a->e, i, 0, &a->why) == 0 && vend_send(a->e, i, 1)) a->why = "ibv_post_send (pong)";
     /* Its last sends complete on the same CQ: wait for them too. */
     while (!a->why && a->e->unreaped > 0) {
         struct ibv_wc wc[8];
@@ -980,7 +1001,7 @@ static int verbs_round_trips(const char *mode, int n, fw_dispatcher *d, int retr
     for (uint32_t i = 0; i < (uint32_t)n && !why; i++) {
         if (v_reap_sends(&v_ping) < 0) why = "send completion (ping)";
         else if (vend_send(&v_ping, i, 0)) why = "ibv_post_send (ping)";
-        else v_await(w, v, &v_ping, i, 1, &why);
+        else v_await(w, v_wait_cq, v, &v_ping, i, 1, &why);
     }
     pthread_join(t, NULL);
     for (int k = 0; k < 1000 && !why && v_ping.unreaped > 0; k++) {
@@ -1055,6 +1076,29 @@ static const char *verbs_open(void) {
     if (vd.gid_index < 0) vd.gid_index = 0;
     if (ibv_query_gid(vd.ctx, 1, vd.gid_index, &vd.gid)) return "ibv_query_gid";
     return vd.pd ? NULL : "ibv_alloc_pd";
+}
+
+/* Open the device for the part `what`: 0 (and one SKIPPED line saying
+ * why) where it cannot run. */
+static int verbs_can_run(const char *what) {
+    const char *why = verbs_open();
+    if (why) {
+        printf("SKIPPED %s: %s (the verbs parts of the C ABI run in the Soft-RoCE guest: scripts/rxe-test)\n", what,
+               why);
+        return 0;
+    }
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+        printf("SKIPPED %s: needs 2 CPUs\n", what);
+        return 0;
+    }
+    return 1;
+}
+
+/* Close what verbs_open opened, so that the next part opens it again. */
+static void verbs_close(void) {
+    ibv_dealloc_pd(vd.pd);
+    ibv_close_device(vd.ctx);
+    memset(&vd, 0, sizeof vd);
 }
 
 /* Bad input: errno and one line, never a crash. No device needed. */
@@ -1150,15 +1194,7 @@ static void verbs_rules(void) {
 
 static void verbs_checks(int n) {
     verbs_bad_input();
-    const char *why = verbs_open();
-    if (why) {
-        printf("SKIPPED verbs: %s (the verbs part of the C ABI runs in the Soft-RoCE guest: scripts/rxe-test)\n", why);
-        return;
-    }
-    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
-        printf("SKIPPED verbs: needs 2 CPUs\n");
-        return;
-    }
+    if (!verbs_can_run("verbs")) return;
     if (vend_init(&v_ping, 0, 1) || vend_init(&v_pong_end, 1, 0) || vend_connect(&v_ping, &v_pong_end) ||
         vend_connect(&v_pong_end, &v_ping)) {
         check(0, "verbs: set up two connected RC QPs", strerror(errno));
@@ -1193,13 +1229,308 @@ static void verbs_checks(int n) {
     check(!bad, "verbs: the program destroys its QPs and CQs (no unacked event left)", "a destroy failed");
     vend_free(&v_ping);
     vend_free(&v_pong_end);
-    ibv_dealloc_pd(vd.pd);
-    ibv_close_device(vd.ctx);
+    verbs_close();
+}
+
+/* ---- RDMA verbs: one shared CQ for many QPs (fw_verbs_shared_cq) ----------
+ * `abi shared-cq [N]` (check c-abi-shared-cq in scripts/rxe-test). S_CONNS
+ * server QPs share one CQ and channel made by fastwake on CPU 1's vector,
+ * routed by QP number; an owner thread per QP on CPU 1 waits on its inbox.
+ * The client (CPU 0) sends every connection a data-checked request per
+ * round, all at once, and polls its own plain CQ for the replies. Every
+ * request and reply is checked (connection, sequence, every byte), and
+ * the shared CQ's counters must account for every completion, none
+ * unrouted. A completion for a QP without an inbox is kept and taken back
+ * with fw_verbs_shared_cq_take_unrouted. */
+enum { S_CONNS = 4 };
+
+/* [S_CONNS]: a server QP without an inbox, and its client. */
+static struct vend s_srv[S_CONNS + 1], s_cli[S_CONNS + 1];
+static struct ibv_cq *s_cli_cq;
+
+struct sowner {
+    int k, n, dispatched;
+    const char *mode;
+    fw_verbs_inbox *in;
+    const char *why;
+    struct fw_wait_stats ws;
+    struct fw_dispatch_wait_stats ds;
+};
+
+/* Owner k: connection k's requests (dir 10 + k), answered with replies
+ * (dir 20 + k). */
+static void *s_owner(void *p) {
+    struct sowner *a = p;
+    struct vend *e = &s_srv[a->k];
+    pin(1);
+    fw_waiter *w = NULL;
+    if (fw_waiter_create(a->mode, &w)) {
+        a->why = fw_last_error();
+        return NULL;
+    }
+    /* Staggered first waits, each after CPU 1 idled: a dispatch-mode wait
+     * trusts the SCHED_IDLE dispatcher only if it was seen running lately,
+     * and under TCG four owners that start at once keep it off the CPU
+     * past that, so every first wait fell back, and the waits after them. */
+    if (a->dispatched) usleep(2000 * (a->k + 1));
+    for (uint32_t i = 0; i < (uint32_t)a->n && !a->why; i++)
+        if (v_await(w, v_wait_inbox, a->in, e, i, 10 + a->k, &a->why) == 0 && vend_send(e, i, 20 + a->k))
+            a->why = "ibv_post_send (owner)";
+    /* Its last replies' send completions come to its inbox too. */
+    while (!a->why && e->unreaped > 0) {
+        struct ibv_wc wc[8];
+        int n = 0;
+        if (v_wait_inbox(w, a->in, wc, &n)) a->why = fw_last_error();
+        else if (v_consume(e, wc, n, UINT32_MAX, 0, &a->why) != 0 && !a->why) a->why = "stray receive";
+    }
+    fw_waiter_stats(w, &a->ws);
+    fw_waiter_dispatch_stats(w, &a->ds);
+    fw_waiter_destroy(w);
+    return NULL;
+}
+
+/* The client end that qp_num belongs to, or -1. */
+static int s_client_of(uint32_t qp_num) {
+    for (int k = 0; k <= S_CONNS; k++)
+        if (s_cli[k].qp && s_cli[k].qp->qp_num == qp_num) return k;
+    return -1;
+}
+
+/* Poll the client's CQ until connections lo..hi-1 have the reply of round
+ * seq and every send completed (10 s at most). */
+static const char *s_client_replies(uint32_t seq, int lo, int hi) {
+    int got[S_CONNS] = {0}, left = hi - lo, unreaped = 1;
+    uint64_t until = now_ns() + 10000000000ULL;
+    while (left > 0 || unreaped > 0) {
+        struct ibv_wc wc[8];
+        int n = ibv_poll_cq(s_cli_cq, 8, wc);
+        if (n < 0) return "ibv_poll_cq (client)";
+        if (n == 0 && now_ns() > until) return "timed out waiting for replies (lost completion?)";
+        for (int i = 0; i < n; i++) {
+            int k = s_client_of(wc[i].qp_num);
+            if (k < lo || k >= hi) return "a completion for an unknown or idle client QP";
+            const char *why = NULL;
+            int r = v_consume(&s_cli[k], &wc[i], 1, seq, 20 + k, &why);
+            if (r < 0) return why;
+            if (r > 0 && got[k]++) return "two replies on one connection in one round";
+            left -= r;
+        }
+        unreaped = 0;
+        for (int k = 0; k < S_CONNS; k++) unreaped += s_cli[k].unreaped;
+    }
+    return NULL;
+}
+
+/* n rounds with every owner waiting in mode; d: the dispatcher of CPU 1
+ * or NULL; retry as for verbs_round_trips. A round sends every connection
+ * its request at once (completions of several owners in one poll of the
+ * shared CQ), except with a dispatcher: there one connection at a time, so
+ * that under TCG the owners leave the SCHED_IDLE dispatcher room to run
+ * (four owners busy at once starved it past its 500 µs liveness rule in
+ * two of three runs, and every dispatch wait fell back). */
+static int shared_cq_rounds(fw_verbs_shared_cq *s, fw_verbs_inbox **in, const char *mode, int n, fw_dispatcher *d,
+                            int retry) {
+    char name[128];
+    snprintf(name, sizeof name, "shared CQ: %d rounds over %d RC QPs, %s", n, S_CONNS, mode);
+    struct fw_shared_cq_stats s0, s1;
+    struct fw_dispatch_stats d0 = {0}, d1 = {0};
+    fw_verbs_shared_cq_stats(s, &s0);
+    if (d) fw_dispatcher_stats(d, &d0);
+    struct sowner a[S_CONNS];
+    pthread_t t[S_CONNS];
+    for (int k = 0; k < S_CONNS; k++) {
+        a[k] = (struct sowner){.k = k, .n = n, .dispatched = d != NULL, .mode = mode, .in = in[k]};
+        pthread_create(&t[k], NULL, s_owner, &a[k]);
+    }
+    pin(0);
+    const char *why = NULL;
+    int step = d ? 1 : S_CONNS;
+    for (uint32_t i = 0; i < (uint32_t)n && !why; i++)
+        for (int lo = 0; lo < S_CONNS && !why; lo += step) {
+            for (int k = lo; k < lo + step && !why; k++)
+                if (vend_send(&s_cli[k], i, 10 + k)) why = "ibv_post_send (client)";
+            if (!why) why = s_client_replies(i, lo, lo + step);
+        }
+    for (int k = 0; k < S_CONNS; k++) pthread_join(t[k], NULL);
+    pin(-1);
+    fw_verbs_shared_cq_stats(s, &s1);
+    if (d) fw_dispatcher_stats(d, &d1);
+    uint64_t handoffs = d1.handoffs - d0.handoffs, fallbacks = 0, dhandoffs = 0, sleeps = 0;
+    for (int k = 0; k < S_CONNS; k++) {
+        if (!why && a[k].why) why = a[k].why;
+        if (!why && a[k].ws.completions < (uint64_t)n) why = "too few completions at an owner";
+        fallbacks += a[k].ds.fallbacks;
+        dhandoffs += a[k].ds.handoffs;
+        sleeps += a[k].ws.sleeps;
+    }
+    /* Every request's receive and every reply's send completion went
+     * through the shared CQ into its owner's inbox, and nothing else. */
+    uint64_t routed = s1.routed - s0.routed, want = 2ULL * S_CONNS * (uint64_t)n;
+    if (!why && routed != want) why = "not 2 completions routed per message (lost or extra ones)";
+    if (!why && s1.unrouted != s0.unrouted) why = "completions went unrouted";
+    if (!why && s1.events - s1.acked >= 16) why = "ack accounting";
+    if (!why && !strcmp(mode, "interrupt") && (sleeps == 0 || s1.events == s0.events))
+        why = "interrupt mode never slept on the shared channel";
+    /* Judged by the owners' waits that a hand-off ended: the dispatcher's
+     * own count leaves out the hand-offs that came through ready notices,
+     * the shared CQ's way. */
+    if (!why && d && dhandoffs == 0 && retry && fallbacks > 0) {
+        printf("INFO %s: no hand-off: all %llu of the owners' dispatch waits fell back to interrupt mode "
+               "(dispatcher not seen running); running it again\n",
+               name, (unsigned long long)fallbacks);
+        return 1;
+    }
+    if (!why && d && dhandoffs == 0) why = "no hand-off by the dispatcher";
+    check(!why, name, why ? why : "");
+    printf("INFO shared-cq %s: routed=%llu pumps=%llu handed_over=%llu notices=%llu rings=%llu events=%llu arms=%llu "
+           "| owners: sleeps=%llu",
+           mode, (unsigned long long)routed, (unsigned long long)(s1.pumps - s0.pumps),
+           (unsigned long long)(s1.handed_over - s0.handed_over), (unsigned long long)(s1.notices - s0.notices),
+           (unsigned long long)(s1.rings - s0.rings), (unsigned long long)(s1.events - s0.events),
+           (unsigned long long)(s1.arms - s0.arms), (unsigned long long)sleeps);
+    if (d)
+        printf(" | dispatcher handoffs=%llu | owners' dispatch waits: handoffs=%llu fallbacks=%llu",
+               (unsigned long long)handoffs, (unsigned long long)dhandoffs, (unsigned long long)fallbacks);
+    printf("\n");
+    return 0;
+}
+
+/* A completion for a QP without an inbox is kept, counted, and given back
+ * by take_unrouted. */
+static void shared_cq_unrouted(fw_verbs_shared_cq *s, fw_verbs_inbox *any) {
+    struct vend *e = &s_srv[S_CONNS];
+    struct fw_shared_cq_stats st = {0};
+    struct ibv_wc wc[4];
+    int n = 0;
+    const char *why = NULL;
+    if (vend_send(&s_cli[S_CONNS], 0, 30)) why = "ibv_post_send";
+    /* Any owner's poll polls the shared CQ and routes what it holds. */
+    for (int k = 0; k < 10000 && !why; k++) {
+        if (fw_verbs_inbox_poll(any, wc, 4, &n)) why = fw_last_error();
+        else if (n != 0) why = "a completion in the wrong inbox";
+        else if (fw_verbs_shared_cq_stats(s, &st) == 0 && st.unrouted > 0) break;
+        else usleep(1000);
+    }
+    if (!why && st.unrouted != 1) why = "not counted as unrouted";
+    if (!why && (fw_verbs_shared_cq_take_unrouted(s, wc, 4, &n) || n != 1)) why = "take_unrouted did not give it back";
+    if (!why && wc[0].qp_num != e->qp->qp_num) why = "take_unrouted gave a completion of another QP";
+    const char *cw = NULL;
+    if (!why && v_consume(e, wc, 1, 0, 30, &cw) != 1) why = cw ? cw : "not the message sent";
+    check(!why, "shared CQ: a completion without an inbox is kept and taken back", why ? why : "");
+    /* Its client's send completion. */
+    for (int k = 0; k < 1000 && s_cli[S_CONNS].unreaped; k++) {
+        struct ibv_wc c[4];
+        int m = ibv_poll_cq(s_cli_cq, 4, c);
+        for (int i = 0; i < m; i++)
+            if (s_client_of(c[i].qp_num) >= 0) s_cli[s_client_of(c[i].qp_num)].unreaped--;
+        if (m <= 0) usleep(1000);
+    }
+}
+
+/* Bad input: errno and one line, never a crash. No device needed. */
+static void shared_cq_bad_input(void) {
+    fw_verbs_shared_cq *s = (fw_verbs_shared_cq *)1;
+    fw_verbs_inbox *in = (fw_verbs_inbox *)1;
+    struct ibv_wc wc[2];
+    int n = 7;
+    check(fw_verbs_shared_cq_create(NULL, 64, -1, FW_ROUTE_QP_NUM, 0, &s) == EINVAL && s == (fw_verbs_shared_cq *)1 &&
+              strstr(fw_last_error(), "context") && !strchr(fw_last_error(), '\n'),
+          "shared CQ: NULL context is EINVAL with a one-line cause", "accepted");
+    check(fw_verbs_shared_cq_create(NULL, 0, -1, FW_ROUTE_QP_NUM, 0, &s) == EINVAL && strstr(fw_last_error(), "entries"),
+          "shared CQ: 0 entries is EINVAL", "accepted");
+    check(fw_verbs_shared_cq_create(NULL, 64, -2, FW_ROUTE_QP_NUM, 0, &s) == EINVAL && strstr(fw_last_error(), "cpu"),
+          "shared CQ: cpu -2 is EINVAL", "accepted");
+    check(fw_verbs_shared_cq_create(NULL, 64, -1, 7, 0, &s) == EINVAL && strstr(fw_last_error(), "route"),
+          "shared CQ: an unknown route is EINVAL", "accepted");
+    check(fw_verbs_shared_cq_create(NULL, 64, -1, FW_ROUTE_WR_ID_HIGH, 64, &s) == EINVAL &&
+              strstr(fw_last_error(), "shift"),
+          "shared CQ: shift 64 is EINVAL", "accepted");
+    check(fw_verbs_shared_cq_create(NULL, 64, -1, FW_ROUTE_QP_NUM, 0, NULL) == EINVAL,
+          "shared CQ: NULL output is EINVAL", "accepted");
+    check(fw_verbs_shared_cq_cq(NULL) == NULL, "shared CQ: the CQ of NULL is NULL", "not NULL");
+    check(fw_verbs_shared_cq_inbox(NULL, 1, &in) == EINVAL && in == (fw_verbs_inbox *)1,
+          "shared CQ: an inbox of NULL is EINVAL", "accepted");
+    check(fw_verbs_inbox_wait(NULL, NULL, 0, wc, 2, &n) == EINVAL && n == 0,
+          "shared CQ: wait on NULL is EINVAL, n = 0", "accepted");
+    n = 7;
+    check(fw_verbs_inbox_poll(NULL, wc, 2, &n) == EINVAL && n == 0, "shared CQ: poll of NULL is EINVAL", "accepted");
+    n = 7;
+    check(fw_verbs_shared_cq_take_unrouted(NULL, wc, 2, &n) == EINVAL && n == 0,
+          "shared CQ: take_unrouted of NULL is EINVAL", "accepted");
+    struct fw_shared_cq_stats st;
+    check(fw_verbs_shared_cq_stats(NULL, &st) == EINVAL, "shared CQ: stats of NULL is EINVAL", "accepted");
+    fw_verbs_inbox_destroy(NULL);
+    fw_verbs_shared_cq_destroy(NULL);
+}
+
+static void shared_cq_checks(int n) {
+    shared_cq_bad_input();
+    if (!verbs_can_run("shared CQ")) return;
+    fw_verbs_shared_cq *s = NULL;
+    fw_verbs_inbox *in[S_CONNS] = {0};
+    int vec = -1, entries = 4 * V_DEPTH * (S_CONNS + 1);
+    if (fw_verbs_shared_cq_create(vd.ctx, entries, 1, FW_ROUTE_QP_NUM, 0, &s) ||
+        fw_verbs_comp_vector_for_cpu(vd.ctx, 0, &vec) || !(s_cli_cq = ibv_create_cq(vd.ctx, entries, NULL, NULL, vec))) {
+        check(0, "shared CQ: create", fw_last_error());
+        return;
+    }
+    for (int k = 0; k <= S_CONNS; k++) {
+        s_srv[k].cq = s_srv[k].send_cq = fw_verbs_shared_cq_cq(s);
+        s_cli[k].cq = s_cli[k].send_cq = s_cli_cq;
+        if (vend_qp(&s_srv[k]) || vend_qp(&s_cli[k]) || vend_connect(&s_srv[k], &s_cli[k]) ||
+            vend_connect(&s_cli[k], &s_srv[k])) {
+            check(0, "shared CQ: set up connected RC QPs", strerror(errno));
+            return;
+        }
+        for (int i = 0; i < V_DEPTH; i++)
+            if (vend_post_recv(&s_srv[k], i) || vend_post_recv(&s_cli[k], i)) {
+                check(0, "shared CQ: post receives", strerror(errno));
+                return;
+            }
+        if (k < S_CONNS && fw_verbs_shared_cq_inbox(s, s_srv[k].qp->qp_num, &in[k])) {
+            check(0, "shared CQ: inbox", fw_last_error());
+            return;
+        }
+    }
+    fw_verbs_inbox *dup = NULL;
+    check(fw_verbs_shared_cq_inbox(s, s_srv[0].qp->qp_num, &dup) == EINVAL && dup == NULL,
+          "shared CQ: a second inbox for one key is EINVAL", "accepted");
+    const char *modes[] = {"interrupt", "hybrid:20us", "adaptive"};
+    for (int m = 0; m < 3; m++) shared_cq_rounds(s, in, modes[m], n, NULL, 0);
+    fw_dispatcher *d = NULL;
+    /* Never idle, as in verbs_checks. */
+    if (fw_dispatcher_start(1, -1, 0, &d) == 0) {
+        for (int left = 4; shared_cq_rounds(s, in, "dispatch", n, d, left > 0); left--) {
+        }
+        fw_dispatcher_stop(d);
+    } else {
+        check(0, "shared CQ: dispatcher for CPU 1", fw_last_error());
+    }
+    shared_cq_unrouted(s, in[0]);
+    /* Teardown in the documented order: the QPs, the inboxes, the shared CQ
+     * (which destroys its CQ and channel; every event it read was acked). */
+    int bad = 0;
+    for (int k = 0; k <= S_CONNS; k++) {
+        bad |= ibv_destroy_qp(s_srv[k].qp) | ibv_destroy_qp(s_cli[k].qp);
+        s_srv[k].qp = s_cli[k].qp = NULL;
+        s_srv[k].cq = s_srv[k].send_cq = s_cli[k].cq = s_cli[k].send_cq = NULL;
+        vend_free(&s_srv[k]);
+        vend_free(&s_cli[k]);
+    }
+    for (int k = 0; k < S_CONNS; k++) fw_verbs_inbox_destroy(in[k]);
+    fw_verbs_shared_cq_destroy(s);
+    bad |= ibv_destroy_cq(s_cli_cq);
+    check(!bad, "shared CQ: teardown (QPs, inboxes, the shared CQ, the client's CQ)", "a destroy failed");
+    verbs_close();
 }
 #else
 static void verbs_checks(int n) {
     (void)n;
     printf("SKIPPED verbs: built without <infiniband/verbs.h> (install libibverbs-dev)\n");
+}
+static void shared_cq_checks(int n) {
+    (void)n;
+    printf("SKIPPED shared CQ: built without <infiniband/verbs.h> (install libibverbs-dev)\n");
 }
 #endif
 
@@ -1208,6 +1539,12 @@ int main(int argc, char **argv) {
     /* `abi verbs [N]`: only the verbs part (the Soft-RoCE guest runs it). */
     if (argc > 1 && !strcmp(argv[1], "verbs")) {
         verbs_checks(argc > 2 ? atoi(argv[2]) : 500);
+        printf("c-abi: %d passed, %d failed\n", passed, failed);
+        return failed != 0;
+    }
+    /* `abi shared-cq [N]`: only the shared CQ part (the guest runs it). */
+    if (argc > 1 && !strcmp(argv[1], "shared-cq")) {
+        shared_cq_checks(argc > 2 ? atoi(argv[2]) : 100);
         printf("c-abi: %d passed, %d failed\n", passed, failed);
         return failed != 0;
     }
@@ -1282,6 +1619,7 @@ int main(int argc, char **argv) {
     user_ring_checks();
     interruptible_checks();
     verbs_checks(500);
+    shared_cq_checks(100);
 
     /* NULL is accepted by every destroy. */
     fw_sender_destroy(NULL);

@@ -53,22 +53,23 @@ impl<T> Shared<T> {
     }
 
     /// Router: add `c` and answer the owner's requests. Returns (notice
-    /// pushed, doorbell rung).
+    /// pushed, doorbell to ring): the router rings it with [`Shared::ring`]
+    /// once it has let go of the pump lock (see `Core::pump`).
     pub(crate) fn deliver(&self, c: T) -> (bool, bool) {
         super::lock(&self.items).push_back(c);
         // Only routers move the head, one at a time.
         let head = self.word.0.load(Ordering::Relaxed) >> HEAD_SHIFT;
         let prev = publish(&self.word.0, head, 1);
         let notified = prev & NOTICE != 0 && self.notify();
-        let rang = prev & ARMED != 0 && self.ring();
-        (notified, rang)
+        let asleep = prev & ARMED != 0 && self.doorbell.get().is_some();
+        (notified, asleep)
     }
 
     fn notify(&self) -> bool {
         self.notifier.get().map(Notifier::notify).is_some()
     }
 
-    fn ring(&self) -> bool {
+    pub(crate) fn ring(&self) -> bool {
         // A failed write means the counter is saturated: a wake-up is
         // pending anyway.
         self.doorbell

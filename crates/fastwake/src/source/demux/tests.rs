@@ -50,9 +50,14 @@ fn routes_by_key_in_order_and_keeps_unknown_keys() {
     drop(a);
     d.queue().push(1, 7);
     d.pump();
-    assert_eq!(d.take_unrouted(), vec![(1, 6), (1, 7)]);
+    d.queue().push(1, 8);
+    d.pump();
+    // At most so many, oldest first; the rest stay kept.
+    assert_eq!(d.take_unrouted_at_most(2), vec![(1, 6), (1, 7)]);
+    assert_eq!(d.take_unrouted(), vec![(1, 8)]);
     assert!(d.take_unrouted().is_empty());
-    assert_eq!(d.stats().unrouted, 13 + 2);
+    assert!(d.take_unrouted_at_most(3).is_empty());
+    assert_eq!(d.stats().unrouted, 13 + 3);
 }
 
 #[test]

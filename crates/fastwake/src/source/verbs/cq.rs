@@ -494,27 +494,46 @@ pub(super) struct MadeCq {
     pub(super) ops: (PollCqFn, ReqNotifyCqFn),
 }
 
-/// Create a CQ of `cfg.entries` on `dev`, with its own completion channel
+/// What a CQ is created on: the verbs library, an open context, and the
+/// device's name (for its interrupts' affinity and for error lines).
+pub(super) struct CqHost<'a> {
+    pub(super) lib: &'static Verbs,
+    pub(super) ctx: *mut ibv_context,
+    pub(super) name: &'a str,
+}
+
+impl Device {
+    pub(super) fn cq_host(&self) -> CqHost<'_> {
+        CqHost {
+            lib: self.lib,
+            ctx: self.ctx,
+            name: self.name(),
+        }
+    }
+}
+
+/// Create a CQ of `cfg.entries` on `host`, with its own completion channel
 /// (non-blocking fd), on the vector `cfg.vector` asks for: what a
 /// [`VerbsCq`] and a shared CQ ([`super::SharedCq`]) are made of.
-pub(super) fn create_cq(dev: &Arc<Device>, cfg: CqConfig) -> Result<MadeCq> {
-    let lib = dev.lib;
-    let nvec = dev.num_comp_vectors();
-    let map = VectorMap::read(dev.name(), nvec);
+pub(super) fn create_cq(host: &CqHost<'_>, cfg: CqConfig) -> Result<MadeCq> {
+    let lib = host.lib;
+    // SAFETY: ctx is open (CqHost's makers); the field is set at open.
+    let nvec = unsafe { (*host.ctx).num_comp_vectors.max(0) as u32 };
+    let map = VectorMap::read(host.name, nvec);
     let placement = match cfg.vector {
         Vector::ForCpu(c) => affinity::choose_vector(&map, c),
         Vector::Fixed(v) if v < nvec.max(1) => affinity::fixed_vector(&map, v),
         Vector::Fixed(v) => {
             return Err(Fail::invalid(format!(
                 "completion vector {v} out of range: {} has {nvec}",
-                dev.name()
+                host.name
             )));
         }
     };
-    // SAFETY: the context is open for the lifetime of dev.
-    let ops = unsafe { cq_ops(dev.ctx, dev.name()) }?;
+    // SAFETY: the context is open while host is.
+    let ops = unsafe { cq_ops(host.ctx, host.name) }?;
     // SAFETY: ctx is open.
-    let channel = unsafe { (lib.create_comp_channel)(dev.ctx) };
+    let channel = unsafe { (lib.create_comp_channel)(host.ctx) };
     if channel.is_null() {
         return Err(Fail::new(errno(), "ibv_create_comp_channel failed"));
     }
@@ -525,7 +544,7 @@ pub(super) fn create_cq(dev: &Arc<Device>, cfg: CqConfig) -> Result<MadeCq> {
     // SAFETY: ctx and channel are live; cq_context is unused (null).
     let cq = unsafe {
         (lib.create_cq)(
-            dev.ctx,
+            host.ctx,
             cfg.entries.max(1) as i32,
             std::ptr::null_mut(),
             channel,
@@ -578,7 +597,7 @@ impl VerbsCq {
             channel,
             placement,
             ops,
-        } = create_cq(dev, cfg)?;
+        } = create_cq(&dev.cq_host(), cfg)?;
         // SAFETY: cq and channel were created above and are destroyed in
         // Drop, after release; the ops are the context's.
         let core = unsafe { CqCore::new(cq, channel, Some(dev.lib), ops, cfg.ack_batch) }?;

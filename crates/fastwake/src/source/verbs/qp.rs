@@ -98,7 +98,11 @@ impl RcQp {
         depth: u32,
         inline: u32,
     ) -> Result<RcQp> {
-        let dev = Arc::clone(send_cq.cq_device());
+        let dev = Arc::clone(send_cq.cq_device().ok_or_else(|| {
+            Fail::invalid(
+                "the CQ was made on a caller's context: create its QPs with ibv_create_qp",
+            )
+        })?);
         // SAFETY: the context is open.
         let ops = unsafe { &(*dev.ctx).ops };
         let (Some(post_send), Some(post_recv)) = (ops.post_send, ops.post_recv) else {

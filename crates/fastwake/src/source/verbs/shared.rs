@@ -14,9 +14,16 @@
 //!
 //! Destroy order: the QPs first (as for any CQ), then every inbox and the
 //! [`Demux`]; the CQ goes with the last of them.
+//!
+//! Made on a [`Device`] ([`SharedCq::new`]), or on a context the caller
+//! opened and keeps ([`SharedCq::on_context`], the C ABI's
+//! `fw_verbs_shared_cq`): fastwake then creates the CQ and its channel on
+//! that context and destroys both, and the caller creates the QPs on
+//! [`SharedCq::raw`] with its own verbs.
 
-use super::cq::{CqConfig, CqStats, MadeCq, Wc, create_cq, destroy_cq_and_channel};
+use super::cq::{CqConfig, CqHost, CqStats, MadeCq, Wc, create_cq, destroy_cq_and_channel};
 use super::device::{Device, errno};
+use super::loader::{Verbs, verbs};
 use super::sys::*;
 use crate::affinity::Placement;
 use crate::source::demux::{Demux, SharedQueue};
@@ -50,10 +57,12 @@ impl Route {
     }
 }
 
-/// The shared CQ; make one with [`SharedCq::new`], which returns its
-/// demultiplexer.
+/// The shared CQ; make one with [`SharedCq::new`] or
+/// [`SharedCq::on_context`], which return its demultiplexer.
 pub struct SharedCq {
-    dev: Arc<Device>,
+    lib: &'static Verbs,
+    /// `None`: made on a caller's context ([`SharedCq::on_context`]).
+    dev: Option<Arc<Device>>,
     cq: *mut ibv_cq,
     channel: *mut ibv_comp_channel,
     poll_fn: PollCqFn,
@@ -83,14 +92,65 @@ impl SharedCq {
     /// `route`. Inboxes: [`Demux::inbox`] with the QP number
     /// ([`super::RcQp::qp_num`]) or the `wr_id` key.
     pub fn new(dev: &Arc<Device>, cfg: CqConfig, route: Route) -> Result<Demux<SharedCq>> {
+        let made = create_cq(&dev.cq_host(), cfg)?;
+        Ok(SharedCq::made(
+            dev.lib,
+            Some(Arc::clone(dev)),
+            made,
+            cfg,
+            route,
+        ))
+    }
+
+    /// A shared CQ, as [`SharedCq::new`] makes, on a context the caller
+    /// opened: fastwake creates the CQ and its channel on `ctx` (and
+    /// destroys them with the last handle); the caller creates the QPs on
+    /// [`SharedCq::raw`] (`ibv_create_qp`), and destroys them first.
+    ///
+    /// # Safety
+    /// `ctx` must be an open context (`ibv_open_device`) that stays open
+    /// until the demultiplexer and every inbox are dropped.
+    pub unsafe fn on_context(
+        ctx: *mut ibv_context,
+        cfg: CqConfig,
+        route: Route,
+    ) -> Result<Demux<SharedCq>> {
+        if ctx.is_null() {
+            return Err(Fail::invalid("the verbs context is NULL"));
+        }
+        let lib = verbs()?;
+        // SAFETY: ctx is open (the caller's promise), so its device is
+        // live and its name a NUL-terminated string it owns.
+        let name = unsafe { std::ffi::CStr::from_ptr((lib.get_device_name)((*ctx).device)) }
+            .to_string_lossy()
+            .into_owned();
+        let made = create_cq(
+            &CqHost {
+                lib,
+                ctx,
+                name: &name,
+            },
+            cfg,
+        )?;
+        Ok(SharedCq::made(lib, None, made, cfg, route))
+    }
+
+    fn made(
+        lib: &'static Verbs,
+        dev: Option<Arc<Device>>,
+        made: MadeCq,
+        cfg: CqConfig,
+        route: Route,
+    ) -> Demux<SharedCq> {
         let MadeCq {
             cq,
             channel,
             placement,
             ops: (poll_fn, notify_fn),
-        } = create_cq(dev, cfg)?;
-        Ok(Demux::new(SharedCq {
-            dev: Arc::clone(dev),
+        } = made;
+        Demux::new(SharedCq {
+            lib,
+            dev,
             cq,
             channel,
             poll_fn,
@@ -103,7 +163,7 @@ impl SharedCq {
             arms: AtomicU64::new(0),
             ack_calls: AtomicU64::new(0),
             acked: AtomicU64::new(0),
-        }))
+        })
     }
 
     /// The raw CQ, for creating QPs on it.
@@ -111,9 +171,9 @@ impl SharedCq {
         self.cq
     }
 
-    /// The device.
-    pub fn device(&self) -> &Arc<Device> {
-        &self.dev
+    /// The device (`None`: made on a caller's context).
+    pub fn device(&self) -> Option<&Arc<Device>> {
+        self.dev.as_ref()
     }
 
     /// Where the CQ was placed.
@@ -134,7 +194,7 @@ impl SharedCq {
     fn ack(&self, unacked: &mut u32) {
         if *unacked > 0 {
             // SAFETY: cq is live and we read exactly `unacked` events for it.
-            unsafe { (self.dev.lib.ack_cq_events)(self.cq, *unacked) };
+            unsafe { (self.lib.ack_cq_events)(self.cq, *unacked) };
             self.acked.fetch_add(u64::from(*unacked), Ordering::Relaxed);
             self.ack_calls.fetch_add(1, Ordering::Relaxed);
             *unacked = 0;
@@ -176,7 +236,7 @@ impl SharedQueue for SharedCq {
         let mut ev_ctx = std::ptr::null_mut();
         // SAFETY: the channel is live and non-blocking (create_cq), so
         // this returns EAGAIN when another sleeper took the event.
-        let rc = unsafe { (self.dev.lib.get_cq_event)(self.channel, &mut ev_cq, &mut ev_ctx) };
+        let rc = unsafe { (self.lib.get_cq_event)(self.channel, &mut ev_cq, &mut ev_ctx) };
         if rc != 0 {
             let e = errno();
             if e == libc::EAGAIN || e == libc::EINTR {
@@ -204,7 +264,7 @@ impl Drop for SharedCq {
         // demultiplexer that owns self), the QPs were destroyed first
         // (module docs), every event read was acked above; cq and channel
         // were made by create_cq and are destroyed once.
-        unsafe { destroy_cq_and_channel(self.dev.lib, self.cq, self.channel) };
+        unsafe { destroy_cq_and_channel(self.lib, self.cq, self.channel) };
     }
 }
 
@@ -212,16 +272,17 @@ impl Drop for SharedCq {
 pub trait CqRef {
     /// The raw CQ.
     fn cq_raw(&self) -> *mut ibv_cq;
-    /// Its device.
-    fn cq_device(&self) -> &Arc<Device>;
+    /// Its device (`None`: a CQ on a caller's context, whose QPs the
+    /// caller creates).
+    fn cq_device(&self) -> Option<&Arc<Device>>;
 }
 
 impl CqRef for super::VerbsCq {
     fn cq_raw(&self) -> *mut ibv_cq {
         self.raw()
     }
-    fn cq_device(&self) -> &Arc<Device> {
-        self.device()
+    fn cq_device(&self) -> Option<&Arc<Device>> {
+        Some(self.device())
     }
 }
 
@@ -229,7 +290,7 @@ impl CqRef for Demux<SharedCq> {
     fn cq_raw(&self) -> *mut ibv_cq {
         self.queue().raw()
     }
-    fn cq_device(&self) -> &Arc<Device> {
+    fn cq_device(&self) -> Option<&Arc<Device>> {
         self.queue().device()
     }
 }
