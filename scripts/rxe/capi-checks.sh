@@ -85,5 +85,7 @@ check_capi_shared_cq() {
     done
     rxe_last_match "$out" '^PASS shared CQ: a completion without an inbox is kept and taken back$' >/dev/null \
         || { rxe_fail "the unrouted completion check did not pass"; return 1; }
-    rxe_info "$CAPI_SUMMARY (abi.c's shared CQ part: $RXE_CAPI_SHARED_ROUNDS data-checked rounds over 4 QPs per mode, unrouted completions, bad input, teardown)"
+    rxe_last_match "$out" '^PASS shared CQ: FW_ROUTE_WR_ID_HIGH routes by wr_id' >/dev/null \
+        || { rxe_fail "the wr_id route check did not pass"; return 1; }
+    rxe_info "$CAPI_SUMMARY (abi.c's shared CQ part: $RXE_CAPI_SHARED_ROUNDS data-checked rounds over 4 QPs per mode, unrouted completions, the wr_id route, bad input, teardown)"
 }

@@ -1427,6 +1427,71 @@ static void shared_cq_unrouted(fw_verbs_shared_cq *s, fw_verbs_inbox *any) {
     }
 }
 
+/* FW_ROUTE_WR_ID_HIGH: one QP, two owners keyed by the high 32 bits of its
+ * receives' wr_id. Receives posted alternately for keys 1 and 2 are
+ * consumed in order, so messages 0, 2, 4... must reach inbox 1 and 1, 3,
+ * 5... inbox 2, each with its own key's slots. */
+static void shared_cq_wr_id_route(void) {
+    enum { MSGS = 8 };
+    const char *why = NULL;
+    fw_verbs_shared_cq *s = NULL;
+    fw_verbs_inbox *in[2] = {0};
+    fw_waiter *w = NULL;
+    struct vend srv = {0}, cli = {0};
+    if (fw_verbs_shared_cq_create(vd.ctx, 64, 1, FW_ROUTE_WR_ID_HIGH, 32, &s) ||
+        fw_verbs_shared_cq_inbox(s, 1, &in[0]) || fw_verbs_shared_cq_inbox(s, 2, &in[1]) ||
+        fw_waiter_create("interrupt", &w))
+        why = fw_last_error();
+    srv.cq = srv.send_cq = fw_verbs_shared_cq_cq(s);
+    cli.cq = cli.send_cq = s_cli_cq;
+    if (!why && (vend_qp(&srv) || vend_qp(&cli) || vend_connect(&srv, &cli) || vend_connect(&cli, &srv)))
+        why = "set up a connected RC QP pair";
+    for (int i = 0; i < MSGS && !why; i++) {
+        struct ibv_sge sge = {(uintptr_t)(srv.buf + i * V_MSG), V_MSG, srv.mr->lkey};
+        struct ibv_recv_wr wr = {.wr_id = ((uint64_t)(1 + i % 2) << 32) | (uint64_t)i, .sg_list = &sge, .num_sge = 1},
+                           *bad;
+        if (ibv_post_recv(srv.qp, &wr, &bad)) why = "ibv_post_recv";
+    }
+    /* One send at a time: they share the client's send buffer. */
+    for (uint32_t i = 0; i < MSGS && !why; i++) {
+        if (vend_send(&cli, i, 40)) why = "ibv_post_send";
+        for (int k = 0; k < 10000 && !why && cli.unreaped; k++) {
+            struct ibv_wc c;
+            int m = ibv_poll_cq(s_cli_cq, 1, &c);
+            if (m < 0 || (m == 1 && c.status != IBV_WC_SUCCESS)) why = "client send completion";
+            else if (m == 1) cli.unreaped--;
+            else usleep(1000);
+        }
+        if (!why && cli.unreaped) why = "a client send did not complete";
+    }
+    for (int k = 0; k < 2 && !why; k++)
+        for (uint32_t i = (uint32_t)k; i < MSGS && !why; i += 2) {
+            struct ibv_wc wc;
+            int n = 0;
+            char want[V_MSG];
+            v_fill(want, i, 40);
+            if (fw_verbs_inbox_wait(w, in[k], 10000000000LL, &wc, 1, &n) || n != 1) why = fw_last_error();
+            else if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV) why = "not a good receive";
+            else if (wc.wr_id != (((uint64_t)(k + 1) << 32) | i) || ntohl(wc.imm_data) != i ||
+                     memcmp(srv.buf + i * V_MSG, want, V_MSG))
+                why = "a message in the wrong inbox, or out of order";
+        }
+    struct fw_shared_cq_stats st = {0};
+    if (!why && (fw_verbs_shared_cq_stats(s, &st) || st.routed != MSGS || st.unrouted != 0))
+        why = "not every receive routed by its wr_id";
+    check(!why, "shared CQ: FW_ROUTE_WR_ID_HIGH routes by wr_id >> 32 (two owners, one QP)", why ? why : "");
+    if (srv.qp) ibv_destroy_qp(srv.qp);
+    if (cli.qp) ibv_destroy_qp(cli.qp);
+    srv.qp = cli.qp = NULL;
+    srv.cq = srv.send_cq = cli.cq = cli.send_cq = NULL;
+    vend_free(&srv);
+    vend_free(&cli);
+    fw_waiter_destroy(w);
+    fw_verbs_inbox_destroy(in[0]);
+    fw_verbs_inbox_destroy(in[1]);
+    fw_verbs_shared_cq_destroy(s);
+}
+
 /* Bad input: errno and one line, never a crash. No device needed. */
 static void shared_cq_bad_input(void) {
     fw_verbs_shared_cq *s = (fw_verbs_shared_cq *)1;
@@ -1507,6 +1572,7 @@ static void shared_cq_checks(int n) {
         check(0, "shared CQ: dispatcher for CPU 1", fw_last_error());
     }
     shared_cq_unrouted(s, in[0]);
+    shared_cq_wr_id_route();
     /* Teardown in the documented order: the QPs, the inboxes, the shared CQ
      * (which destroys its CQ and channel; every event it read was acked). */
     int bad = 0;
