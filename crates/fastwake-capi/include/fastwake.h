@@ -465,7 +465,8 @@ int fw_verbs_comp_vector_for_cpu(struct ibv_context *ctx, int cpu, int *vector);
  * serves) on the completion vector for CPU cpu (-1: the calling thread's,
  * as fw_verbs_comp_vector_for_cpu chooses), routed by route (shift: for
  * FW_ROUTE_WR_ID_HIGH, 0-63; ignored otherwise). EINVAL: ctx or out NULL,
- * entries < 1, cpu < -1, an unknown route or shift; ENOTSUP: the provider
+ * entries < 1, cpu < -1 or not a CPU of this host, an unknown route or
+ * shift; ENOTSUP: the provider
  * has no poll_cq/req_notify_cq ops, or libibverbs.so.1 cannot be loaded;
  * ibv_create_cq's errno otherwise. */
 int fw_verbs_shared_cq_create(struct ibv_context *ctx, int entries, int cpu, int route, int shift,

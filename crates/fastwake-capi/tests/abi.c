@@ -1563,6 +1563,11 @@ static void shared_cq_checks(int n) {
     fw_verbs_inbox *dup = NULL;
     check(fw_verbs_shared_cq_inbox(s, s_srv[0].qp->qp_num, &dup) == EINVAL && dup == NULL,
           "shared CQ: a second inbox for one key is EINVAL", "accepted");
+    fw_verbs_shared_cq *nowhere = NULL;
+    int ncpu = (int)sysconf(_SC_NPROCESSORS_CONF);
+    check(fw_verbs_shared_cq_create(vd.ctx, 64, ncpu + 1000, FW_ROUTE_QP_NUM, 0, &nowhere) == EINVAL &&
+              nowhere == NULL && strstr(fw_last_error(), "does not exist"),
+          "shared CQ: a CPU that does not exist is EINVAL", "accepted");
     const char *modes[] = {"interrupt", "hybrid:20us", "adaptive"};
     for (int m = 0; m < 3; m++) shared_cq_rounds(s, in, modes[m], n, NULL, 0);
     fw_dispatcher *d = NULL;

@@ -18,7 +18,7 @@
 //! at creation with [`vector_for_cpu`].
 
 use super::cq::{CqCore, CqStats, Wc, cq_ops, cq_source};
-use super::loader::verbs;
+use super::loader::{Verbs, verbs};
 use super::sys::*;
 use crate::affinity::{self, Placement, VectorMap};
 use crate::{Fail, Result};
@@ -144,26 +144,42 @@ pub unsafe fn vector_for_cpu(ctx: *mut ibv_context, cpu: Option<u32>) -> Result<
         return Err(Fail::invalid("the context is NULL"));
     }
     if let Some(c) = cpu {
-        // SAFETY: sysconf has no preconditions.
-        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u32;
-        if c >= n {
-            return Err(Fail::invalid(format!(
-                "CPU {c} does not exist (this host has {n})"
-            )));
-        }
+        existing_cpu(c)?;
     }
     let lib = verbs()?;
-    // SAFETY: ctx is open (the caller's promise); its device and the
+    // SAFETY: ctx is open (the caller's promise).
+    let name = unsafe { device_name(lib, ctx) }?;
+    // SAFETY: as above; the field is set at open.
+    let nvec = unsafe { (*ctx).num_comp_vectors.max(0) as u32 };
+    Ok(affinity::choose_vector(&VectorMap::read(&name, nvec), cpu))
+}
+
+/// `Ok` if CPU `c` exists on this host, else one line saying so.
+pub(super) fn existing_cpu(c: u32) -> Result<()> {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u32;
+    if c >= n {
+        return Err(Fail::invalid(format!(
+            "CPU {c} does not exist (this host has {n})"
+        )));
+    }
+    Ok(())
+}
+
+/// The name of the device the caller's context `ctx` was opened on.
+///
+/// # Safety
+/// `ctx` must be an open context (`ibv_open_device`).
+pub(super) unsafe fn device_name(lib: &Verbs, ctx: *mut ibv_context) -> Result<String> {
+    // SAFETY: ctx is open (the caller's promise): its device and the
     // device's name live as long as it.
-    let (name, nvec) = unsafe {
+    unsafe {
         let dev = (*ctx).device;
         if dev.is_null() {
             return Err(Fail::invalid("the context has no device (not a context?)"));
         }
-        let name = CStr::from_ptr((lib.get_device_name)(dev))
+        Ok(CStr::from_ptr((lib.get_device_name)(dev))
             .to_string_lossy()
-            .into_owned();
-        (name, (*ctx).num_comp_vectors.max(0) as u32)
-    };
-    Ok(affinity::choose_vector(&VectorMap::read(&name, nvec), cpu))
+            .into_owned())
+    }
 }

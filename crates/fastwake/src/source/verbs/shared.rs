@@ -21,7 +21,8 @@
 //! that context and destroys both, and the caller creates the QPs on
 //! [`SharedCq::raw`] with its own verbs.
 
-use super::cq::{CqConfig, CqHost, CqStats, MadeCq, Wc, create_cq, destroy_cq_and_channel};
+use super::caller::{device_name, existing_cpu};
+use super::cq::{CqConfig, CqHost, CqStats, MadeCq, Vector, Wc, create_cq, destroy_cq_and_channel};
 use super::device::{Device, errno};
 use super::loader::{Verbs, verbs};
 use super::sys::*;
@@ -118,12 +119,12 @@ impl SharedCq {
         if ctx.is_null() {
             return Err(Fail::invalid("the verbs context is NULL"));
         }
+        if let Vector::ForCpu(Some(c)) = cfg.vector {
+            existing_cpu(c)?;
+        }
         let lib = verbs()?;
-        // SAFETY: ctx is open (the caller's promise), so its device is
-        // live and its name a NUL-terminated string it owns.
-        let name = unsafe { std::ffi::CStr::from_ptr((lib.get_device_name)((*ctx).device)) }
-            .to_string_lossy()
-            .into_owned();
+        // SAFETY: ctx is open (the caller's promise).
+        let name = unsafe { device_name(lib, ctx) }?;
         let made = create_cq(
             &CqHost {
                 lib,
