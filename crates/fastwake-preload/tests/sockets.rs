@@ -607,11 +607,13 @@ fn signals_in_a_prewake_sleep_act_as_on_the_plain_call() {
             ("FW_PHASE", phase),
         ];
         // Seen once in CI: 39 pre-wakes, the other waits blocked, nothing
-        // contended. The likely cause, a burst of late timers while the
-        // plan learns, holds the margin past the 1 ms wait for the whole
-        // phase: its waits end by the signal before any timer, so no new
-        // lateness is measured. Such a run is run again, twice at most; a
-        // shim that does not pre-wake fails all three.
+        // contended; reproduced with two processes busy 3 ms of every 10
+        // (22-45 pre-wakes, contended 0). Timers made late by a busy host
+        // while the plan learns hold its margin past the 1 ms wait, and it
+        // rightly blocks instead, for the whole phase: its waits end by
+        // the signal before any timer, so no new lateness is measured.
+        // Such a run is run again, twice at most; a shim that does not
+        // pre-wake fails all three.
         let mut tries = 0;
         let (out, p) = loop {
             let Some(out) = child("child_prewake_signals", &env) else {
