@@ -275,6 +275,18 @@ fn notify_fd_of<S: Source + ?Sized>(src: Option<&S>) -> c_int {
         .map_or(-1, |f| f.as_raw_fd())
 }
 
+/// A `cpu` argument of the header: a CPU number, or -1 for the calling
+/// thread's (`None`).
+fn cpu_arg(cpu: c_int) -> Result<Option<u32>, Fail> {
+    match cpu {
+        -1 => Ok(None),
+        c if c < 0 => Err(Fail::invalid(format!(
+            "cpu {c}: a CPU number or -1 (the calling thread's)"
+        ))),
+        c => Ok(Some(c as u32)),
+    }
+}
+
 /// A shared borrow, for the objects the header lets several threads use
 /// at once (their methods take `&self`).
 fn obj_ref<'a, T>(p: *const T) -> Result<&'a T, Fail> {
@@ -1029,15 +1041,7 @@ pub unsafe extern "C" fn fw_verbs_comp_vector_for_cpu(
         if vector.is_null() {
             return Err(Fail::invalid("vector pointer is NULL"));
         }
-        let cpu = match cpu {
-            -1 => None,
-            c if c < 0 => {
-                return Err(Fail::invalid(format!(
-                    "cpu {c}: a CPU number or -1 (the calling thread's)"
-                )));
-            }
-            c => Some(c as u32),
-        };
+        let cpu = cpu_arg(cpu)?;
         // SAFETY: ctx is NULL (refused there) or open, per the header.
         let p = unsafe { fastwake::source::verbs::vector_for_cpu(ctx, cpu) }?;
         // SAFETY: non-null (checked) and writable per the header.
@@ -1065,15 +1069,7 @@ pub unsafe extern "C" fn fw_verbs_shared_cq_create(
                 "entries is {entries}: room for at least one completion is needed"
             )));
         }
-        let cpu = match cpu {
-            -1 => None,
-            c if c < 0 => {
-                return Err(Fail::invalid(format!(
-                    "cpu {c}: a CPU number or -1 (the calling thread's)"
-                )));
-            }
-            c => Some(c as u32),
-        };
+        let cpu = cpu_arg(cpu)?;
         let route = match (route, shift) {
             (FW_ROUTE_QP_NUM, _) => Route::QpNum,
             (FW_ROUTE_WR_ID_HIGH, 0..=63) => Route::WrIdHigh(shift as u32),
