@@ -96,12 +96,6 @@ pub(crate) struct Watch {
     /// oldest first; see [`HOT`]. Only a watcher that arms its sources'
     /// notices itself (a task runtime) promotes any.
     hot: std::collections::VecDeque<usize>,
-    /// Per entry: the safety net served it and no notice has come since.
-    /// A notice that comes later was late, not lost (its producer was
-    /// held up between its publish and its push, e.g. preempted).
-    scanned: Vec<Cell<bool>>,
-    /// Notices that came after the safety net had served their entry.
-    late: Cell<u64>,
     /// Entries whose readiness the kernel's ready list reports (neither
     /// plain nor summarised nor noticed).
     kernel: KernelList,
@@ -137,8 +131,6 @@ impl Watch {
             noticed_count: 0,
             safety_at: Cell::new(0),
             hot: std::collections::VecDeque::with_capacity(HOT + 1),
-            scanned: (0..capacity).map(|_| Cell::new(false)).collect(),
-            late: Cell::new(0),
             kernel: KernelList::new(kernel),
             pumps: Vec::new(),
         }
@@ -552,9 +544,6 @@ impl Watch {
     ) {
         let Some(r) = &self.notices else { return };
         while let Some(i) = r.pop() {
-            if self.scanned.get(i).is_some_and(|s| s.replace(false)) {
-                self.late.set(self.late.get() + 1);
-            }
             visit(i);
         }
         if r.take_overflow() {
@@ -600,16 +589,19 @@ impl Watch {
         self.ready_full(i)
     }
 
-    /// The safety net served entry `i` (see [`Watch::late_notices`]).
+    /// The safety net served entry `i`: a notice for it that comes
+    /// later was late, not lost (its producer was held up between its
+    /// publish and its push, e.g. preempted); the ring keeps that ledger.
     pub(crate) fn mark_scanned(&self, i: usize) {
-        self.scanned[i].set(true);
+        if let Some(r) = &self.notices {
+            r.mark_scanned(i);
+        }
     }
 
-    /// Notices popped here for entries the safety net had served since
-    /// their previous notice: late, not lost. (Notices a relaying thread
-    /// pops are not seen here.)
+    /// Notices popped, here or by a relaying thread, for entries the
+    /// safety net had served since their previous notice.
     pub(crate) fn late_notices(&self) -> u64 {
-        self.late.get()
+        self.notices.as_ref().map_or(0, |r| r.late())
     }
 
     /// The safety net: peek the next few noticed entries whose bit is set

@@ -47,7 +47,7 @@
 //! summary to its noticed sources and sleeps on that (`dispatch::tasks`),
 //! so a notice needs no fence and no check of a sleeper.
 
-use crate::sync::{AtomicU64, LineWords, Ordering};
+use crate::sync::{AtomicU8, AtomicU64, LineWords, Ordering};
 use std::sync::Arc;
 
 /// See the [module docs](self).
@@ -60,6 +60,12 @@ pub struct NoticeRing {
     overflow: LineWords,
     cells: LineWords,
     mask: u64,
+    /// The safety net's ledger, per source: it served a wait of the
+    /// source and no notice has come since. Here rather than with one
+    /// consumer, so a late notice is counted as late whoever pops it (a
+    /// relaying thread pops most of them in dispatch-mode threads).
+    scanned: Box<[AtomicU8]>,
+    late: AtomicU64,
 }
 
 /// Word indices in the producers' line.
@@ -93,6 +99,8 @@ impl NoticeRing {
             // Lap 0: no ticket's (ticket t's notice carries lap t + 1).
             cells: LineWords::new(n, || AtomicU64::new(0)),
             mask: n as u64 - 1,
+            scanned: (0..sources).map(|_| AtomicU8::new(0)).collect(),
+            late: AtomicU64::new(0),
         })
     }
 
@@ -153,10 +161,41 @@ impl NoticeRing {
             // Release: a producer that sees the new head (to reuse the
             // cell) comes after our read of it.
             match head.compare_exchange(h, h + 1, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => return Some(c as u32 as usize),
+                Ok(_) => {
+                    let i = c as u32 as usize;
+                    self.settle(i);
+                    return Some(i);
+                }
                 Err(now) => h = now,
             }
         }
+    }
+
+    /// A notice for source `i` was popped: if the safety net had served
+    /// the source since its previous notice, this one came late. The load
+    /// first: the flag's line is only read on this path.
+    #[inline]
+    fn settle(&self, i: usize) {
+        if let Some(s) = self.scanned.get(i)
+            && s.load(Ordering::Relaxed) != 0
+            && s.swap(0, Ordering::Relaxed) != 0
+        {
+            self.late.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The safety net served a wait of source `i` that had no notice: a
+    /// notice for it popped later is counted in [`NoticeRing::late`].
+    pub fn mark_scanned(&self, i: usize) {
+        if let Some(s) = self.scanned.get(i) {
+            s.store(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Notices popped, by any consumer, for sources the safety net had
+    /// served since their previous notice: late, not lost.
+    pub fn late(&self) -> u64 {
+        self.late.load(Ordering::Relaxed)
     }
 
     /// Did a push find the ring full since the last call? Then some
@@ -218,6 +257,25 @@ mod tests {
             }
             assert_eq!(r.pop(), None);
         }
+    }
+
+    #[test]
+    fn a_notice_after_the_safety_net_served_its_source_is_late_once() {
+        let r = NoticeRing::new(4);
+        r.notifier(1).notify();
+        assert_eq!(r.pop(), Some(1));
+        assert_eq!(r.late(), 0, "a notice the safety net did not pre-empt");
+        r.mark_scanned(2);
+        r.notifier(2).notify();
+        r.notifier(2).notify();
+        // A relay's pop or the dispatcher's: the ring counts either.
+        let relay = std::thread::scope(|s| s.spawn(|| r.pop()).join().unwrap());
+        assert_eq!(relay, Some(2));
+        assert_eq!(r.late(), 1);
+        assert_eq!(r.pop(), Some(2));
+        assert_eq!(r.late(), 1, "only the first notice after the scan");
+        r.mark_scanned(1000);
+        assert_eq!(r.late(), 1, "an index past the ring's sources is ignored");
     }
 
     #[test]

@@ -86,14 +86,14 @@ impl Servers {
                 }
             }
         }
-        for d in &self.dispatchers {
-            let s = d.stats();
+        for d in self.dispatchers {
+            // Final counters: a late notice still in the ring is counted.
+            let s = d.stop();
             c.notices += s.notices;
             c.scan_found += s.scan_found;
             c.late_notices += s.late_notices;
             c.kernel += s.kernel_list;
         }
-        drop(self.dispatchers);
         first.map(|_| c)
     }
 }

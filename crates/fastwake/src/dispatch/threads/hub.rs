@@ -85,7 +85,6 @@ pub(crate) struct Hub {
     pub(super) noticed: LineWords,
     pub(super) notice_handoffs: AtomicU64,
     pub(super) scan_found: AtomicU64,
-    pub(super) late_notices: AtomicU64,
     /// The dispatcher's kernel ready list counters, published with
     /// `passes`.
     pub(super) kernel_list: Mutex<KernelListStats>,
@@ -141,7 +140,6 @@ impl Hub {
             noticed: LineWords::new(cfg.capacity.div_ceil(64), || AtomicU64::new(0)),
             notice_handoffs: AtomicU64::new(0),
             scan_found: AtomicU64::new(0),
-            late_notices: AtomicU64::new(0),
             kernel_list: Mutex::new(KernelListStats::default()),
             kernel: Arc::new(Shared::new(cfg.capacity)),
             resume_at: AtomicU64::new(0),
@@ -320,7 +318,7 @@ impl Hub {
             passes: self.passes.load(Ordering::Relaxed),
             notices: self.notice_handoffs.load(Ordering::Relaxed),
             scan_found: self.scan_found.load(Ordering::Relaxed),
-            late_notices: self.late_notices.load(Ordering::Relaxed),
+            late_notices: self.notices.as_ref().map_or(0, |r| r.late()),
             idle_sleeps: self.idle_sleeps.load(Ordering::Relaxed),
             paused: self.paused.load(Ordering::Relaxed),
             registered: self.registered.load(Ordering::Relaxed),

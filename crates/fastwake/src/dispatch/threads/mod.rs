@@ -186,6 +186,17 @@ impl Dispatcher {
         self.hub.stats()
     }
 
+    /// Stop the dispatcher and return its final counters, read after it
+    /// drained its notice ring: a notice still in it (a late one, say) is
+    /// counted. Dropping a dispatcher stops it too.
+    pub fn stop(mut self) -> DispatchStats {
+        if !self.hub.made_before_fork() {
+            self.hub.request_exit();
+            self.join_threads();
+        }
+        self.hub.stats()
+    }
+
     /// The configuration it runs with.
     pub fn config(&self) -> Config {
         self.hub.cfg

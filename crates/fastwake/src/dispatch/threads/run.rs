@@ -61,8 +61,6 @@ impl Hub {
             empty = empty.wrapping_add(1);
             if empty.is_multiple_of(PASSES_PER_CLOCK) {
                 self.passes.store(passes, Ordering::Relaxed);
-                self.late_notices
-                    .store(watch.late_notices(), Ordering::Relaxed);
                 *super::lock(&self.kernel_list) = watch.kernel_stats();
                 self.beat(Instant::now());
                 // Now and then the complete test, for closed sources, and
@@ -98,8 +96,6 @@ impl Hub {
         self.passes.store(passes, Ordering::Relaxed);
         // Notices still in the ring, so a late one is counted as late.
         watch.noticed_candidates(|_| 0, |_| {});
-        self.late_notices
-            .store(watch.late_notices(), Ordering::Relaxed);
         *super::lock(&self.kernel_list) = watch.kernel_stats();
     }
 
