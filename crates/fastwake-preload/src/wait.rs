@@ -486,7 +486,7 @@ pub(crate) fn prewake<W: Prewaker>(
         ..
     } = planned;
     count(|e| &e.prewakes, 1);
-    let asleep = gov.blocking(cpu);
+    let asleep = gov.blocking(cpu, fastwake::cpu::monotonic_ns());
     let n = {
         let _slack = fastwake::cpu::FineTimerSlack::set();
         let now = fastwake::cpu::monotonic_ns();
@@ -630,7 +630,7 @@ pub(crate) fn block<R>(
     failed: impl FnOnce(&R) -> bool,
 ) -> R {
     count(|e| &e.blocked, 1);
-    let asleep = gov.blocking(cpu);
+    let asleep = gov.blocking(cpu, fastwake::cpu::monotonic_ns());
     let r = real();
     drop(asleep);
     ending.now_ns = fastwake::cpu::monotonic_ns();

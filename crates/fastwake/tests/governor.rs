@@ -123,7 +123,7 @@ fn no_spin_while_a_sibling_is_blocked_on_the_cpu() {
     let mut sleeper = sleeper_waiting(20_000);
     let mut g = hybrid(50);
     assert_eq!(g.plan(&f).0, Decision::Spin(50_000));
-    let asleep = sleeper.blocking(Some(201));
+    let asleep = sleeper.blocking(Some(201), 1_000);
     assert_eq!(g.plan(&f), (Decision::Block, Why::Siblings));
     drop(asleep);
     assert_eq!(g.plan(&f).0, Decision::Spin(50_000));
@@ -142,17 +142,35 @@ fn only_a_sibling_whose_wait_is_due_stops_a_spin() {
     // Long sleeper (2 s waits) and a sleeper with no history, on CPU 203.
     let mut listener = sleeper_waiting(2_000_000_000);
     let mut fresh = Governor::new(WaitMode::Interrupt);
-    let a = listener.blocking(Some(203));
-    let b = fresh.blocking(Some(203));
+    let a = listener.blocking(Some(203), 1_000);
+    let b = fresh.blocking(Some(203), 1_000);
     assert_eq!(g.plan(&at(203, 1_000)).0, Decision::Spin(50_000));
     drop((a, b));
     // A due sleeper (20 µs waits) on CPU 204: counts now, not 40 µs on.
     let mut worker = sleeper_waiting(20_000);
-    let c = worker.blocking(Some(204));
-    let now = fastwake::cpu::monotonic_ns();
+    let now = 5_000_000;
+    let c = worker.blocking(Some(204), now);
     assert_eq!(g.plan(&at(204, now)), (Decision::Block, Why::Siblings));
     assert_eq!(g.plan(&at(204, now + 100_000)).0, Decision::Spin(50_000));
     drop(c);
+}
+
+/// A fixed-mode wait that neither slept nor spun teaches nothing, so its
+/// caller need not read the clock for its end; a sleep, a spin or an
+/// adaptive (learned) wait does.
+#[test]
+fn only_a_wait_with_something_to_learn_needs_the_clock_at_its_end() {
+    let mut d = Governor::new(WaitMode::Dispatch);
+    assert_eq!(d.plan(&facts(1_000)).0, Decision::Dispatch);
+    assert!(!d.end_reads_clock(false, false));
+    assert!(d.end_reads_clock(true, false));
+    assert!(d.end_reads_clock(false, true));
+    let mut a = adaptive(50_000);
+    a.plan(&facts(1_000));
+    assert!(
+        a.end_reads_clock(false, false),
+        "the learner wants its length"
+    );
 }
 
 #[test]
@@ -256,7 +274,7 @@ fn adaptive_dispatches_next_to_a_sibling_when_a_dispatcher_serves_the_cpu() {
     let mut g = adaptive(50_000);
     feed(&mut g, (0..400).map(|_| 10_000));
     let mut sleeper = sleeper_waiting(20_000);
-    let asleep = sleeper.blocking(Some(202));
+    let asleep = sleeper.blocking(Some(202), 900_000_000);
     let f = |d| Facts {
         cpu: Some(202),
         dispatch_waiters: d,

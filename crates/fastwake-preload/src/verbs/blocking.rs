@@ -112,7 +112,7 @@ pub unsafe fn get_cq_event(
                 stats::add(|s| &s.blocked, 1);
                 blocked = true;
                 if !nb {
-                    asleep = with_governor(|g, _| g.blocking(cpu));
+                    asleep = with_governor(|g, _| g.blocking(cpu, fastwake::cpu::monotonic_ns()));
                 }
             }
             // SAFETY: the caller's channel.

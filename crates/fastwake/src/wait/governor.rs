@@ -521,15 +521,18 @@ impl Governor {
     /// from another day's host, and the real cost (arm, sleep, two context
     /// switches, re-check) moves by 4× with the host's state, which moves
     /// the break-even of every budget.
+    ///
+    /// `now_ns` is a recent [`crate::cpu::monotonic_ns`] reading, which
+    /// the caller usually has: the sibling rule's due time counts from it.
     #[inline]
-    pub fn blocking(&mut self, cpu: Option<u32>) -> siblings::Asleep {
+    pub fn blocking(&mut self, cpu: Option<u32>, now_ns: u64) -> siblings::Asleep {
         if matches!(self.mode, WaitMode::Adaptive(_)) {
             self.sleeps = self.sleeps.wrapping_add(1);
             if self.sleeps.is_multiple_of(SLEEP_SAMPLE_EVERY) {
                 self.sleep_cpu0 = Some(crate::cpu::thread_cpu_time().as_nanos() as u64);
             }
         }
-        siblings::Asleep::enter(cpu, self.typical_block_ns)
+        siblings::Asleep::enter(cpu, now_ns, self.typical_block_ns)
     }
 
     /// The planned wait caught its completion while spinning, at `now_ns`
@@ -547,6 +550,15 @@ impl Governor {
         } else {
             self.end(Ending::at(now_ns, spun_ns, false));
         }
+    }
+
+    /// Does [`Governor::end`] read the ending's `now_ns` for the wait in
+    /// flight? Not for a wait of a fixed mode that neither slept nor spun:
+    /// such a caller (a dispatch-mode wait served by its own relay, say)
+    /// can leave the clock unread.
+    #[inline]
+    pub fn end_reads_clock(&self, slept: bool, spun: bool) -> bool {
+        slept || spun || self.in_flight.as_ref().is_some_and(|w| w.learned.is_some())
     }
 
     /// How the planned wait ended.

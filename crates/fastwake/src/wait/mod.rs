@@ -321,7 +321,7 @@ impl Waiter {
         let mut spun_ns = 0;
         let mut preempted = false;
         match decision {
-            Decision::Dispatch => return self.dispatch(src, deadline, cpu),
+            Decision::Dispatch => return self.dispatch(src, deadline, cpu, now_ns),
             Decision::Prewake {
                 wake_at_ns,
                 spin_until_ns,
@@ -350,7 +350,7 @@ impl Waiter {
             Decision::Block => {}
         }
         let mut rep = BlockReport::default();
-        let asleep = self.governor.blocking(cpu);
+        let asleep = self.governor.blocking(cpu, now_ns + spun_ns);
         let r = block_until_ready(src, deadline, &mut rep);
         drop(asleep);
         self.count_block(&rep);
@@ -375,9 +375,10 @@ impl Waiter {
         src: &mut S,
         deadline: Option<Instant>,
         cpu: Option<u32>,
+        now_ns: u64,
     ) -> Result<Option<S::Completion>> {
         let mut rep = crate::dispatch::DispatchReport::default();
-        let asleep = self.governor.blocking(cpu);
+        let asleep = self.governor.blocking(cpu, now_ns);
         let (r, slept) = crate::dispatch::wait(src, deadline, &mut self.link, &mut rep);
         drop(asleep);
         let s = &mut self.stats;
@@ -389,7 +390,14 @@ impl Waiter {
         s.dispatch_fallbacks += rep.fallbacks;
         s.dispatch_paused += rep.paused;
         s.dispatch_resumed += rep.resumed;
-        let mut e = Ending::at(monotonic_ns(), 0, slept);
+        // Most waits of a busy dispatch-mode thread end in its own relay,
+        // with nothing to learn from their length: no clock read then.
+        let end_ns = if self.governor.end_reads_clock(slept, false) {
+            monotonic_ns()
+        } else {
+            now_ns
+        };
+        let mut e = Ending::at(end_ns, 0, slept);
         e.failed = r.is_err();
         self.governor.end(e);
         self.count(r, !slept)
@@ -410,11 +418,11 @@ impl Waiter {
     ) -> Result<Option<S::Completion>> {
         use crate::adaptive::prewake::Arrival;
         let mut e = Ending::at(start_ns, 0, true);
-        let timer =
-            Instant::now() + Duration::from_nanos(wake_at_ns.saturating_sub(monotonic_ns()));
+        let now_ns = monotonic_ns();
+        let timer = Instant::now() + Duration::from_nanos(wake_at_ns.saturating_sub(now_ns));
         let first = deadline.map_or(timer, |d| d.min(timer));
         let mut rep = BlockReport::default();
-        let asleep = self.governor.blocking(cpu);
+        let asleep = self.governor.blocking(cpu, now_ns);
         let r = {
             let _slack = crate::cpu::FineTimerSlack::set();
             block_until_ready(src, Some(first), &mut rep)
@@ -475,7 +483,7 @@ impl Waiter {
         }
         e.preempted = end.preempted;
         let mut rep = BlockReport::default();
-        let asleep = self.governor.blocking(cpu);
+        let asleep = self.governor.blocking(cpu, end.last_ns);
         let r = block_until_ready(src, deadline, &mut rep);
         drop(asleep);
         self.count_block(&rep);

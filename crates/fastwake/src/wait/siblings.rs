@@ -70,15 +70,16 @@ pub(crate) fn others_asleep(cpu: Option<u32>, now_ns: u64) -> bool {
 pub struct Asleep(Option<usize>);
 
 impl Asleep {
-    /// Block on `cpu`, expecting to wait about `typical_ns` (0: unknown).
-    pub(crate) fn enter(cpu: Option<u32>, typical_ns: u64) -> Asleep {
+    /// Block on `cpu` from `now_ns` on, expecting to wait about
+    /// `typical_ns` (0: unknown).
+    pub(crate) fn enter(cpu: Option<u32>, now_ns: u64, typical_ns: u64) -> Asleep {
         if typical_ns == 0 || typical_ns > SOON_NS {
             return Asleep(None);
         }
         Asleep(cpu.map(|c| {
             let i = c as usize % SLOTS;
             let d = &DUE[i];
-            let due = crate::cpu::monotonic_ns().saturating_add(2 * typical_ns);
+            let due = now_ns.saturating_add(2 * typical_ns);
             d.until_ns.fetch_max(due, Ordering::Relaxed);
             d.count.fetch_add(1, Ordering::Relaxed);
             i
