@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Issue 15 checks for the rxe-test guest (sourced by guest-checks.sh): RDMA
-# programs that wait for NON-BLOCKING completion channels in poll/epoll
+# programs that wait for NON-BLOCKING completion channels in poll/epoll/select
 # sets, as UCX, rsockets' rpoll, libfabric and Ceph do. Each runs without
 # the shim and under several modes; results must be identical, and the
 # shim's counters must show the waits were served (not passed through).
@@ -46,7 +46,7 @@ channel_wait_run() {
     [ "$sum" = "$(cat "$ref")" ] || { rxe_fail "$tag: payload checksum $sum differs from the run without the shim ($(cat "$ref"))"; return 1; }
 }
 
-# check_channel_wait HOW MODE: channel-wait in its HOW (epoll|poll) form,
+# check_channel_wait HOW MODE: channel-wait in its HOW (epoll|poll|select) form,
 # MODE "none" (no shim: the reference) or a shim mode. Same n and payload
 # checksum as the reference; under a looking mode the shim must have
 # reported channel fds ready from CQEs (fdset_ready > 0) and served every
@@ -68,7 +68,7 @@ check_channel_wait() {
     local verbs calls
     verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "$tag: no verbs counters (shim not loaded?)"; return 1; }
     [[ $verbs == *"contexts wrapped=1"* ]] || { rxe_fail "$tag: the shim did not wrap the context: $verbs"; return 1; }
-    local call=epoll_wait; [ "$how" = poll ] && call=poll
+    local call=epoll_wait; [ "$how" = epoll ] || call=$how
     calls=$(rxe_last_match "$out" "mode=$mode calls:") || { rxe_fail "$tag: no call counters"; return 1; }
     [[ $calls =~ $call\ seen=([0-9]+)\ served=([0-9]+)\ passed=([0-9]+) ]] || { rxe_fail "$tag: no $call counters: $calls"; return 1; }
     local seen=${BASH_REMATCH[1]} served=${BASH_REMATCH[2]} passed=${BASH_REMATCH[3]}
@@ -312,7 +312,7 @@ rxe_channel_checks() {
     for m in adaptive dispatch; do
         rxe_check "verbs-tests-under-shim-$m" check_verbs_tests "$m"
     done
-    for how in epoll poll; do
+    for how in epoll poll select; do
         rxe_check "channel-wait-$how-none" check_channel_wait "$how" none
         for m in $RXE_CHANNEL_MODES; do
             rxe_check "shim-channel-wait-$how-$m" check_channel_wait "$how" "$m"

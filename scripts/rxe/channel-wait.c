@@ -1,12 +1,12 @@
 // channel-wait: two threads ping-pong N messages over two RC QPs on one RDMA
 // device, each waiting for its receive completions the way UCX, rsockets'
 // rpoll, libfabric and Ceph do: a NON-BLOCKING completion channel whose fd
-// sits in an epoll (or poll) set; after the wait, ibv_get_cq_event until
+// sits in an epoll (or poll, or select) set; after the wait, ibv_get_cq_event until
 // EAGAIN, ack, re-arm, poll the CQ. Every message carries its sequence
 // number and a pattern, checked at both ends: a lost, duplicated or
 // reordered completion fails the run.
 //
-// usage: channel-wait DEV GID_INDEX N epoll|poll|block [SEED]
+// usage: channel-wait DEV GID_INDEX N epoll|poll|select|block [SEED]
 // block: a BLOCKING channel, waited for in ibv_get_cq_event itself (the
 // rc_pingpong -e way). With CHANNEL_WAIT_SERVICE_US=D the server is busy D us
 // before each reply: a steady service time, what a pre-wake is for.
@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/select.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,7 +42,7 @@
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
-static int gid_index, use_epoll, use_block, iters;
+static int gid_index, use_epoll, use_select, use_block, iters;
 static long service_us;
 static unsigned seed;
 static int use_cq_ex;
@@ -223,6 +224,16 @@ static void recv_msg(struct end *e, uint64_t seq) {
                         e->name, ev.data.ptr, (void *)e);
                 exit(1);
             }
+        } else if (use_select) {
+            fd_set rs;
+            FD_ZERO(&rs);
+            FD_SET(e->ch->fd, &rs);
+            struct timeval tv = {.tv_sec = WAIT_MS / 1000, .tv_usec = (WAIT_MS % 1000) * 1000};
+            r = select(e->ch->fd + 1, &rs, NULL, NULL, &tv);
+            if (r == 1 && !FD_ISSET(e->ch->fd, &rs)) {
+                fprintf(stderr, "channel-wait: %s: select returned 1 without the channel fd\n", e->name);
+                exit(1);
+            }
         } else {
             struct pollfd p = {.fd = e->ch->fd, .events = POLLIN};
             r = poll(&p, 1, WAIT_MS);
@@ -232,7 +243,7 @@ static void recv_msg(struct end *e, uint64_t seq) {
             }
         }
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) die(use_epoll ? "epoll_wait" : "poll", e->name);
+        if (r < 0) die(use_epoll ? "epoll_wait" : use_select ? "select" : "poll", e->name);
         if (r == 0) {
             fprintf(stderr, "channel-wait: %s: no completion event within %d ms (message %llu)\n",
                     e->name, WAIT_MS, (unsigned long long)seq);
@@ -296,13 +307,19 @@ static void *server(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc != 5 && argc != 6) {
-        fprintf(stderr, "usage: channel-wait DEV GID_INDEX N epoll|poll|block [SEED]\n");
+        fprintf(stderr, "usage: channel-wait DEV GID_INDEX N epoll|poll|select|block [SEED]\n");
+        return 2;
+    }
+    if (strcmp(argv[4], "epoll") && strcmp(argv[4], "poll") && strcmp(argv[4], "select") &&
+        strcmp(argv[4], "block")) {
+        fprintf(stderr, "channel-wait: unknown wait form '%s' (epoll, poll, select or block)\n", argv[4]);
         return 2;
     }
     gid_index = atoi(argv[2]);
     iters = atoi(argv[3]);
     use_epoll = !strcmp(argv[4], "epoll");
     use_block = !strcmp(argv[4], "block");
+    use_select = !strcmp(argv[4], "select");
     service_us = getenv("CHANNEL_WAIT_SERVICE_US") ? atol(getenv("CHANNEL_WAIT_SERVICE_US")) : 0;
     seed = argc == 6 ? (unsigned)strtoul(argv[5], NULL, 0) : 0;
     use_cq_ex = getenv("CHANNEL_WAIT_CQ_EX") && !strcmp(getenv("CHANNEL_WAIT_CQ_EX"), "1");

@@ -126,7 +126,7 @@ fn probe(nfds: c_int, s: &Saved, mask: *const u64, ns: u64) -> c_int {
     };
     // SAFETY: the caller's sets as the real call would get them, a live
     // timespec, a live sigset descriptor or null.
-    unsafe {
+    let n = unsafe {
         libc::syscall(
             libc::SYS_pselect6,
             nfds as c_long,
@@ -136,7 +136,9 @@ fn probe(nfds: c_int, s: &Saved, mask: *const u64, ns: u64) -> c_int {
             &ts as *const libc::timespec,
             sigp,
         ) as c_int
-    }
+    };
+    // Completion channels in the read set: their CQs too (issue 15).
+    crate::verbs::channel_fds::after_select(nfds, &s.copy[0][..s.words], s.sets[0], n)
 }
 
 /// # Safety

@@ -1,8 +1,9 @@
-//! Completion channels inside `poll` and `epoll` sets (issue 15): what
-//! rsockets' `rpoll`, UCX (`ucp_worker_get_efd`), libfabric's verbs
-//! provider and Ceph do. Such a program makes its channel fd non-blocking,
-//! arms its CQs, waits for the fd in `poll`/`epoll_wait`, then drains the
-//! channel with non-blocking `ibv_get_cq_event` until `EAGAIN`.
+//! Completion channels inside `poll`, `epoll` and `select` sets (issue
+//! 15): what rsockets' `rpoll`, UCX (`ucp_worker_get_efd`), libfabric's
+//! verbs provider and Ceph do. Such a program makes its channel fd
+//! non-blocking, arms its CQs, waits for the fd in `poll`/`epoll_wait` (or
+//! `select`), then drains the channel with non-blocking `ibv_get_cq_event`
+//! until `EAGAIN`.
 //!
 //! Spinning or dispatching on the fd alone cannot see a CQE before the
 //! interrupt does (the fd becomes readable only when the kernel queues the
@@ -28,10 +29,12 @@
 //!   the program destroys the CQ first, the shim acks it, so
 //!   `ibv_destroy_cq` never hangs on it).
 //!
+//! `select` sets get the same looks as `poll` sets ([`after_select`]).
+//!
 //! What stays as it was: the final blocking kernel call of a spinning wait
 //! returns the kernel's view (an owed event can then make the program's
 //! next `ibv_get_cq_event` return `EAGAIN`, which a non-blocking channel's
-//! user handles); `select` sets; edge-triggered and one-shot epoll
+//! user handles); edge-triggered and one-shot epoll
 //! registrations are only given synthetic readiness never filtered
 //! (one-shot: not even that: a synthetic event would not disarm the
 //! kernel's registration); `epoll_pwait`/`ppoll` with a signal mask are not
@@ -325,6 +328,56 @@ pub(crate) fn after_poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, n: c_int) -
                 n += 1;
             }
             p.revents |= libc::POLLIN;
+            stats::add(|s| &s.fdset_ready, 1);
+        }
+    }
+    n
+}
+
+/// Post-process a look of `select` (`n` its result, `readfds` the set the
+/// look filled, `asked` the caller's read set as it was before the look,
+/// one bit per fd below `nfds`): as [`after_poll`], a channel fd the
+/// caller asked about reads ready when its channel holds an event for the
+/// program, and one the kernel reported only for an owed event is taken
+/// out. select counts each set bit, so each bit moves the count by one.
+/// Returns the new count.
+pub(crate) fn after_select(
+    nfds: c_int,
+    asked: &[u64],
+    readfds: *mut libc::fd_set,
+    n: c_int,
+) -> c_int {
+    if n < 0 || readfds.is_null() || !looking() {
+        return n;
+    }
+    let words = readfds.cast::<u64>();
+    let mut n = n;
+    // The known channels, not every fd of the set: at most 64 of them.
+    for c in CHANS.iter() {
+        let fd = c.fd.load(Ordering::Acquire);
+        if fd < 0 || fd >= nfds {
+            continue;
+        }
+        let (w, bit) = (fd as usize / 64, 1u64 << (fd % 64));
+        if asked.get(w).is_none_or(|a| a & bit == 0) {
+            continue;
+        }
+        // SAFETY: `w` < `asked.len()`, the words of the caller's set that
+        // the look filled (select's sets hold at least `nfds` bits);
+        // unaligned, as the hook's own copies read them.
+        let word = unsafe { words.add(w) };
+        // SAFETY: as above.
+        let got = unsafe { word.read_unaligned() };
+        if got & bit != 0 {
+            if !for_program(c, fd) {
+                // SAFETY: as above.
+                unsafe { word.write_unaligned(got & !bit) };
+                n -= 1;
+            }
+        } else if has_event(c) {
+            // SAFETY: as above.
+            unsafe { word.write_unaligned(got | bit) };
+            n += 1;
             stats::add(|s| &s.fdset_ready, 1);
         }
     }
