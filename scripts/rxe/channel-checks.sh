@@ -278,19 +278,28 @@ check_channel_prewake() {
         pre=(env LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$mode" FASTWAKE_VERBOSE=1)
         [ "$mode" = adaptive ] && pre+=(FASTWAKE_BUDGET_US=2000)
     fi
-    local rc=0
-    channel_wait_run "$tag" "$mode" "$out" "$ref" channel-prewake-none \
-        "${pre[@]}" env CHANNEL_WAIT_SERVICE_US=2000 taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" "$n" block || rc=$?
-    [ "$rc" = 3 ] && return 0
-    [ "$rc" = 0 ] || return 1
+    local rc eng="" verbs pw caught attempt
+    # Under TCG the learner's inputs (the wake-up's cost, the timer's
+    # lateness) are emulated, and once in a while a run learns to pre-wake
+    # for a quarter of the waits only (seen once in CI: 128 of 500, 124 of
+    # them caught). Such a run goes again, once; a shim that does not
+    # pre-wake fails both.
+    for attempt in 1 2; do
+        rc=0
+        channel_wait_run "$tag" "$mode" "$out" "$ref" channel-prewake-none \
+            "${pre[@]}" env CHANNEL_WAIT_SERVICE_US=2000 taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" "$n" block || rc=$?
+        [ "$rc" = 3 ] && return 0
+        [ "$rc" = 0 ] || return 1
+        verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "$tag: no verbs counters (shim not loaded?)"; return 1; }
+        # The engine line is printed only when its counters moved: none
+        # means no pre-wake.
+        eng=$(rxe_last_match "$out" ' prewakes=') || eng=""
+        pw=$(channel_field "$eng" prewakes) || pw=0
+        caught=$(channel_field "$eng" prewake_caught) || caught=0
+        [ "$mode" = adaptive ] && [ "$attempt" = 1 ] && [ $((5 * pw)) -lt $((2 * n)) ] || break
+        rxe_info "$tag: attempt 1 pre-woke for $pw of $n waits (want 2 in 5): running once more (TCG timing)"
+    done
     line=$CW_LINE
-    local eng="" verbs pw caught
-    verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "$tag: no verbs counters (shim not loaded?)"; return 1; }
-    # The engine line is printed only when its counters moved: none means
-    # no pre-wake.
-    eng=$(rxe_last_match "$out" ' prewakes=') || eng=""
-    pw=$(channel_field "$eng" prewakes) || pw=0
-    caught=$(channel_field "$eng" prewake_caught) || caught=0
     if [ "$mode" = adaptive ]; then
         [ $((5 * pw)) -ge $((2 * n)) ] \
             || { rxe_fail "$tag: $pw pre-wakes for the client's $n waits (want 2 in 5): ${eng:-no engine counters}"; return 1; }

@@ -554,3 +554,81 @@ fn shared_cq_serves_eight_qps_as_tasks() {
     assert!(handoffs > 0, "no task was switched into for a completion");
     assert!(st.notices > 0, "routing never answered a task's wait");
 }
+
+/// Poll `cq` until it returns a completion (at most `WAIT`).
+fn take_within(cq: &mut VerbsCq) -> fastwake::source::verbs::Wc {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(wc) = cq.try_take().expect("poll") {
+            return wc;
+        }
+        assert!(Instant::now() < deadline, "no completion within {WAIT:?}");
+    }
+}
+
+/// The stall monitor of the library's own verbs source (docs/stalls.md): a
+/// SEND whose peer posts its receive 120 ms late (RNR NAKs, retried for
+/// ever: `rnr_retry` 7) while the sender polls its CQ is one stall, one
+/// episode, reported once with its QP and `wr_id`; a send on time ends
+/// the episode; with the monitor off nothing is counted.
+#[test]
+fn stall_monitor_names_a_send_its_peer_received_late() {
+    let Some(dev) = device("stall_monitor_names_a_send_its_peer_received_late") else {
+        return;
+    };
+    let _g = SPIN.lock().unwrap_or_else(|e| e.into_inner());
+    fastwake::source::verbs::set_stall_threshold(Some(Duration::from_millis(50)));
+    let mut a = Side::new(&dev, 0, 16);
+    let b = Side::new(&dev, 1 % fastwake::cpu::online(), 16);
+    a.qp.connect(&b.qp.endpoint()).expect("connect a");
+    b.qp.connect(&a.qp.endpoint()).expect("connect b");
+    const LATE: Duration = Duration::from_millis(120);
+    a.qp.post_send(0x51, &a.mr, 0, SIZE, 1, true)
+        .expect("post_send");
+    let t0 = Instant::now();
+    while t0.elapsed() < LATE {
+        assert!(
+            a.scq.try_take().expect("poll").is_none(),
+            "the send completed before its peer posted a receive"
+        );
+    }
+    b.qp.post_recv(0, &b.mr, SIZE, SIZE).expect("post_recv");
+    let wc = take_within(&mut a.scq);
+    assert_eq!((wc.status, wc.wr_id), (IBV_WC_SUCCESS, 0x51));
+    let s = a.scq.stall_stats();
+    assert_eq!(
+        (s.completions, s.stalls, s.episodes, s.unobserved),
+        (1, 1, 1, 0),
+        "{s:?}"
+    );
+    assert!(s.max >= LATE, "{s:?}");
+    let r = a.scq.take_stalls();
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!((r[0].qp_num, r[0].wr_id), (a.qp.qp_num(), 0x51));
+    assert!(r[0].waited >= LATE, "{:?}", r[0]);
+    assert!(
+        r[0].line.starts_with("stall: ") && r[0].line.contains("wr_id 0x51"),
+        "{}",
+        r[0].line
+    );
+    eprintln!("stall report: {}", r[0].line);
+    assert!(a.scq.take_stalls().is_empty(), "each report is taken once");
+    // On time: the episode ends, nothing new is reported.
+    b.qp.post_recv(1, &b.mr, SIZE, SIZE).expect("post_recv");
+    a.qp.post_send(0x52, &a.mr, 0, SIZE, 2, true)
+        .expect("post_send");
+    assert_eq!(take_within(&mut a.scq).wr_id, 0x52);
+    let s = a.scq.stall_stats();
+    assert_eq!((s.completions, s.stalls, s.episodes), (2, 1, 1), "{s:?}");
+    // Off: neither dated nor judged.
+    fastwake::source::verbs::set_stall_threshold(None);
+    b.qp.post_recv(2, &b.mr, SIZE, SIZE).expect("post_recv");
+    a.qp.post_send(0x53, &a.mr, 0, SIZE, 3, true)
+        .expect("post_send");
+    assert_eq!(take_within(&mut a.scq).wr_id, 0x53);
+    assert_eq!(a.scq.stall_stats().completions, 2);
+    fastwake::source::verbs::set_stall_threshold(Some(Duration::from_millis(
+        fastwake::stall::DEFAULT_THRESHOLD_MS,
+    )));
+    eprintln!("stall monitor: {:?}", a.scq.stall_stats());
+}

@@ -18,14 +18,13 @@ use super::odp;
 use super::real::VSym;
 use fastwake::preload_stats::Stalls;
 use fastwake::stall::cause::{self, Facts, QpAttrs};
+use fastwake::stall::ports;
 use fastwake::stall::qp::Posted;
 use fastwake::stall::{Monitor, Op, QpKey, Verdict};
 use fastwake_verbs_sys::{
-    IBV_WC_RECV, PostSendFn, ibv_context, ibv_cq, ibv_qp, ibv_qp_attr, ibv_qp_init_attr,
-    ibv_send_wr, ibv_wc,
+    PostSendFn, ibv_context, ibv_cq, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_send_wr, ibv_wc,
 };
 use std::ffi::c_int;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 static MON: Monitor = Monitor::new();
@@ -264,14 +263,11 @@ pub unsafe fn polled(cq: *mut ibv_cq, wc: *const ibv_wc, n: c_int) {
     for i in 0..n as usize {
         // SAFETY: i < n entries written by the provider.
         let w = unsafe { &*wc.add(i) };
-        if w.status == 0 && w.opcode >= IBV_WC_RECV {
-            continue; // a receive: not monitored
+        if !fastwake::stall::judged(w.status, w.opcode) {
+            continue;
         }
         let key = QpKey { ctx, qpn: w.qp_num };
-        let Some(mut q) = MON.qp(key, false) else {
-            continue;
-        };
-        let Some((d, v)) = MON.completed(&mut q, w.wr_id, now, th, unlooked) else {
+        let Some((d, v, attrs)) = MON.complete_on(key, w.wr_id, now, th, unlooked) else {
             continue;
         };
         counters(|s| &s.completions, 1);
@@ -285,8 +281,6 @@ pub unsafe fn polled(cq: *mut ibv_cq, wc: *const ibv_wc, n: c_int) {
                 counters(|s| &s.stalls, 1);
                 if first {
                     counters(|s| &s.episodes, 1);
-                    let attrs = q.attrs;
-                    drop(q);
                     let facts = Facts {
                         waited_ns: d.latency_ns,
                         op: Some(d.op),
@@ -415,99 +409,6 @@ pub fn exit_report(verbose: bool) {
             crate::diag(&line);
         }
     });
-}
-
-/// Port counters (`/sys/class/infiniband/DEV/ports/N/hw_counters/*`):
-/// a baseline per context and port, read when the context is wrapped and
-/// again after each report, so a report says what moved since the last.
-/// Read with raw syscalls (rustix): the shim's own `read` hook must not
-/// see the shim's reads.
-mod ports {
-    use super::Mutex;
-
-    struct Base {
-        ctx: usize,
-        dev: String,
-        port: u8,
-        vals: Vec<(String, u64)>,
-    }
-    static BASES: Mutex<Vec<Base>> = Mutex::new(Vec::new());
-
-    fn read_file(path: &str) -> Option<String> {
-        use rustix::fs::{Mode, OFlags};
-        let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
-        let mut buf = [0u8; 64];
-        let n = rustix::io::read(&fd, &mut buf).ok()?;
-        Some(String::from_utf8_lossy(&buf[..n]).trim().to_string())
-    }
-
-    /// Every counter of one port, by name (empty if the port has none).
-    pub(super) fn read(dev: &str, port: u8) -> Vec<(String, u64)> {
-        let dir = format!("/sys/class/infiniband/{dev}/ports/{port}/hw_counters");
-        let Ok(fd) = rustix::fs::open(
-            dir.as_str(),
-            rustix::fs::OFlags::RDONLY
-                | rustix::fs::OFlags::DIRECTORY
-                | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        ) else {
-            return Vec::new();
-        };
-        let Ok(d) = rustix::fs::Dir::read_from(&fd) else {
-            return Vec::new();
-        };
-        let mut v: Vec<(String, u64)> = d
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with('.') {
-                    return None;
-                }
-                let val = read_file(&format!("{dir}/{name}"))?.parse().ok()?;
-                Some((name, val))
-            })
-            .collect();
-        v.sort();
-        v
-    }
-
-    fn lock() -> std::sync::MutexGuard<'static, Vec<Base>> {
-        BASES.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Baselines of every port of `dev` for context `ctx`.
-    pub(super) fn baseline(ctx: usize, dev: &str) {
-        let mut b = lock();
-        for port in 1..=4u8 {
-            let vals = read(dev, port);
-            if vals.is_empty() && port > 1 {
-                break;
-            }
-            b.push(Base {
-                ctx,
-                dev: dev.to_string(),
-                port,
-                vals,
-            });
-        }
-    }
-
-    pub(super) fn forget(ctx: usize) {
-        lock().retain(|b| b.ctx != ctx);
-    }
-
-    /// (device name, counters that moved since the baseline); the baseline
-    /// moves to now.
-    pub(super) fn moved(ctx: usize, port: u8) -> (String, Vec<(String, u64)>) {
-        let mut b = lock();
-        let Some(base) = b.iter_mut().find(|b| b.ctx == ctx && b.port == port) else {
-            return ("?".into(), Vec::new());
-        };
-        let now = read(&base.dev, port);
-        let m = fastwake::stall::cause::moved(&base.vals, &now);
-        base.vals = now;
-        (base.dev.clone(), m)
-    }
 }
 
 /// Set the threshold (tests drive the wrapped ops with a fake provider).

@@ -23,6 +23,7 @@
 
 pub mod cause;
 pub mod hist;
+pub mod ports;
 pub mod qp;
 
 use qp::{Done, Posted, QpMon, ReadsChange};
@@ -104,6 +105,15 @@ pub enum Verdict {
     /// Late while the program was looking. `first`: it opens an episode
     /// (report it); later stalls of the same episode are only counted.
     Stall { first: bool },
+}
+
+/// Does the monitor judge this completion (`ibv_wc` status and opcode)?
+/// A send-queue one (opcodes below `IBV_WC_RECV`, 128), or a failed one,
+/// whose opcode is undefined. A receive completes when the peer decides
+/// to send: not monitored.
+#[inline]
+pub fn judged(status: u32, opcode: u32) -> bool {
+    status != 0 || opcode < 1 << 7
 }
 
 /// The QP's episode state decides what a late completion is.
@@ -312,6 +322,24 @@ impl Monitor {
         self.reads(q.post(p));
     }
 
+    /// Match the completion of `wr_id` on QP `key` and judge it (the QP's
+    /// lock taken and let go): the match, the verdict and the QP's
+    /// attributes, for naming a first stall's cause. `None`: a QP not
+    /// tracked, or a `wr_id` not posted.
+    #[inline]
+    pub fn complete_on(
+        &self,
+        key: QpKey,
+        wr_id: u64,
+        now: u64,
+        threshold_ns: u64,
+        unlooked_ns: u64,
+    ) -> Option<(Done, Verdict, Option<cause::QpAttrs>)> {
+        let mut q = self.qp(key, false)?;
+        let (d, v) = self.completed(&mut q, wr_id, now, threshold_ns, unlooked_ns)?;
+        Some((d, v, q.attrs))
+    }
+
     /// Match a completion and judge it.
     #[inline]
     pub fn completed(
@@ -355,6 +383,18 @@ mod tests {
         let mut q = m.qp(k, false)?;
         m.completed(&mut q, wr_id, now, 50 * MS, unlooked)
             .map(|(_, v)| v)
+    }
+
+    #[test]
+    fn receives_are_not_judged_failures_are() {
+        use fastwake_verbs_sys::{IBV_WC_RECV, IBV_WC_SEND};
+        // verbs.h: IBV_WC_RDMA_READ is 2.
+        assert!(judged(0, IBV_WC_SEND) && judged(0, 2));
+        assert!(!judged(0, IBV_WC_RECV));
+        assert!(
+            judged(5, IBV_WC_RECV),
+            "a failed completion's opcode is undefined"
+        );
     }
 
     #[test]

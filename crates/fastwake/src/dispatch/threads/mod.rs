@@ -40,7 +40,7 @@ mod watchdog;
 pub use config::{Config, DEFAULT_RELAY};
 pub(crate) use hub::Hub;
 pub(crate) use registry::lookup;
-#[cfg(loom)]
+#[cfg(all(loom, test))]
 pub(in crate::dispatch) use watchdog::Look;
 
 use super::{DispatchStats, SchedPolicy, State};

@@ -81,7 +81,7 @@ impl CallerCq {
         // SAFETY: the caller keeps cq and channel live until we are
         // dropped, where release() runs; channel is cq's; ops are the
         // context's.
-        let core = unsafe { CqCore::new(cq, channel, lib, ops, CALLER_ACK_BATCH) }?;
+        let core = unsafe { CqCore::new(cq, channel, lib, ops, CALLER_ACK_BATCH, false) }?;
         Ok(CallerCq { core })
     }
 

@@ -23,6 +23,7 @@
 
 use super::device::{Device, errno};
 use super::loader::Verbs;
+use super::monitor::{CqStalls, Stall, StallStats};
 use super::sys::*;
 use crate::affinity::{self, Placement, ReplacePolicy, Replacement, Replacer, VectorMap};
 use crate::source::Peek;
@@ -96,6 +97,9 @@ pub(super) struct Shared {
     stashed: AtomicUsize,
     /// A provider error from a poll (-errno), kept for `try_take`.
     poll_error: AtomicI32,
+    /// The stall monitor's view of this CQ; `None`: a caller's CQ, whose
+    /// QPs' posts the monitor does not see.
+    stalls: Option<CqStalls>,
 }
 
 // SAFETY: the CQ pointer is only dereferenced (by the provider's poll_cq,
@@ -135,6 +139,15 @@ impl Shared {
         }
         let mut st = self.lock();
         self.fill(&mut st);
+        if !st.is_empty()
+            && let Some(m) = &self.stalls
+        {
+            // A peek for a waiting owner (its spin, or its dispatcher)
+            // found them: the CQ was looked at now, whatever happens until
+            // the owner takes them. (Not in `fill`: a take's own poll must
+            // not hide that nobody looked before it.)
+            m.looked();
+        }
         !st.is_empty() || self.poll_error.load(Ordering::Acquire) != 0
     }
 
@@ -167,6 +180,11 @@ impl Shared {
                 n += got as usize;
             }
         }
+        if let Some(m) = &self.stalls
+            && !cq.is_null()
+        {
+            m.taken(cq, &out[..n]);
+        }
         // A poll error is reported once nothing polled before it is left.
         if n == 0 {
             let e = self.poll_error.swap(0, Ordering::AcqRel);
@@ -188,6 +206,12 @@ impl Shared {
         }
         let w = st.pop_front();
         self.stashed.store(st.len(), Ordering::Release);
+        let cq = self.cq.load(Ordering::Acquire);
+        if let Some(m) = &self.stalls
+            && !cq.is_null()
+        {
+            m.taken(cq, w.as_slice());
+        }
         Ok(w)
     }
 }
@@ -314,6 +338,7 @@ impl CqCore {
         lib: Option<&'static Verbs>,
         (poll_fn, notify_fn): (PollCqFn, ReqNotifyCqFn),
         ack_batch: u32,
+        monitored: bool,
     ) -> Result<CqCore> {
         let channel = match (channel.is_null(), lib) {
             (true, _) => None,
@@ -326,6 +351,7 @@ impl CqCore {
             stash: Mutex::new(VecDeque::with_capacity(POLL_BATCH)),
             stashed: AtomicUsize::new(0),
             poll_error: AtomicI32::new(0),
+            stalls: monitored.then(CqStalls::default),
         });
         Ok(CqCore {
             cq,
@@ -417,6 +443,10 @@ impl CqCore {
         self.unacked += 1;
         if self.unacked >= self.ack_batch {
             self.ack();
+        }
+        // The owner slept on this CQ until now: it was looking.
+        if let Some(m) = &self.shared.stalls {
+            m.looked();
         }
         Ok(())
     }
@@ -600,7 +630,7 @@ impl VerbsCq {
         } = create_cq(&dev.cq_host(), cfg)?;
         // SAFETY: cq and channel were created above and are destroyed in
         // Drop, after release; the ops are the context's.
-        let core = unsafe { CqCore::new(cq, channel, Some(dev.lib), ops, cfg.ack_batch) }?;
+        let core = unsafe { CqCore::new(cq, channel, Some(dev.lib), ops, cfg.ack_batch, true) }?;
         Ok(VerbsCq {
             dev: Arc::clone(dev),
             core,
@@ -627,6 +657,29 @@ impl VerbsCq {
     /// not kept.
     pub fn replacements(&self) -> (&[Replacement], u64) {
         self.replacer.log()
+    }
+
+    /// The stall monitor's counters for this CQ's send completions
+    /// (`monitor`: docs/stalls.md).
+    pub fn stall_stats(&self) -> StallStats {
+        self.core
+            .shared
+            .stalls
+            .as_ref()
+            .map(CqStalls::stats)
+            .unwrap_or_default()
+    }
+
+    /// The stall episodes reported since the last call, oldest first (at
+    /// most [`super::monitor::KEPT`] are kept; more are counted in
+    /// [`StallStats::unreported`]).
+    pub fn take_stalls(&self) -> Vec<Stall> {
+        self.core
+            .shared
+            .stalls
+            .as_ref()
+            .map(CqStalls::take)
+            .unwrap_or_default()
     }
 
     /// Event-path counters.

@@ -250,6 +250,7 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        super::monitor::forget_context(self.ctx as usize);
         // SAFETY: pd and ctx were created by this Device and every object on
         // them (CQs, QPs, MRs) holds an Arc<Device>, so they are gone.
         unsafe {

@@ -5,8 +5,11 @@
 //! verbs.h's inline `ibv_post_send` / `ibv_post_recv` do.
 
 use super::device::{Device, errno};
+use super::monitor;
 use super::shared::CqRef;
 use super::sys::*;
+use crate::stall::cause::QpAttrs;
+use crate::stall::{Op, QpKey};
 use crate::{Fail, Result};
 use std::sync::Arc;
 
@@ -19,6 +22,8 @@ pub struct Mr {
     dev: Arc<Device>,
     buf: Box<[u8]>,
     mr: *mut ibv_mr,
+    /// Registered with `IBV_ACCESS_ON_DEMAND` (the stall monitor's cause).
+    odp: bool,
 }
 
 // SAFETY: the MR and buffer are owned by this value; verbs objects may be used
@@ -83,6 +88,12 @@ pub struct RcQp {
     max_inline: u32,
 }
 
+/// The retransmission attributes [`RcQp::connect_mtu`] sets, for the
+/// stall monitor's cause (no `ibv_query_qp` on the data path).
+const TIMEOUT: u8 = 14;
+const RETRY_CNT: u8 = 7;
+const RNR_RETRY: u8 = 7;
+
 // SAFETY: the QP is owned by this value; verbs objects may be used from any
 // thread (providers lock the work queues).
 unsafe impl Send for RcQp {}
@@ -131,6 +142,7 @@ impl RcQp {
                 format!("ibv_create_qp(RC): {}", std::io::Error::last_os_error()),
             ));
         }
+        monitor::watch_context(dev.ctx as usize, dev.name());
         Ok(RcQp {
             dev,
             qp,
@@ -239,9 +251,9 @@ impl RcQp {
         )?;
         let mut a = ibv_qp_attr {
             qp_state: IBV_QPS_RTS,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
+            timeout: TIMEOUT,
+            retry_cnt: RETRY_CNT,
+            rnr_retry: RNR_RETRY,
             sq_psn: self.endpoint().psn,
             max_rd_atomic: 1,
             ..Default::default()
@@ -330,18 +342,42 @@ impl RcQp {
             _unions: [0; 11],
         };
         let mut bad = std::ptr::null_mut();
-        // SAFETY: qp is live; wr and sge are valid for the call; the buffer is
-        // registered (or copied inline).
-        let rc = unsafe { (self.post_send)(self.qp, &mut wr, &mut bad) };
+        let rc = self.dated_post(wr_id, Op::Send, mr.odp, || {
+            // SAFETY: qp is live; wr and sge are valid for the call; the
+            // buffer is registered (or copied inline).
+            unsafe { (self.post_send)(self.qp, &mut wr, &mut bad) }
+        });
         if rc != 0 {
             return Err(Fail::new(rc, format!("ibv_post_send failed (errno {rc})")));
         }
         Ok(())
     }
+
+    /// This QP in the stall monitor's tables.
+    fn monitor_key(&self) -> QpKey {
+        QpKey {
+            ctx: self.dev.ctx as usize,
+            qpn: self.qp_num(),
+        }
+    }
+
+    /// Post through `post` (the provider's call: its errno, or 0), dated
+    /// by the stall monitor (`monitor`).
+    fn dated_post(&self, wr_id: u64, op: Op, odp: bool, post: impl FnOnce() -> i32) -> i32 {
+        let attrs = QpAttrs {
+            timeout: TIMEOUT,
+            retry_cnt: RETRY_CNT,
+            rnr_retry: RNR_RETRY,
+            port: self.dev.port(),
+        };
+        monitor::dated_post(self.monitor_key(), attrs, wr_id, op, odp, post)
+    }
 }
 
 impl Drop for RcQp {
     fn drop(&mut self) {
+        // Its number may be reused by the next QP.
+        monitor::forget_qp(self.monitor_key());
         // SAFETY: qp was created in new() and is destroyed once.
         unsafe { (self.dev.lib.destroy_qp)(self.qp) };
     }

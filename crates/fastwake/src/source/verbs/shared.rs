@@ -25,6 +25,7 @@ use super::caller::{device_name, existing_cpu};
 use super::cq::{CqConfig, CqHost, CqStats, MadeCq, Vector, Wc, create_cq, destroy_cq_and_channel};
 use super::device::{Device, errno};
 use super::loader::{Verbs, verbs};
+use super::monitor::{CqStalls, Stall, StallStats};
 use super::sys::*;
 use crate::affinity::Placement;
 use crate::source::demux::{Demux, SharedQueue};
@@ -77,6 +78,9 @@ pub struct SharedCq {
     arms: AtomicU64,
     ack_calls: AtomicU64,
     acked: AtomicU64,
+    /// The stall monitor's view (`None` on a caller's context, whose QPs'
+    /// posts the monitor does not see).
+    stalls: Option<CqStalls>,
 }
 
 // SAFETY: the CQ and channel belong to this value until it drops; verbs
@@ -149,6 +153,9 @@ impl SharedCq {
             placement,
             ops: (poll_fn, notify_fn),
         } = made;
+        // QPs on a caller's context are the caller's (ibv_create_qp): their
+        // posts are not dated, so there is nothing to match.
+        let stalls = dev.is_some().then(CqStalls::default);
         Demux::new(SharedCq {
             lib,
             dev,
@@ -164,6 +171,7 @@ impl SharedCq {
             arms: AtomicU64::new(0),
             ack_calls: AtomicU64::new(0),
             acked: AtomicU64::new(0),
+            stalls,
         })
     }
 
@@ -192,6 +200,21 @@ impl SharedCq {
         }
     }
 
+    /// The stall monitor's counters for the send completions of the QPs
+    /// on this CQ (zero on a caller's context: docs/stalls.md).
+    pub fn stall_stats(&self) -> StallStats {
+        self.stalls
+            .as_ref()
+            .map(CqStalls::stats)
+            .unwrap_or_default()
+    }
+
+    /// The stall episodes reported since the last call (see
+    /// [`super::VerbsCq::take_stalls`]).
+    pub fn take_stalls(&self) -> Vec<Stall> {
+        self.stalls.as_ref().map(CqStalls::take).unwrap_or_default()
+    }
+
     fn ack(&self, unacked: &mut u32) {
         if *unacked > 0 {
             // SAFETY: cq is live and we read exactly `unacked` events for it.
@@ -212,6 +235,10 @@ impl SharedQueue for SharedCq {
         let n = unsafe { (self.poll_fn)(self.cq, POLL_BATCH as i32, wc.as_mut_ptr()) };
         if n < 0 {
             return Err(Fail::new(-n, format!("ibv_poll_cq failed (errno {})", -n)));
+        }
+        // Every pump is for an owner that waits or looks: a look.
+        if let Some(m) = &self.stalls {
+            m.taken(self.cq, &wc[..n as usize]);
         }
         out.extend_from_slice(&wc[..n as usize]);
         Ok(())
@@ -248,6 +275,9 @@ impl SharedQueue for SharedCq {
         // The channel is this CQ's alone (create_cq made it for it).
         debug_assert_eq!(ev_cq, self.cq);
         self.events.fetch_add(1, Ordering::Relaxed);
+        if let Some(m) = &self.stalls {
+            m.looked();
+        }
         let mut unacked = self.unacked.lock().unwrap_or_else(|e| e.into_inner());
         *unacked += 1;
         if *unacked >= self.ack_batch {

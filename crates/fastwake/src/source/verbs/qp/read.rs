@@ -37,6 +37,7 @@ impl Mr {
             dev: Arc::clone(dev),
             buf,
             mr,
+            odp: access as u32 & IBV_ACCESS_ON_DEMAND != 0,
         })
     }
 
@@ -130,9 +131,11 @@ impl RcQp {
             _unions: unions,
         };
         let mut bad = std::ptr::null_mut();
-        // SAFETY: qp is live; wr and sge are valid for the call; both
-        // buffers are registered (the remote one by the peer).
-        let rc = unsafe { (self.post_send)(self.qp, &mut wr, &mut bad) };
+        let rc = self.dated_post(wr_id, crate::stall::Op::Read, local.odp, || {
+            // SAFETY: qp is live; wr and sge are valid for the call; both
+            // buffers are registered (the remote one by the peer).
+            unsafe { (self.post_send)(self.qp, &mut wr, &mut bad) }
+        });
         if rc != 0 {
             return Err(Fail::new(
                 rc,
