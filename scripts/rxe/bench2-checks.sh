@@ -106,7 +106,11 @@ check_b2_two_devices() {
     rxe_need_fastwake || return
     declare -F stall_wire >/dev/null || . "$RXE_SELF_DIR/stall-checks.sh"
     stall_wire || return
-    RXE_B2_MODES=poll,interrupt,hybrid check_b2_fastwake rxe_a 127.0.0.1 rxe_b
+    RXE_B2_MODES=poll,interrupt,hybrid check_b2_fastwake rxe_a 127.0.0.1 rxe_b || return 1
+    # The library's stall monitor watched every SEND: without loss, no
+    # stall is named.
+    ! grep -h 'end: stall: ' "$RXE_SERVER_LOG" "$RXE_CLIENT_LOG" \
+        || { rxe_fail "a stall was named without loss"; return 1; }
 }
 
 # Both ends refuse other parameters, with one line each.

@@ -140,6 +140,27 @@ impl Drop for VerbsEnd {
         if dropped > 0 {
             eprintln!("verbs: {} end: {dropped} more re-placements", self.label);
         }
+        // The library's stall monitor watched this end's SENDs
+        // (docs/stalls.md): name every episode it saw; nothing when none.
+        // (Late completions nobody looked at are no stall: this end reaps
+        // its SENDs only when it sends again, so the last ones of a row
+        // wait out the pause between rows.)
+        for st in self.send_cq.take_stalls() {
+            eprintln!("verbs: {} end: {}", self.label, st.line);
+        }
+        let s = self.send_cq.stall_stats();
+        if s.stalls > 0 {
+            eprintln!(
+                "verbs: {} end: stall monitor: {} sends matched, {} stalls in {} episodes ({} not reported), {} late while unobserved, longest {:.3} ms",
+                self.label,
+                s.completions,
+                s.stalls,
+                s.episodes,
+                s.unreported,
+                s.unobserved,
+                s.max.as_secs_f64() * 1e3
+            );
+        }
     }
 }
 
