@@ -76,42 +76,25 @@ fn reader(
     })
 }
 
-/// Send tags 0..per to every peer in random ready patterns (one socket, a
-/// few, many; now and then a message torn in two writes, a burst of
-/// several, a pause long enough for waiters to sleep), then close them.
+/// Send tags 0..per to every peer in random ready patterns (the shared
+/// burst producer: one socket, a few, many, with pauses long enough for
+/// waiters to sleep), now and then a message torn in two writes, then
+/// close them.
 fn produce(mut peers: Vec<UnixStream>, per: u64, seed: u64) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut sent = vec![0u64; peers.len()];
-    let mut open: Vec<usize> = (0..peers.len()).collect();
-    while !open.is_empty() {
-        let n = match rng.random_range(0..4) {
-            0 => 1,
-            1 => rng.random_range(1..=4),
-            _ => rng.random_range(1..=open.len()),
-        };
-        for _ in 0..n.min(open.len()) {
-            let k = rng.random_range(0..open.len());
-            let i = open[k];
-            let m = msg(sent[i]);
-            if rng.random_range(0..16) == 0 {
-                let cut = rng.random_range(1..MSG);
-                peers[i].write_all(&m[..cut]).unwrap();
-                std::thread::sleep(Duration::from_micros(20));
-                peers[i].write_all(&m[cut..]).unwrap();
-            } else {
-                peers[i].write_all(&m).unwrap();
-            }
-            sent[i] += 1;
-            if sent[i] == per {
-                open.swap_remove(k);
-            }
+    let mut tear = StdRng::seed_from_u64(seed ^ 0x7ea5);
+    let n = peers.len();
+    common::produce_bursts(n, per, 8, seed, |i, tag| {
+        let m = msg(tag);
+        if tear.random_range(0..16) == 0 {
+            let cut = tear.random_range(1..MSG);
+            peers[i].write_all(&m[..cut]).unwrap();
+            std::thread::sleep(Duration::from_micros(20));
+            peers[i].write_all(&m[cut..]).unwrap();
+        } else {
+            peers[i].write_all(&m).unwrap();
         }
-        match rng.random_range(0..32) {
-            0 => std::thread::sleep(Duration::from_micros(rng.random_range(1..300))),
-            1..=8 => std::thread::sleep(Duration::from_micros(rng.random_range(1..30))),
-            _ => {}
-        }
-    }
+        true
+    });
     drop(peers);
 }
 
