@@ -22,8 +22,9 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Measure wake-up latency and CPU cost (tables, or JSON with --json).
+    // Boxed: its options are most of the command's size.
     #[command(subcommand)]
-    Bench(bench::Bench),
+    Bench(Box<bench::Bench>),
     /// Run an unmodified program under the preload shim (LD_PRELOAD), with
     /// a wait mode for its epoll_wait, epoll_pwait(2), poll, ppoll, select
     /// and pselect calls,
@@ -82,7 +83,7 @@ fn main() {
         }
     };
     let r = match cli.cmd {
-        Cmd::Bench(b) => bench::run(b),
+        Cmd::Bench(b) => bench::run(*b),
         Cmd::Run(a) => run::run(a),
         Cmd::Doctor(a) => doctor::run(a),
         Cmd::Stats(a) => stats::run(a),

@@ -465,6 +465,44 @@ fn perftest_short_flags_and_unused_option_warnings() {
     );
 }
 
+/// `--stall-ms` takes milliseconds or off, says so in one line
+/// otherwise, and is for `--source verbs` only.
+#[test]
+fn stall_ms_is_checked_and_belongs_to_verbs() {
+    assert_one_line_error(
+        &[
+            "bench",
+            "pingpong",
+            "--source",
+            "verbs",
+            "--stall-ms",
+            "soon",
+        ],
+        "expected a number of milliseconds or off",
+    );
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let o = fastwake(&[
+        "bench",
+        "pingpong",
+        "-n",
+        "20",
+        "--warmup",
+        "2",
+        "--rounds",
+        "1",
+        "--mode",
+        "interrupt",
+        "--stall-ms",
+        "off",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("warning: --stall-ms applies to --source verbs only"),
+        "{err}"
+    );
+}
+
 /// Every enumerated option lists its values in --help.
 #[test]
 fn help_lists_the_values_of_every_enumerated_option() {

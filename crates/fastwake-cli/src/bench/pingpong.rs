@@ -74,8 +74,27 @@ pub struct Args {
     /// IRQ; root only).
     #[arg(long, default_value = "report", value_parser = ["report", "thread", "irq"])]
     pub replace: String,
+    /// `--source verbs`: the stall monitor's threshold in ms, or off
+    /// (default 50): a SEND that completes later while its end looked is
+    /// named at the end of the run (docs/stalls.md).
+    #[arg(long, value_name = "MS|off", value_parser = parse_stall_ms)]
+    pub stall_ms: Option<StallMs>,
     #[command(flatten)]
     pub net: NetArgs,
+}
+
+/// `--stall-ms`: a threshold, or `None` for off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StallMs(pub Option<u64>);
+
+fn parse_stall_ms(s: &str) -> std::result::Result<StallMs, String> {
+    match s {
+        "off" | "0" => Ok(StallMs(None)),
+        _ => s
+            .parse::<u64>()
+            .map(|ms| StallMs(Some(ms)))
+            .map_err(|_| format!("'{s}': expected a number of milliseconds or off")),
+    }
 }
 
 /// Options of the network sources (tcp, uring).
@@ -170,6 +189,9 @@ fn warn_unused_options(a: &Args) {
         if a.local {
             warn("--local", "--source verbs");
         }
+        if a.stall_ms.is_some() {
+            warn("--stall-ms", "--source verbs");
+        }
     }
     if (src != "verbs" || a.local) && a.port != super::remote::wire::DEFAULT_PORT {
         warn("--port", "two-process --source verbs");
@@ -194,6 +216,11 @@ pub fn run(a: Args) -> Result<()> {
             "a HOST (the client of a two-process run) needs --source verbs, not --source {}",
             a.source
         )));
+    }
+    if a.source == "verbs"
+        && let Some(StallMs(ms)) = a.stall_ms
+    {
+        fastwake::source::verbs::set_stall_threshold(ms.map(std::time::Duration::from_millis));
     }
     if a.source == "verbs" && !a.local {
         warn_unused_options(&a);
