@@ -88,13 +88,8 @@ pub struct Args {
 pub struct StallMs(pub Option<u64>);
 
 fn parse_stall_ms(s: &str) -> std::result::Result<StallMs, String> {
-    match s {
-        "off" | "0" => Ok(StallMs(None)),
-        _ => s
-            .parse::<u64>()
-            .map(|ms| StallMs(Some(ms)))
-            .map_err(|_| format!("'{s}': expected a number of milliseconds or off")),
-    }
+    // The grammar of FASTWAKE_STALL_MS, the shim's.
+    fastwake::stall::threshold_ms(s).map(StallMs)
 }
 
 /// Options of the network sources (tcp, uring).

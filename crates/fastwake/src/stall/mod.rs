@@ -79,18 +79,28 @@ impl Op {
     }
 }
 
-/// Parse `FASTWAKE_STALL_MS`: a threshold in ms (> 0), or `off`/`0`.
-/// `Err`: one line; the caller keeps the default.
+/// A stall threshold as a user writes it (`FASTWAKE_STALL_MS`, `fastwake
+/// bench pingpong --stall-ms`): milliseconds, at most an hour, or
+/// `off`/`0` (`None`). `Err`: why not, one line.
+pub fn threshold_ms(s: &str) -> Result<Option<u64>, String> {
+    match s.trim() {
+        "off" | "0" => Ok(None),
+        t => match t.parse::<u64>() {
+            Ok(ms) if ms <= 3_600_000 => Ok(Some(ms)),
+            _ => Err(format!(
+                "'{t}': expected a number of milliseconds or off (at most an hour)"
+            )),
+        },
+    }
+}
+
+/// Parse `FASTWAKE_STALL_MS` ([`threshold_ms`]; unset or empty: the
+/// default). `Err`: one line; the caller keeps the default.
 pub fn parse_threshold_ms(v: Option<&str>) -> Result<Option<u64>, String> {
     match v.map(str::trim) {
         None | Some("") => Ok(Some(DEFAULT_THRESHOLD_MS)),
-        Some("off") | Some("0") => Ok(None),
-        Some(s) => match s.parse::<u64>() {
-            Ok(ms) if ms <= 3_600_000 => Ok(Some(ms)),
-            _ => Err(format!(
-                "FASTWAKE_STALL_MS='{s}' is not a number of milliseconds or off; using {DEFAULT_THRESHOLD_MS}"
-            )),
-        },
+        Some(s) => threshold_ms(s)
+            .map_err(|e| format!("FASTWAKE_STALL_MS={e}; using {DEFAULT_THRESHOLD_MS}")),
     }
 }
 

@@ -180,11 +180,7 @@ impl Shared {
                 n += got as usize;
             }
         }
-        if let Some(m) = &self.stalls
-            && !cq.is_null()
-        {
-            m.taken(cq, &out[..n]);
-        }
+        self.judge_taken(cq, &out[..n]);
         // A poll error is reported once nothing polled before it is left.
         if n == 0 {
             let e = self.poll_error.swap(0, Ordering::AcqRel);
@@ -206,13 +202,19 @@ impl Shared {
         }
         let w = st.pop_front();
         self.stashed.store(st.len(), Ordering::Release);
-        let cq = self.cq.load(Ordering::Acquire);
+        self.judge_taken(self.cq.load(Ordering::Acquire), w.as_slice());
+        Ok(w)
+    }
+
+    /// A take returned `wcs` from `cq` (null once released): the stall
+    /// monitor's look and judgement, if it watches this CQ.
+    #[inline]
+    fn judge_taken(&self, cq: *mut ibv_cq, wcs: &[Wc]) {
         if let Some(m) = &self.stalls
             && !cq.is_null()
         {
-            m.taken(cq, w.as_slice());
+            m.taken(cq, wcs);
         }
-        Ok(w)
     }
 }
 
