@@ -216,24 +216,48 @@ check_ucx() {
     [[ $sum =~ fdset_ready=[1-9] ]] || { rxe_fail "$mode: no channel fd reported ready from a CQE:$sum"; return 1; }
 }
 
-# check_cq_ex MODE: channel-wait with extended receive CQs (start_poll/
-# end_poll), which the shim passes through: same checksum as without the
-# shim, the shim counted the extended CQs (cqs_ex_passed=2) and said once,
-# under FASTWAKE_VERBOSE, that they pass through.
+# check_cq_ex HOW MODE [SEED]: channel-wait with extended receive CQs
+# (IBV_WC_STANDARD_FLAGS; read in start_poll/end_poll batches, every
+# field checked, the sequence number as immediate data) in its HOW
+# form (epoll: the channel fd in an epoll set; block: blocking
+# ibv_get_cq_event), with SEED the randomized stress; MODE "none" without
+# the shim. Same checksum as without the shim; under the shim both
+# extended CQs served (cqs_ex_served=2, none passed through), events
+# synthesized from CQEs the shim looked at, and those CQEs delivered to the
+# program's batches (stashed_cqes_delivered > 0: the receive CQs are read
+# only through start_poll); under dispatch in the epoll form, waits handed
+# off.
 check_cq_ex() {
-    local mode=$1 exe out ref="$RXE_LOGDIR/.channel-wait-cqex.ref"
+    local how=$1 mode=$2 seed=${3:-} exe out
+    local tag="cq_ex/$how/$mode${seed:+ (stress seed $seed)}"
+    local ref="$RXE_LOGDIR/.channel-wait-cqex-$how${seed:+-stress}.ref"
     exe=$(channel_wait_exe) || return
     out="$RXE_LOGDIR/$RXE_CUR_NAME.out"
     local -a pre=(env CHANNEL_WAIT_CQ_EX=1)
     [ "$mode" = none ] || { rxe_need_preload || return; pre+=(LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE="$mode" FASTWAKE_VERBOSE=1); }
     local rc=0
-    channel_wait_run "cq_ex/$mode" "$mode" "$out" "$ref" cq-ex-none "${pre[@]}" "$exe" "$RXE_DEV" "$RXE_GID" 100 epoll || rc=$?
+    channel_wait_run "$tag" "$mode" "$out" "$ref" "cq-ex-$how${seed:+-stress}-none" "${pre[@]}" \
+        taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" 100 "$how" $seed || rc=$?
     [ "$rc" = 3 ] && return 0
     [ "$rc" = 0 ] || return 1
-    local verbs; verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "cq_ex/$mode: no verbs counters"; return 1; }
-    [ "$(channel_field "$verbs" cqs_ex_passed)" = 2 ] || { rxe_fail "cq_ex/$mode: extended CQs not counted: $verbs"; return 1; }
-    [ "$(grep -c 'extended CQs (ibv_create_cq_ex) pass through' "$out")" = 1 ] || { rxe_fail "cq_ex/$mode: no single pass-through note under FASTWAKE_VERBOSE"; return 1; }
-    rxe_info "extended CQs under shim $mode: checksum = no-shim, passed through and said so once; $(grep -o 'cqs_ex_passed=[0-9]*' <<<"$verbs") synthetic=$(channel_field "$verbs" synthetic)"
+    local line=$CW_LINE verbs
+    verbs=$(rxe_last_match "$out" 'verbs pid=') || { rxe_fail "$tag: no verbs counters"; return 1; }
+    local served passed delivered synth
+    served=$(channel_field "$verbs" cqs_ex_served); passed=$(channel_field "$verbs" cqs_ex_passed)
+    delivered=$(channel_field "$verbs" stashed_cqes_delivered)
+    [[ $verbs =~ events\ synthetic=([0-9]+) ]] && synth=${BASH_REMATCH[1]}
+    [ "$served" = 2 ] && [ "$passed" = 0 ] || { rxe_fail "$tag: extended CQs not served (cqs_ex_served=$served cqs_ex_passed=$passed): $verbs"; return 1; }
+    ! grep -q 'passes through' "$out" || { rxe_fail "$tag: a pass-through note: $(grep -m1 'passes through' "$out")"; return 1; }
+    [ "${synth:-0}" -gt 0 ] && [ "${delivered:-0}" -gt 0 ] \
+        || { rxe_fail "$tag: no event from a CQE the shim looked at reached a start_poll batch (synthetic=${synth:-?} stashed_cqes_delivered=${delivered:-?}): $verbs"; return 1; }
+    local extra=""
+    if [ "$mode" = dispatch ]; then
+        local d h; d=$(rxe_last_match "$out" 'dispatch_waits=') || { rxe_fail "$tag: no dispatch counters"; return 1; }
+        h=$(channel_field "$d" handoffs)
+        [ "$how" = block ] || [ "${h:-0}" -gt 0 ] || { rxe_fail "$tag: no wait was handed off: $d"; return 1; }
+        extra="; dispatch_waits=$(channel_field "$d" dispatch_waits) handoffs=$h"
+    fi
+    rxe_info "$tag under the shim: checksum = no-shim, both served; synthetic events=$synth, stashed CQEs shown to start_poll=$delivered, start_poll batches=$(channel_field "$line" cq_ex_batches)$extra"
 }
 
 # Round trips of the pre-wake check (the client waits once per trip).
@@ -340,9 +364,15 @@ rxe_channel_checks() {
     for m in hybrid adaptive; do
         rxe_check "shim-channel-prewake-$m" check_channel_prewake "$m"
     done
-    rxe_check cq-ex-none check_cq_ex none
-    for m in $RXE_CHANNEL_MODES; do
-        rxe_check "shim-cq-ex-$m" check_cq_ex "$m"
+    # Extended CQs, served (the stress seed is drawn once, printed).
+    local cqex_seed=$((RANDOM + 1))
+    for how in epoll block stress; do
+        local form=$how seed=""
+        [ "$how" = stress ] && { form=epoll; seed=$cqex_seed; }
+        rxe_check "cq-ex-$how-none" check_cq_ex "$form" none $seed
+        for m in $RXE_CHANNEL_MODES; do
+            rxe_check "shim-cq-ex-$how-$m" check_cq_ex "$form" "$m" $seed
+        done
     done
     rxe_check ucx-perftest-sleep-none check_ucx none
     for m in $RXE_CHANNEL_MODES; do

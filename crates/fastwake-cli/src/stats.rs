@@ -300,7 +300,8 @@ fn totals(s: &Segment) -> Value {
             "blocked": l(&v.blocked), "arms_skipped": l(&v.arms_skipped),
             "stashed_cqes_delivered": l(&v.stash_delivered), "acks_absorbed": l(&v.acks_absorbed),
             "channels": l(&v.channels), "fdset_ready": l(&v.fdset_ready),
-            "fdset_absorbed": l(&v.fdset_absorbed), "cqs_ex_passed": l(&v.cqs_ex),
+            "fdset_absorbed": l(&v.fdset_absorbed), "cqs_ex_served": l(&v.cqs_ex_served),
+            "cqs_ex_passed": l(&v.cqs_ex),
         },
         "stalls": {
             "completions": l(&st.completions), "stalls": l(&st.stalls), "episodes": l(&st.episodes),
@@ -699,6 +700,7 @@ fn table(s: &Snap, rates: Option<&Value>) -> String {
             "channels",
             "fdset_ready",
             "fdset_absorbed",
+            "cqs_ex_served",
             "cqs_ex_passed",
         ] {
             row(&mut o, k, &["verbs", k]);

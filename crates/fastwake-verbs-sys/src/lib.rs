@@ -321,6 +321,107 @@ pub const VERBS_CONTEXT_CREATE_CQ_EX_SZ: usize =
 /// `verbs_context.create_cq_ex`.
 pub type CreateCqExFn = unsafe extern "C" fn(*mut ibv_context, *mut c_void) -> *mut c_void;
 
+/// `struct ibv_cq_init_attr_ex`: what `ibv_create_cq_ex` is asked for.
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    /// `IBV_WC_EX_WITH_*`: the fields the program may read of each CQE.
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut c_void,
+}
+
+/// `struct ibv_poll_cq_attr` (`ibv_start_poll`'s argument).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_wc_tm_info`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ibv_wc_tm_info {
+    pub tag: u64,
+    pub priv_: u32,
+}
+
+/// `ibv_cq_ex.start_poll`.
+pub type StartPollFn = unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int;
+/// `ibv_cq_ex.next_poll`.
+pub type NextPollFn = unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int;
+/// `ibv_cq_ex.end_poll`.
+pub type EndPollFn = unsafe extern "C" fn(*mut ibv_cq_ex);
+/// A 32-bit `ibv_cq_ex.read_*` (opcode, vendor_err, byte_len, imm_data,
+/// qp_num, src_qp, wc_flags, slid, flow_tag).
+pub type Read32Fn = unsafe extern "C" fn(*mut ibv_cq_ex) -> u32;
+/// A 16-bit `ibv_cq_ex.read_*` (cvlan).
+pub type Read16Fn = unsafe extern "C" fn(*mut ibv_cq_ex) -> u16;
+/// An 8-bit `ibv_cq_ex.read_*` (sl, dlid_path_bits).
+pub type Read8Fn = unsafe extern "C" fn(*mut ibv_cq_ex) -> u8;
+/// A 64-bit `ibv_cq_ex.read_*` (the timestamps).
+pub type Read64Fn = unsafe extern "C" fn(*mut ibv_cq_ex) -> u64;
+
+/// `struct ibv_cq_ex`: an extended CQ. It begins as `struct ibv_cq` does
+/// (`ibv_cq_ex_to_cq` is a cast); the provider fills `status` and `wr_id`
+/// at each `start_poll`/`next_poll` and the program reads the rest of the
+/// current CQE through the `read_*` pointers.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+    pub comp_mask: u32,
+    pub status: c_uint,
+    pub wr_id: u64,
+    pub start_poll: Option<StartPollFn>,
+    pub next_poll: Option<NextPollFn>,
+    pub end_poll: Option<EndPollFn>,
+    pub read_opcode: Option<Read32Fn>,
+    pub read_vendor_err: Option<Read32Fn>,
+    pub read_byte_len: Option<Read32Fn>,
+    pub read_imm_data: Option<Read32Fn>,
+    pub read_qp_num: Option<Read32Fn>,
+    pub read_src_qp: Option<Read32Fn>,
+    pub read_wc_flags: Option<Read32Fn>,
+    pub read_slid: Option<Read32Fn>,
+    pub read_sl: Option<Read8Fn>,
+    pub read_dlid_path_bits: Option<Read8Fn>,
+    pub read_completion_ts: Option<Read64Fn>,
+    pub read_cvlan: Option<Read16Fn>,
+    pub read_flow_tag: Option<Read32Fn>,
+    pub read_tm_info: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_wc_tm_info)>,
+    pub read_completion_wallclock_ns: Option<Read64Fn>,
+}
+
+pub const IBV_WC_EX_WITH_BYTE_LEN: u64 = 1 << 0;
+pub const IBV_WC_EX_WITH_IMM: u64 = 1 << 1;
+pub const IBV_WC_EX_WITH_QP_NUM: u64 = 1 << 2;
+pub const IBV_WC_EX_WITH_SRC_QP: u64 = 1 << 3;
+pub const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
+pub const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
+pub const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
+/// The fields a `struct ibv_wc` also carries: an extended CQ asking for no
+/// more than these can be read with `poll_cq` and shown again from the
+/// `ibv_wc`.
+pub const IBV_WC_STANDARD_FLAGS: u64 = IBV_WC_EX_WITH_BYTE_LEN
+    | IBV_WC_EX_WITH_IMM
+    | IBV_WC_EX_WITH_QP_NUM
+    | IBV_WC_EX_WITH_SRC_QP
+    | IBV_WC_EX_WITH_SLID
+    | IBV_WC_EX_WITH_SL
+    | IBV_WC_EX_WITH_DLID_PATH_BITS;
+
 pub const IBV_QPT_RC: c_uint = 2;
 pub const IBV_QPS_INIT: c_uint = 1;
 pub const IBV_QPS_RTR: c_uint = 2;

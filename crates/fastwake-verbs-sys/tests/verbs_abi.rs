@@ -123,6 +123,35 @@ fn rust_layout() -> Vec<(String, usize)> {
     off!(ibv_cq, channel);
     off!(ibv_cq, cq_context);
     off!(ibv_cq, comp_events_completed);
+    size!(ibv_cq_init_attr_ex);
+    off!(ibv_cq_init_attr_ex, channel);
+    off!(ibv_cq_init_attr_ex, wc_flags);
+    off!(ibv_cq_init_attr_ex, flags);
+    off!(ibv_cq_init_attr_ex, parent_domain);
+    size!(ibv_poll_cq_attr);
+    size!(ibv_wc_tm_info);
+    size!(ibv_cq_ex);
+    off!(ibv_cq_ex, comp_events_completed);
+    off!(ibv_cq_ex, status);
+    off!(ibv_cq_ex, wr_id);
+    off!(ibv_cq_ex, start_poll);
+    off!(ibv_cq_ex, next_poll);
+    off!(ibv_cq_ex, end_poll);
+    off!(ibv_cq_ex, read_opcode);
+    off!(ibv_cq_ex, read_vendor_err);
+    off!(ibv_cq_ex, read_byte_len);
+    off!(ibv_cq_ex, read_imm_data);
+    off!(ibv_cq_ex, read_qp_num);
+    off!(ibv_cq_ex, read_src_qp);
+    off!(ibv_cq_ex, read_wc_flags);
+    off!(ibv_cq_ex, read_slid);
+    off!(ibv_cq_ex, read_sl);
+    off!(ibv_cq_ex, read_dlid_path_bits);
+    off!(ibv_cq_ex, read_completion_ts);
+    off!(ibv_cq_ex, read_cvlan);
+    off!(ibv_cq_ex, read_flow_tag);
+    off!(ibv_cq_ex, read_tm_info);
+    off!(ibv_cq_ex, read_completion_wallclock_ns);
     off!(ibv_wc, status);
     off!(ibv_wc, opcode);
     off!(ibv_wc, byte_len);
@@ -197,6 +226,17 @@ fn consts() -> Vec<(&'static str, i64)> {
         ("IBV_WC_SEND", IBV_WC_SEND as i64),
         ("IBV_WC_RECV", IBV_WC_RECV as i64),
         ("IBV_WC_WITH_IMM", IBV_WC_WITH_IMM as i64),
+        ("IBV_WC_EX_WITH_BYTE_LEN", IBV_WC_EX_WITH_BYTE_LEN as i64),
+        ("IBV_WC_EX_WITH_IMM", IBV_WC_EX_WITH_IMM as i64),
+        ("IBV_WC_EX_WITH_QP_NUM", IBV_WC_EX_WITH_QP_NUM as i64),
+        ("IBV_WC_EX_WITH_SRC_QP", IBV_WC_EX_WITH_SRC_QP as i64),
+        ("IBV_WC_EX_WITH_SLID", IBV_WC_EX_WITH_SLID as i64),
+        ("IBV_WC_EX_WITH_SL", IBV_WC_EX_WITH_SL as i64),
+        (
+            "IBV_WC_EX_WITH_DLID_PATH_BITS",
+            IBV_WC_EX_WITH_DLID_PATH_BITS as i64,
+        ),
+        ("IBV_WC_STANDARD_FLAGS", IBV_WC_STANDARD_FLAGS as i64),
         ("IBV_MTU_1024", IBV_MTU_1024 as i64),
         ("IBV_PORT_ACTIVE", IBV_PORT_ACTIVE as i64),
         ("IBV_LINK_LAYER_ETHERNET", IBV_LINK_LAYER_ETHERNET as i64),

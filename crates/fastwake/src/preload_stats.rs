@@ -118,9 +118,12 @@ pub struct Verbs {
     /// Owed real events an fd-set look read and acked itself, so they did
     /// not wake the program.
     pub fdset_absorbed: AtomicU64,
-    /// Extended CQs created (passed through: `verbs/cq_ex.rs`).
+    /// Extended CQs created and passed through (`verbs/cq_ex.rs` says
+    /// which: fields beyond a `struct ibv_wc`'s, no channel, a full table).
     pub cqs_ex: AtomicU64,
-    pub reserved: [AtomicU64; 1],
+    /// Extended CQs created and served (peeked, stashed CQEs shown to
+    /// `start_poll`; also counted in `cqs`).
+    pub cqs_ex_served: AtomicU64,
 }
 
 /// The verbs completion-latency monitor and the ODP guard

@@ -436,7 +436,7 @@ pub fn report() {
         let mut w = Buf::<2048>::new();
         let _ = write!(
             w,
-            "verbs pid={pid} contexts wrapped={} passed={} cqs={} waits={} events synthetic={} real={} swallowed={} blocked={} arms_skipped={} stashed_cqes_delivered={} acks_absorbed={} channels={} fdset_ready={} fdset_absorbed={} cqs_ex_passed={}",
+            "verbs pid={pid} contexts wrapped={} passed={} cqs={} waits={} events synthetic={} real={} swallowed={} blocked={} arms_skipped={} stashed_cqes_delivered={} acks_absorbed={} channels={} fdset_ready={} fdset_absorbed={} cqs_ex_served={} cqs_ex_passed={}",
             l(&v.ctx_wrapped),
             l(&v.ctx_passed),
             l(&v.cqs),
@@ -451,6 +451,7 @@ pub fn report() {
             l(&v.channels),
             l(&v.fdset_ready),
             l(&v.fdset_absorbed),
+            l(&v.cqs_ex_served),
             l(&v.cqs_ex),
         );
         emit(&w);

@@ -1,41 +1,474 @@
-//! Extended CQs (`ibv_create_cq_ex`): passed through, and said so.
+//! Extended CQs (`ibv_create_cq_ex`): served like the others, by showing
+//! a stashed CQE to the program's `start_poll` batch.
 //!
-//! Why not served: an extended CQ is read with `ibv_start_poll` /
-//! `ibv_next_poll` / `ibv_end_poll`, which the provider implements in the
-//! CQ itself (`struct ibv_cq_ex` function pointers), not through
-//! `ops.poll_cq`. The shim's only way to see a CQE without losing it is to
-//! move it to its stash and have the wrapped `poll_cq` return it first; a
-//! CQE stashed from an extended CQ would vanish from `start_poll`, and
-//! there is no way to give one back to the provider. So such CQs are not
-//! managed: not peeked, no synthetic events; their waits see the kernel's
-//! events only. (A safe peek would need a provider-specific look at the CQ
-//! buffer without consuming, as `mlx5dv` allows; not done.)
+//! The shim sees a CQE without losing it by moving it to the CQ's stash
+//! (`event::stash_one`, the provider's `poll_cq`; rdma-core's providers
+//! poll an extended CQ through `poll_cq` too, on the same consumer index).
+//! A program reads an extended CQ with `ibv_start_poll` / `ibv_next_poll`
+//! / `ibv_end_poll`, which call function pointers in the CQ itself
+//! (`struct ibv_cq_ex`), and reads the current CQE's fields through its
+//! `read_*` pointers. So for each CQ it serves the shim replaces the three
+//! batch pointers at creation (before the program has the CQ) and, only
+//! while a batch stands on a stashed CQE, the `read_*` pointers the
+//! provider set, with readers of the stashed `struct ibv_wc`:
+//!
+//! - `start_poll`: the stash's first CQE if there is one (`wr_id`,
+//!   `status` written into the CQ as the provider does), else the
+//!   provider's `start_poll`;
+//! - `next_poll`: the shown CQE is consumed; the next stashed one, or the
+//!   provider's readers back and the provider's `start_poll` (its batch
+//!   starts here; `ENOENT` ends ours as it would have ended the provider's);
+//! - `end_poll`: the shown CQE is consumed; the provider's `end_poll` only
+//!   if its batch was started.
+//!
+//! The CQEs come back in the provider's order, once each. A look never
+//! polls the CQ during a batch: the batch and the look exclude each other
+//! through one word per CQ ([`Ex::busy`]), so the provider's `start_poll`
+//! and a look's `poll_cq` never overlap, even on a CQ created
+//! `IBV_CREATE_CQ_ATTR_SINGLE_THREADED` (no provider lock).
+//!
+//! Passed through (counted, said once under `FASTWAKE_VERBOSE=1`): a CQ
+//! asking for fields a `struct ibv_wc` does not carry (`wc_flags` beyond
+//! `IBV_WC_STANDARD_FLAGS`: timestamps, VLAN, flow tag, tag matching),
+//! which a stashed CQE could not show; a CQ without a completion channel
+//! (nothing to wait for); and a CQ that finds the tables full.
 //!
 //! `ibv_create_cq_ex` is `static inline` in verbs.h and calls the
 //! `create_cq_ex` slot of the context's `verbs_context`; the shim wraps that
-//! slot (when the context's `sz` says it has one) only to count extended
-//! CQs and say, once, with `FASTWAKE_VERBOSE=1`, that they pass through.
+//! slot when the context's `sz` says it has one.
 
 use super::stats;
+use super::table::{self, STASHED};
 use fastwake_verbs_sys::{
-    CreateCqExFn, VERBS_CONTEXT_CREATE_CQ_EX_BACK, VERBS_CONTEXT_CREATE_CQ_EX_SZ, ibv_context,
+    CreateCqExFn, EndPollFn, IBV_WC_STANDARD_FLAGS, NextPollFn, Read8Fn, Read32Fn, StartPollFn,
+    VERBS_CONTEXT_CREATE_CQ_EX_BACK, VERBS_CONTEXT_CREATE_CQ_EX_SZ, ibv_comp_channel, ibv_context,
+    ibv_cq, ibv_cq_ex, ibv_cq_init_attr_ex, ibv_poll_cq_attr, ibv_wc,
 };
-use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 const MAX: usize = super::table::MAX_CTX;
 
 /// (context, its provider's create_cq_ex), for the contexts wrapped.
 static REAL: [(AtomicUsize, AtomicUsize); MAX] =
     [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX];
-static SAID: AtomicBool = AtomicBool::new(false);
+static SAID_PASSED: AtomicBool = AtomicBool::new(false);
+
+/// [`Ex::busy`]: nobody polls the CQ.
+const FREE: u8 = 0;
+/// The program is in a batch (`start_poll` succeeded, `end_poll` not yet).
+const BATCH: u8 = 1;
+/// A look is polling the CQ.
+const PEEK: u8 = 2;
+
+/// The provider's pointers of one served extended CQ, and its batch state.
+pub struct Ex {
+    cq: AtomicUsize,
+    /// [`FREE`], [`BATCH`] or [`PEEK`].
+    busy: AtomicU8,
+    /// The batch stands on a stashed CQE (the readers are the shim's).
+    /// Only the batch's thread touches this and `provider_batch`.
+    showing: AtomicBool,
+    /// The provider's `start_poll` succeeded in this batch: its
+    /// `end_poll` is owed.
+    provider_batch: AtomicBool,
+    /// `start_poll`, `next_poll`, `end_poll`, then the readers in
+    /// [`READERS`] order (0: the provider left it NULL).
+    real: [AtomicUsize; 3 + READERS],
+}
+
+/// The `read_*` pointers a stashed `struct ibv_wc` can answer.
+const READERS: usize = 10;
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EX_EMPTY: Ex = Ex {
+    cq: AtomicUsize::new(0),
+    busy: AtomicU8::new(FREE),
+    showing: AtomicBool::new(false),
+    provider_batch: AtomicBool::new(false),
+    real: [const { AtomicUsize::new(0) }; 3 + READERS],
+};
+static EXS: [Ex; table::MAX_CQ] = [EX_EMPTY; table::MAX_CQ];
+
+/// The served extended CQ `cq`, if it is one.
+pub fn slot(cq: *mut ibv_cq) -> Option<&'static Ex> {
+    let k = cq as usize;
+    if k == 0 {
+        return None;
+    }
+    let h = table::home(k);
+    (0..table::MAX_CQ)
+        .map(|i| &EXS[(h + i) % table::MAX_CQ])
+        .find(|e| e.cq.load(Ordering::Acquire) == k)
+}
+
+impl Ex {
+    /// Claim the CQ for a look's `poll_cq`; false while a batch runs (or
+    /// another look polls): the look skips the CQ and comes back.
+    pub fn try_peek(&self) -> bool {
+        self.busy
+            .compare_exchange(FREE, PEEK, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// The look is done with the CQ.
+    pub fn end_peek(&self) {
+        self.busy.store(FREE, Ordering::Release);
+    }
+
+    /// Claim the CQ for the program's batch. A look holds it for one
+    /// `poll_cq` of one entry; a batch of another program thread holds it
+    /// as the provider's own lock would.
+    fn begin_batch(&self) {
+        let mut spins = 0u32;
+        while self
+            .busy
+            .compare_exchange_weak(FREE, BATCH, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // A look preempted while it holds the CQ (2 CPUs).
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn end_batch(&self) {
+        self.provider_batch.store(false, Ordering::Relaxed);
+        self.busy.store(FREE, Ordering::Release);
+    }
+
+    fn real(&self, i: usize) -> usize {
+        self.real[i].load(Ordering::Relaxed)
+    }
+
+    fn start(&self) -> StartPollFn {
+        // SAFETY: stored by `serve` from the CQ's non-null start_poll.
+        unsafe { std::mem::transmute::<usize, StartPollFn>(self.real(0)) }
+    }
+
+    fn next(&self) -> NextPollFn {
+        // SAFETY: stored by `serve` from the CQ's non-null next_poll.
+        unsafe { std::mem::transmute::<usize, NextPollFn>(self.real(1)) }
+    }
+
+    fn end(&self) -> EndPollFn {
+        // SAFETY: stored by `serve` from the CQ's non-null end_poll.
+        unsafe { std::mem::transmute::<usize, EndPollFn>(self.real(2)) }
+    }
+}
+
+/// The readers, as (the CQ's field, the stash's reader) pairs applied by
+/// [`readers`]. One place lists them, so showing and restoring agree.
+macro_rules! for_each_reader {
+    ($m:ident) => {
+        $m!(0, read_opcode, Read32Fn, show_opcode);
+        $m!(1, read_vendor_err, Read32Fn, show_vendor_err);
+        $m!(2, read_byte_len, Read32Fn, show_byte_len);
+        $m!(3, read_imm_data, Read32Fn, show_imm_data);
+        $m!(4, read_qp_num, Read32Fn, show_qp_num);
+        $m!(5, read_src_qp, Read32Fn, show_src_qp);
+        $m!(6, read_wc_flags, Read32Fn, show_wc_flags);
+        $m!(7, read_slid, Read32Fn, show_slid);
+        $m!(8, read_sl, Read8Fn, show_sl);
+        $m!(9, read_dlid_path_bits, Read8Fn, show_dlid_path_bits);
+    };
+}
+
+/// The stashed CQE a batch stands on (the first of the CQ's stash).
+fn shown<T: Default>(cq: *mut ibv_cq_ex, f: impl FnOnce(&ibv_wc) -> T) -> T {
+    table::cq_slot(cq.cast())
+        .and_then(|s| {
+            let st = table::lock(s);
+            (st.len > 0).then(|| f(&st.stash[st.head]))
+        })
+        .unwrap_or_default()
+}
+
+macro_rules! shower {
+    ($name:ident, $t:ty, |$w:ident| $e:expr) => {
+        unsafe extern "C" fn $name(cq: *mut ibv_cq_ex) -> $t {
+            shown(cq, |$w| $e)
+        }
+    };
+}
+shower!(show_opcode, u32, |w| w.opcode);
+shower!(show_vendor_err, u32, |w| w.vendor_err);
+shower!(show_byte_len, u32, |w| w.byte_len);
+shower!(show_imm_data, u32, |w| w.imm_data);
+shower!(show_qp_num, u32, |w| w.qp_num);
+shower!(show_src_qp, u32, |w| w.src_qp);
+shower!(show_wc_flags, u32, |w| w.wc_flags);
+shower!(show_slid, u32, |w| u32::from(w.slid));
+shower!(show_sl, u8, |w| w.sl);
+shower!(show_dlid_path_bits, u8, |w| w.dlid_path_bits);
+
+/// Point the CQ's readers the provider set at the stash (`stash`) or back
+/// at the provider's.
+///
+/// # Safety
+/// `cq` is a live served CQ and the caller's thread runs its batch.
+unsafe fn readers(e: &Ex, cq: *mut ibv_cq_ex, stash: bool) {
+    macro_rules! set {
+        ($i:expr, $field:ident, $ty:ty, $show:ident) => {
+            let real = e.real(3 + $i);
+            if real != 0 {
+                let f: $ty = if stash {
+                    $show
+                } else {
+                    // SAFETY: stored by `serve` from this non-null field.
+                    unsafe { std::mem::transmute::<usize, $ty>(real) }
+                };
+                // SAFETY: a live CQ whose readers only this batch uses.
+                unsafe { (*cq).$field = Some(f) };
+            }
+        };
+    }
+    for_each_reader!(set);
+}
+
+/// Stand the batch on the stash's first CQE, if the CQ has one.
+///
+/// # Safety
+/// As [`readers`].
+unsafe fn show(e: &Ex, cq: *mut ibv_cq_ex) -> bool {
+    if STASHED.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let Some(s) = table::cq_slot(cq.cast()) else {
+        return false;
+    };
+    let st = table::lock(s);
+    if st.len == 0 {
+        return false;
+    }
+    let w = st.stash[st.head];
+    drop(st);
+    // SAFETY: the caller's contract; the provider writes these two the same
+    // way at each start_poll/next_poll.
+    unsafe {
+        (*cq).wr_id = w.wr_id;
+        (*cq).status = w.status;
+    }
+    if !e.showing.swap(true, Ordering::Relaxed) {
+        // SAFETY: the caller's contract.
+        unsafe { readers(e, cq, true) };
+    }
+    true
+}
+
+/// The batch moves past the stashed CQE it stood on: it is consumed.
+fn consume_shown(cq: *mut ibv_cq_ex) {
+    if let Some(s) = table::cq_slot(cq.cast()) {
+        let mut st = table::lock(s);
+        if st.pop().is_some() {
+            STASHED.fetch_sub(1, Ordering::AcqRel);
+            stats::add(|s| &s.stash_delivered, 1);
+        }
+    }
+}
+
+/// Give the provider its readers back.
+///
+/// # Safety
+/// As [`readers`].
+unsafe fn unshow(e: &Ex, cq: *mut ibv_cq_ex) {
+    if e.showing.swap(false, Ordering::Relaxed) {
+        // SAFETY: the caller's contract.
+        unsafe { readers(e, cq, false) };
+    }
+}
+
+/// Start the provider's batch (within the program's).
+///
+/// # Safety
+/// As [`readers`].
+unsafe fn provider_start(e: &Ex, cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    // SAFETY: the provider's start_poll on its live CQ, the caller's attr
+    // (or a zeroed one, all that verbs.h defines today).
+    let r = unsafe { (e.start())(cq, attr) };
+    if r == 0 {
+        e.provider_batch.store(true, Ordering::Relaxed);
+    }
+    r
+}
+
+/// The wrapped `ibv_cq_ex.start_poll`.
+///
+/// # Safety
+/// The provider's start_poll contract: a live CQ, outside a batch.
+unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    let Some(e) = slot(cq.cast()) else {
+        // Only reachable if the CQ was destroyed under the program's feet.
+        return libc::EINVAL;
+    };
+    e.begin_batch();
+    // SAFETY: the batch is this thread's now.
+    if unsafe { show(e, cq) } {
+        return 0;
+    }
+    // SAFETY: as above.
+    let r = unsafe { provider_start(e, cq, attr) };
+    if r != 0 {
+        // No batch: the program will not call end_poll.
+        e.end_batch();
+    }
+    r
+}
+
+/// The wrapped `ibv_cq_ex.next_poll`.
+///
+/// # Safety
+/// The provider's next_poll contract: inside a batch.
+unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    let Some(e) = slot(cq.cast()) else {
+        return libc::EINVAL;
+    };
+    if !e.showing.load(Ordering::Relaxed) {
+        // SAFETY: the provider's batch runs (its start_poll succeeded).
+        return unsafe { (e.next())(cq) };
+    }
+    consume_shown(cq);
+    // SAFETY: the batch is this thread's.
+    if unsafe { show(e, cq) } {
+        return 0;
+    }
+    // SAFETY: as above.
+    unsafe { unshow(e, cq) };
+    let mut attr = ibv_poll_cq_attr::default();
+    // SAFETY: as above; ENOENT (or an error) ends the program's batch, which
+    // then calls end_poll, with no provider batch owed.
+    unsafe { provider_start(e, cq, &mut attr) }
+}
+
+/// The wrapped `ibv_cq_ex.end_poll`.
+///
+/// # Safety
+/// The provider's end_poll contract: ends a batch.
+unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
+    let Some(e) = slot(cq.cast()) else {
+        return;
+    };
+    if e.showing.load(Ordering::Relaxed) {
+        consume_shown(cq);
+        // SAFETY: the batch is this thread's.
+        unsafe { unshow(e, cq) };
+    }
+    if e.provider_batch.load(Ordering::Relaxed) {
+        // SAFETY: the provider's batch started in this batch.
+        unsafe { (e.end())(cq) };
+    }
+    e.end_batch();
+}
+
+/// What the shim reads of `struct ibv_cq_init_attr_ex`: two fields of its
+/// first version (a program built against an older verbs.h passes a shorter
+/// struct, so the later ones are not read).
+#[derive(Clone, Copy)]
+struct Asked {
+    channel: *mut ibv_comp_channel,
+    wc_flags: u64,
+}
+
+impl Asked {
+    /// # Safety
+    /// `attr` is the init attr a successful `create_cq_ex` was given.
+    unsafe fn read(attr: *const ibv_cq_init_attr_ex) -> Asked {
+        // SAFETY: the caller's contract; both fields are in every version.
+        unsafe {
+            Asked {
+                channel: std::ptr::addr_of!((*attr).channel).read(),
+                wc_flags: std::ptr::addr_of!((*attr).wc_flags).read(),
+            }
+        }
+    }
+}
+
+/// Why an extended CQ cannot be served, if it cannot.
+///
+/// # Safety
+/// `cq` is the live CQ just created as `attr` asked.
+unsafe fn unservable(cq: *mut ibv_cq_ex, attr: &Asked) -> Option<&'static str> {
+    if attr.wc_flags & !IBV_WC_STANDARD_FLAGS != 0 {
+        return Some(
+            "it asks for fields beyond a struct ibv_wc's (timestamps, VLAN, flow tag or tag matching), which a CQE the shim looked at could not show",
+        );
+    }
+    if attr.channel.is_null() {
+        return Some("it has no completion channel");
+    }
+    // SAFETY: the caller's contract.
+    let c = unsafe { &*cq };
+    if c.start_poll.is_none() || c.next_poll.is_none() || c.end_poll.is_none() {
+        return Some("its provider set no start_poll/next_poll/end_poll");
+    }
+    None
+}
+
+/// Serve `cq`: manage it in the shim's table and wrap its batch pointers.
+/// False when the tables are full (then nothing changed).
+///
+/// # Safety
+/// `cq` is the live CQ just created on `channel` of the wrapped `ctx`; the
+/// program has not seen it.
+unsafe fn serve(cq: *mut ibv_cq_ex, attr: &Asked, ctx: *mut ibv_context) -> bool {
+    let base = cq.cast::<ibv_cq>();
+    let h = table::home(cq as usize);
+    let Some(e) = (0..table::MAX_CQ)
+        .map(|i| &EXS[(h + i) % table::MAX_CQ])
+        .find(|e| {
+            e.cq.compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })
+    else {
+        return false;
+    };
+    if !table::add_cq(base, attr.channel, ctx) {
+        e.cq.store(0, Ordering::Release);
+        return false;
+    }
+    if let Some(s) = table::cq_slot(base) {
+        // Before any look can poll it: the program has not armed it yet.
+        table::lock(s).ex = true;
+    }
+    // SAFETY: the caller's contract: a live CQ nobody else uses yet.
+    let c = unsafe { &mut *cq };
+    let ptr = |f: Option<usize>| f.unwrap_or(0);
+    e.real[0].store(ptr(c.start_poll.map(|f| f as usize)), Ordering::Relaxed);
+    e.real[1].store(ptr(c.next_poll.map(|f| f as usize)), Ordering::Relaxed);
+    e.real[2].store(ptr(c.end_poll.map(|f| f as usize)), Ordering::Relaxed);
+    macro_rules! save {
+        ($i:expr, $field:ident, $ty:ty, $show:ident) => {
+            e.real[3 + $i].store(ptr(c.$field.map(|f| f as usize)), Ordering::Relaxed);
+        };
+    }
+    for_each_reader!(save);
+    e.busy.store(FREE, Ordering::Relaxed);
+    e.showing.store(false, Ordering::Relaxed);
+    e.provider_batch.store(false, Ordering::Relaxed);
+    e.cq.store(cq as usize, Ordering::Release);
+    c.start_poll = Some(start_poll);
+    c.next_poll = Some(next_poll);
+    c.end_poll = Some(end_poll);
+    true
+}
+
+/// Forget a destroyed CQ (after the provider's destroy succeeded).
+pub fn destroyed(cq: *mut ibv_cq) {
+    if let Some(e) = slot(cq) {
+        e.cq.store(0, Ordering::Release);
+    }
+}
 
 /// The `create_cq_ex` slot of `ctx`, if its `verbs_context` has one.
 ///
 /// # Safety
 /// `ctx` is a live context that `super::understood` accepted (rdma-core's
 /// `verbs_context` layout, `sz` readable just before it).
-unsafe fn slot(ctx: *mut ibv_context) -> Option<*mut Option<CreateCqExFn>> {
+unsafe fn create_slot(ctx: *mut ibv_context) -> Option<*mut Option<CreateCqExFn>> {
     // SAFETY: the caller's contract: `sz` is the size_t before the context.
     let sz = unsafe { *(ctx as *const usize).sub(1) };
     (sz >= VERBS_CONTEXT_CREATE_CQ_EX_SZ).then(|| {
@@ -49,10 +482,10 @@ unsafe fn slot(ctx: *mut ibv_context) -> Option<*mut Option<CreateCqExFn>> {
 /// sees the context).
 ///
 /// # Safety
-/// As for [`slot`]; no other thread has the context yet.
+/// As for [`create_slot`]; no other thread has the context yet.
 pub(super) unsafe fn wrap(ctx: *mut ibv_context) {
     // SAFETY: the caller's contract.
-    let Some(p) = (unsafe { slot(ctx) }) else {
+    let Some(p) = (unsafe { create_slot(ctx) }) else {
         return;
     };
     // SAFETY: a slot inside the live verbs_context.
@@ -81,7 +514,8 @@ pub(super) fn forget(ctx: *mut ibv_context) {
     }
 }
 
-/// The wrapped `verbs_context.create_cq_ex`: the provider's, counted.
+/// The wrapped `verbs_context.create_cq_ex`: the provider's, then served
+/// (or counted as passed through, and said once).
 ///
 /// # Safety
 /// The provider's `create_cq_ex` contract.
@@ -101,13 +535,45 @@ unsafe extern "C" fn create_cq_ex(ctx: *mut ibv_context, attr: *mut c_void) -> *
     let real = unsafe { std::mem::transmute::<usize, CreateCqExFn>(real) };
     // SAFETY: forwarding the caller's arguments unchanged.
     let cq = unsafe { real(ctx, attr) };
-    if !cq.is_null() {
-        stats::add(|s| &s.cqs_ex, 1);
-        if crate::config::verbose() && !SAID.swap(true, Ordering::Relaxed) {
-            crate::diag(
-                "verbs: extended CQs (ibv_create_cq_ex) pass through: start_poll/next_poll do not go through poll_cq, so a CQE the shim looked at could not be given back; their waits see only the kernel's events",
-            );
+    if cq.is_null() || attr.is_null() {
+        return cq;
+    }
+    let cq_ex = cq.cast::<ibv_cq_ex>();
+    // SAFETY: the create succeeded, so attr was a readable init attr.
+    let a = unsafe { Asked::read(attr.cast()) };
+    let served = crate::guarded(
+        || {
+            // SAFETY: a live CQ just created as `a` asked on the wrapped
+            // `ctx`; the program has not seen it.
+            if let Some(why) = unsafe { unservable(cq_ex, &a) } {
+                return Err(why);
+            }
+            // SAFETY: as above.
+            if unsafe { serve(cq_ex, &a, ctx) } {
+                Ok(())
+            } else {
+                Err("the shim's CQ tables are full")
+            }
+        },
+        || Err("the shim failed to wrap it"),
+    );
+    match served {
+        Ok(()) => {
+            stats::add(|s| &s.cqs, 1);
+            stats::add(|s| &s.cqs_ex_served, 1);
+        }
+        Err(why) => {
+            stats::add(|s| &s.cqs_ex, 1);
+            if crate::config::verbose() && !SAID_PASSED.swap(true, Ordering::Relaxed) {
+                crate::diag(&format!(
+                    "verbs: an extended CQ (ibv_create_cq_ex) passes through: {why}; its waits see only the kernel's events"
+                ));
+            }
         }
     }
     cq
 }
+
+#[cfg(test)]
+#[path = "cq_ex_tests.rs"]
+mod tests;

@@ -100,14 +100,33 @@ fn stash_one(st: &mut table::CqState, cq: *mut ibv_cq) -> bool {
     let Some((real_poll, _)) = table::real_ops(unsafe { (*cq).context }) else {
         return false;
     };
+    // An extended CQ is polled only outside the program's start_poll batch
+    // (cq_ex.rs); during one, this look skips it.
+    let ex = if st.ex {
+        match super::cq_ex::slot(cq) {
+            Some(e) if e.try_peek() => Some(e),
+            _ => return false,
+        }
+    } else {
+        None
+    };
     let mut wc = std::mem::MaybeUninit::<ibv_wc>::zeroed();
     // SAFETY: live CQ, room for one entry.
-    if unsafe { real_poll(cq, 1, wc.as_mut_ptr()) } != 1 {
+    let n = unsafe { real_poll(cq, 1, wc.as_mut_ptr()) };
+    if n != 1 {
+        if let Some(e) = ex {
+            e.end_peek();
+        }
         return false;
     }
     // SAFETY: the provider wrote one entry.
     st.push(unsafe { wc.assume_init() });
     STASHED.fetch_add(1, Ordering::AcqRel);
+    // Released after the stash is counted: a batch that claims the CQ next
+    // finds the CQE there.
+    if let Some(e) = ex {
+        e.end_peek();
+    }
     true
 }
 

@@ -15,14 +15,17 @@
 //!   it has a channel.
 //! - `ibv_get_cq_event` / `ibv_ack_cq_events`: [`event`] (spin on the armed
 //!   CQs for the budget, synthetic events, exact ack accounting).
+//! - `ibv_create_cq_ex` (the context's `create_cq_ex` slot): served as
+//!   `ibv_create_cq`'s CQs are, a stashed CQE shown to the program's
+//!   `start_poll` batch: [`cq_ex`].
 //! - `ibv_destroy_cq` / `ibv_close_device`: forget the CQ / context.
 //! - `mlx5dv_init_obj`: the program reads queues directly; the shim keeps
 //!   its hands off every context from then on.
 //!
 //! Passed through untouched: everything in mode `off`; providers other than
 //! rxe and mlx5; contexts that do not look like rdma-core's; extended CQs
-//! (`ibv_create_cq_ex`: start_poll/next_poll are not wrapped; counted and
-//! noted under `FASTWAKE_VERBOSE`, see [`cq_ex`]); CQs without a
+//! asking for fields a `struct ibv_wc` does not carry (counted and noted
+//! under `FASTWAKE_VERBOSE`, see [`cq_ex`]); CQs without a
 //! channel; CQs armed solicited-only; programs using mlx5dv; contexts or CQs
 //! beyond the shim's tables (32 / 256); a bad `FASTWAKE_VERBS_VECTOR`.
 
@@ -255,6 +258,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     let rc = unsafe { real(cq) };
     if rc == 0 {
         monitor::cq_destroyed(cq);
+        cq_ex::destroyed(cq);
     }
     if rc != 0
         && let Some(saved) = saved

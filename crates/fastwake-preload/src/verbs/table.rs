@@ -98,6 +98,9 @@ pub struct CqState {
     pub swallow_next: bool,
     /// The program armed with solicited_only: the shim leaves the CQ alone.
     pub solicited: bool,
+    /// An extended CQ: a look must not poll it while the program is in a
+    /// `start_poll` batch (`cq_ex::Ex::try_peek`).
+    pub ex: bool,
     /// Real events delivered to the program and not yet acked by it.
     pub real_unacked: u32,
     /// CQEs taken from the provider by the shim, in order, for the program.
@@ -128,6 +131,7 @@ impl CqState {
         real_armed: false,
         swallow_next: false,
         solicited: false,
+        ex: false,
         real_unacked: 0,
         stash: [WC_ZERO; STASH],
         head: 0,
@@ -172,7 +176,8 @@ pub static CQS: [CqSlot; MAX_CQ] = [CQ_EMPTY; MAX_CQ];
 /// while it is zero (the common case).
 pub static STASHED: AtomicU32 = AtomicU32::new(0);
 
-fn home(cq: usize) -> usize {
+/// Where a CQ's search starts (in this table and `cq_ex`'s).
+pub fn home(cq: usize) -> usize {
     (cq >> 6).wrapping_mul(0x9E37_79B9) % MAX_CQ
 }
 

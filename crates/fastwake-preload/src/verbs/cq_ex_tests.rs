@@ -1,0 +1,382 @@
+//! Extended CQs served on the host: a fake provider whose extended CQ is
+//! read in `start_poll` batches and polled by `poll_cq`, driven through the
+//! shim's wrapped pointers as a program's inline `ibv_start_poll` /
+//! `ibv_next_poll` / `ibv_end_poll` / `ibv_wc_read_*` would, while the
+//! shim's looks (`event::channel_ready`) stash CQEs. Every CQE must reach
+//! the program once, in order, with every field, and the provider must
+//! never be entered by a look during a batch (it counts overlaps).
+
+use super::*;
+use crate::verbs::event;
+use fastwake_verbs_sys::{IBV_WC_RECV, IBV_WC_WITH_IMM};
+use std::collections::VecDeque;
+use std::sync::Mutex as StdMutex;
+use std::sync::atomic::AtomicU64;
+
+/// The fake CQ's entries: the provider's ring.
+static RING: StdMutex<VecDeque<ibv_wc>> = StdMutex::new(VecDeque::new());
+/// The provider is inside a batch or a poll (its lock, as a flag).
+static INSIDE: AtomicBool = AtomicBool::new(false);
+/// Times the provider was entered while already inside: must stay 0.
+static OVERLAPS: AtomicU64 = AtomicU64::new(0);
+/// The batch's current entry was consumed by a next_poll that hit ENOENT.
+static SPENT: AtomicBool = AtomicBool::new(false);
+/// One test at a time: the fake provider is global.
+static SERIAL: StdMutex<()> = StdMutex::new(());
+
+fn enter() {
+    if INSIDE.swap(true, Ordering::AcqRel) {
+        OVERLAPS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn front() -> ibv_wc {
+    *RING.lock().unwrap().front().expect("a read outside a CQE")
+}
+
+unsafe extern "C" fn fake_poll(_cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    enter();
+    let mut got = 0;
+    {
+        let mut q = RING.lock().unwrap();
+        while got < n
+            && let Some(w) = q.pop_front()
+        {
+            // SAFETY: room for n entries.
+            unsafe { wc.add(got as usize).write(w) };
+            got += 1;
+        }
+    }
+    INSIDE.store(false, Ordering::Release);
+    got
+}
+
+unsafe extern "C" fn fake_notify(_cq: *mut ibv_cq, _s: c_int) -> c_int {
+    0
+}
+
+/// Write the current entry's wr_id and status, as a provider does.
+fn current(cq: *mut ibv_cq_ex) -> c_int {
+    match RING.lock().unwrap().front() {
+        Some(w) => {
+            // SAFETY: the test's live CQ.
+            unsafe {
+                (*cq).wr_id = w.wr_id;
+                (*cq).status = w.status;
+            }
+            0
+        }
+        None => libc::ENOENT,
+    }
+}
+
+unsafe extern "C" fn fake_start(cq: *mut ibv_cq_ex, _a: *mut ibv_poll_cq_attr) -> c_int {
+    enter();
+    SPENT.store(false, Ordering::Relaxed);
+    let r = current(cq);
+    if r != 0 {
+        INSIDE.store(false, Ordering::Release);
+    }
+    r
+}
+
+unsafe extern "C" fn fake_next(cq: *mut ibv_cq_ex) -> c_int {
+    RING.lock().unwrap().pop_front();
+    let r = current(cq);
+    SPENT.store(r != 0, Ordering::Relaxed);
+    r
+}
+
+unsafe extern "C" fn fake_end(_cq: *mut ibv_cq_ex) {
+    if !SPENT.load(Ordering::Relaxed) {
+        RING.lock().unwrap().pop_front();
+    }
+    INSIDE.store(false, Ordering::Release);
+}
+
+unsafe extern "C" fn fake_opcode(_cq: *mut ibv_cq_ex) -> u32 {
+    front().opcode
+}
+unsafe extern "C" fn fake_byte_len(_cq: *mut ibv_cq_ex) -> u32 {
+    front().byte_len
+}
+unsafe extern "C" fn fake_imm(_cq: *mut ibv_cq_ex) -> u32 {
+    front().imm_data
+}
+unsafe extern "C" fn fake_qp_num(_cq: *mut ibv_cq_ex) -> u32 {
+    front().qp_num
+}
+unsafe extern "C" fn fake_wc_flags(_cq: *mut ibv_cq_ex) -> u32 {
+    front().wc_flags
+}
+unsafe extern "C" fn fake_sl(_cq: *mut ibv_cq_ex) -> u8 {
+    front().sl
+}
+
+/// CQE number `i`: every field the fake CQ offers derived from it.
+fn cqe(i: u64) -> ibv_wc {
+    ibv_wc {
+        wr_id: i,
+        status: (i % 7 == 3) as u32 * 5,
+        opcode: IBV_WC_RECV,
+        byte_len: (i % 4096) as u32,
+        imm_data: (i as u32).wrapping_mul(2_654_435_761),
+        qp_num: 0x100 + (i % 3) as u32,
+        wc_flags: IBV_WC_WITH_IMM,
+        sl: (i % 16) as u8,
+        ..ibv_wc::default()
+    }
+}
+
+struct Fake {
+    _ctx: Box<[u8]>,
+    ctx: *mut ibv_context,
+    channel: Box<u64>,
+    cq: Box<ibv_cq_ex>,
+}
+
+impl Fake {
+    fn new() -> Fake {
+        RING.lock().unwrap().clear();
+        OVERLAPS.store(0, Ordering::Relaxed);
+        INSIDE.store(false, Ordering::Relaxed);
+        let mut buf = vec![0u8; 8 + std::mem::size_of::<ibv_context>()].into_boxed_slice();
+        // 8 bytes of `sz` precede the context in the buffer.
+        let ctx = buf[8..].as_mut_ptr().cast::<ibv_context>();
+        assert!(table::add_ctx(ctx, fake_poll, fake_notify));
+        // SAFETY: plain data: pointers, integers and pthread words, all
+        // valid as zeros.
+        let mut cq = Box::new(unsafe { std::mem::zeroed::<ibv_cq_ex>() });
+        cq.context = ctx;
+        cq.start_poll = Some(fake_start);
+        cq.next_poll = Some(fake_next);
+        cq.end_poll = Some(fake_end);
+        cq.read_opcode = Some(fake_opcode);
+        cq.read_byte_len = Some(fake_byte_len);
+        cq.read_imm_data = Some(fake_imm);
+        cq.read_qp_num = Some(fake_qp_num);
+        cq.read_wc_flags = Some(fake_wc_flags);
+        cq.read_sl = Some(fake_sl);
+        let mut f = Fake {
+            _ctx: buf,
+            ctx,
+            channel: Box::new(0),
+            cq,
+        };
+        let attr = f.attr(fastwake_verbs_sys::IBV_WC_STANDARD_FLAGS);
+        let cq: *mut ibv_cq_ex = &mut *f.cq;
+        // SAFETY: a live fake CQ nobody else uses yet.
+        assert_eq!(unsafe { unservable(cq, &attr) }, None);
+        // SAFETY: as above.
+        assert!(unsafe { serve(cq, &attr, ctx) });
+        f
+    }
+
+    /// What the program asks for, read as the shim reads it.
+    fn attr(&mut self, wc_flags: u64) -> Asked {
+        let a = ibv_cq_init_attr_ex {
+            cqe: 64,
+            cq_context: std::ptr::null_mut(),
+            channel: self.channel(),
+            comp_vector: 0,
+            wc_flags,
+            comp_mask: 0,
+            flags: 0,
+            parent_domain: std::ptr::null_mut(),
+        };
+        // SAFETY: a whole init attr.
+        unsafe { Asked::read(&a) }
+    }
+
+    fn channel(&mut self) -> *mut ibv_comp_channel {
+        (&mut *self.channel as *mut u64).cast()
+    }
+
+    fn cq(&mut self) -> *mut ibv_cq_ex {
+        &mut *self.cq
+    }
+
+    /// The program armed the CQ: what makes a look poll it.
+    fn arm(&mut self) {
+        let s = table::cq_slot(self.cq().cast()).expect("managed");
+        table::lock(s).app_armed = true;
+    }
+
+    /// One look at the channel, as a spinning wait or a dispatcher does.
+    fn look(&mut self) -> bool {
+        self.arm();
+        event::channel_ready(self.channel(), -1)
+    }
+
+    /// One program batch of at most `max` CQEs, each read whole.
+    fn batch(&mut self, max: usize, out: &mut Vec<ibv_wc>) {
+        let cq = self.cq();
+        // SAFETY: the pointers the program would call, on the live CQ.
+        unsafe {
+            let mut attr = ibv_poll_cq_attr::default();
+            if ((*cq).start_poll.unwrap())(cq, &mut attr) != 0 {
+                return;
+            }
+            let mut taken = 0;
+            loop {
+                let c = &*cq;
+                out.push(ibv_wc {
+                    wr_id: c.wr_id,
+                    status: c.status,
+                    opcode: (c.read_opcode.unwrap())(cq),
+                    byte_len: (c.read_byte_len.unwrap())(cq),
+                    imm_data: (c.read_imm_data.unwrap())(cq),
+                    qp_num: (c.read_qp_num.unwrap())(cq),
+                    wc_flags: (c.read_wc_flags.unwrap())(cq),
+                    sl: (c.read_sl.unwrap())(cq),
+                    ..ibv_wc::default()
+                });
+                taken += 1;
+                if taken == max || ((*cq).next_poll.unwrap())(cq) != 0 {
+                    break;
+                }
+            }
+            ((*cq).end_poll.unwrap())(cq);
+        }
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        let cq = self.cq().cast::<ibv_cq>();
+        if let Some(s) = table::cq_slot(cq) {
+            table::remove_cq(s);
+        }
+        destroyed(cq);
+        table::remove_ctx(self.ctx);
+    }
+}
+
+fn check(got: &[ibv_wc], n: u64) {
+    assert_eq!(got.len() as u64, n, "lost or duplicated CQEs");
+    for (i, w) in got.iter().enumerate() {
+        assert_eq!(*w, cqe(i as u64), "CQE {i} (in order, every field)");
+    }
+    assert_eq!(
+        OVERLAPS.load(Ordering::Relaxed),
+        0,
+        "a look entered a batch"
+    );
+}
+
+/// xorshift: the draws of the randomized interleavings.
+fn rng(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+#[test]
+fn a_cq_asking_for_more_than_a_wc_carries_passes_through() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut f = Fake::new();
+    let cq = f.cq();
+    for extra in [1u64 << 7, 1 << 8, 1 << 9, 1 << 10, 1 << 11] {
+        let a = f.attr(fastwake_verbs_sys::IBV_WC_STANDARD_FLAGS | extra);
+        // SAFETY: the live fake CQ.
+        let why = unsafe { unservable(cq, &a) };
+        assert!(why.is_some(), "wc_flags {extra:#x}");
+    }
+    let mut a = f.attr(0);
+    a.channel = std::ptr::null_mut();
+    // SAFETY: as above.
+    assert!(unsafe { unservable(cq, &a) }.is_some(), "no channel");
+}
+
+#[test]
+fn stashed_cqes_reach_start_poll_batches_once_in_order_with_every_field() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut f = Fake::new();
+    let (mut s, mut next, mut got) = (0x9E37_79B9_7F4A_7C15u64, 0u64, Vec::new());
+    for _ in 0..20_000 {
+        match rng(&mut s) % 4 {
+            0 => {
+                for _ in 0..rng(&mut s) % 4 {
+                    RING.lock().unwrap().push_back(cqe(next));
+                    next += 1;
+                }
+            }
+            1 => {
+                f.look();
+            }
+            _ => {
+                let max = 1 + (rng(&mut s) % 5) as usize;
+                f.batch(max, &mut got);
+            }
+        }
+    }
+    // Bounded: a CQE the batches never get fails the check, not the clock.
+    for _ in 0..next {
+        if got.len() as u64 == next {
+            break;
+        }
+        f.look();
+        f.batch(8, &mut got);
+    }
+    check(&got, next);
+    // Nothing left behind, and the provider's readers are back.
+    let cq = f.cq();
+    // SAFETY: the live fake CQ.
+    let opcode = unsafe { (*cq).read_opcode }.map(|f| f as usize);
+    assert_eq!(opcode, Some(fake_opcode as Read32Fn as usize));
+}
+
+#[test]
+fn looks_from_another_thread_never_enter_a_batch() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut f = Fake::new();
+    const N: u64 = 60_000;
+    let stop = AtomicBool::new(false);
+    let looks = AtomicU64::new(0);
+    let channel = f.channel() as usize;
+    let cq = f.cq() as usize;
+    let mut got = Vec::new();
+    /// Stops the looking thread however the test ends (a failed assertion
+    /// must fail the test, not hang it).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    std::thread::scope(|t| {
+        // A dispatcher or another thread's spinning wait, looking on.
+        t.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let s = table::cq_slot(cq as *mut ibv_cq).expect("managed");
+                table::lock(s).app_armed = true;
+                if event::channel_ready(channel as *mut ibv_comp_channel, -1) {
+                    looks.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        // The NIC.
+        t.spawn(|| {
+            for i in 0..N {
+                RING.lock().unwrap().push_back(cqe(i));
+                if i % 64 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let _stop = Stop(&stop);
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        // Bounded: a lost CQE fails the check instead of hanging the test.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while (got.len() as u64) < N && std::time::Instant::now() < deadline {
+            let max = 1 + (rng(&mut s) % 6) as usize;
+            f.batch(max, &mut got);
+        }
+    });
+    check(&got, N);
+    assert!(
+        looks.load(Ordering::Relaxed) > 0,
+        "the looking thread never found a CQE: the test did not test"
+    );
+}
