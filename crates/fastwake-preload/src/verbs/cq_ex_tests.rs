@@ -380,3 +380,35 @@ fn looks_from_another_thread_never_enter_a_batch() {
         "the looking thread never found a CQE: the test did not test"
     );
 }
+
+/// What serving costs a program that polls an empty extended CQ: its
+/// `start_poll` through the shim (a lookup and a claim of the CQ) against
+/// the provider's own, alternated in one run. Prints; asserts nothing
+/// about time (run with `--ignored --nocapture`; docs/verbs.md quotes it).
+#[test]
+#[ignore]
+fn cost_of_an_empty_start_poll() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut f = Fake::new();
+    let cq = f.cq();
+    const N: u32 = 2_000_000;
+    let mut attr = ibv_poll_cq_attr::default();
+    let time = |call: &dyn Fn() -> c_int| {
+        let t = std::time::Instant::now();
+        for _ in 0..N {
+            assert_eq!(call(), libc::ENOENT);
+        }
+        t.elapsed().as_nanos() as f64 / f64::from(N)
+    };
+    let attr_p: *mut ibv_poll_cq_attr = &mut attr;
+    for round in 0..5 {
+        // SAFETY: the live fake CQ, outside a batch.
+        let shim = time(&|| unsafe { ((*cq).start_poll.unwrap())(cq, attr_p) });
+        // SAFETY: as above.
+        let direct = time(&|| unsafe { fake_start(cq, attr_p) });
+        println!(
+            "round {round}: empty start_poll through the shim {shim:.1} ns, the provider's own {direct:.1} ns: +{:.1} ns",
+            shim - direct
+        );
+    }
+}
