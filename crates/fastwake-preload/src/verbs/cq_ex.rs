@@ -21,6 +21,10 @@
 //! - `end_poll`: the shown CQE is consumed; the provider's `end_poll` only
 //!   if its batch was started.
 //!
+//! The stall monitor judges what each batch returns, as it judges what the
+//! wrapped `poll_cq` returns: a stashed CQE whole, a provider's CQE when the
+//! CQ was created with `IBV_WC_EX_WITH_QP_NUM` (the monitor keys by QP).
+//!
 //! The CQEs come back in the provider's order, once each. A look never
 //! polls the CQ during a batch: the batch and the look exclude each other
 //! through one word per CQ ([`Ex::busy`]), so the provider's `start_poll`
@@ -79,6 +83,9 @@ pub struct Ex {
 
 /// The `read_*` pointers a stashed `struct ibv_wc` can answer.
 const READERS: usize = 10;
+/// Where [`Ex::real`] keeps the provider's `read_opcode` and `read_qp_num`.
+const REAL_OPCODE: usize = 3;
+const REAL_QP_NUM: usize = 3 + 4;
 
 #[allow(clippy::declare_interior_mutable_const)]
 const EX_EMPTY: Ex = Ex {
@@ -257,6 +264,10 @@ unsafe fn show(e: &Ex, cq: *mut ibv_cq_ex) -> bool {
         // SAFETY: the caller's contract.
         unsafe { readers(e, cq, true) };
     }
+    // What the program gets now, as the wrapped poll_cq judges it (a
+    // stashed CQE is a whole `struct ibv_wc`, QP number included).
+    // SAFETY: one completion of the live CQ.
+    unsafe { super::monitor::polled(cq.cast(), &w, 1) };
     true
 }
 
@@ -296,6 +307,41 @@ unsafe fn provider_start(e: &Ex, cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr
     r
 }
 
+/// The stall monitor's view of a batch: the CQE the provider's batch stands
+/// on, judged as the wrapped `poll_cq` judges what it returns. The monitor
+/// keys completions by QP, so only a CQ created with
+/// `IBV_WC_EX_WITH_QP_NUM` (a `read_qp_num`) can be judged.
+///
+/// # Safety
+/// As [`readers`], the provider's batch on a CQE.
+unsafe fn judge_current(e: &Ex, cq: *mut ibv_cq_ex) {
+    if !super::monitor::on() {
+        return;
+    }
+    let (opcode, qp_num) = (e.real(REAL_OPCODE), e.real(REAL_QP_NUM));
+    if opcode == 0 || qp_num == 0 {
+        return;
+    }
+    // SAFETY: the provider's readers of this CQ (stored by `serve`), on
+    // the CQE its batch stands on.
+    let w = unsafe {
+        ibv_wc {
+            wr_id: (*cq).wr_id,
+            status: (*cq).status,
+            opcode: std::mem::transmute::<usize, Read32Fn>(opcode)(cq),
+            qp_num: std::mem::transmute::<usize, Read32Fn>(qp_num)(cq),
+            ..ibv_wc::default()
+        }
+    };
+    // SAFETY: one completion of the live CQ.
+    unsafe { super::monitor::polled(cq.cast(), &w, 1) };
+}
+
+/// The program found the CQ empty: a look, for the stall monitor.
+fn judge_empty(cq: *mut ibv_cq_ex) {
+    super::monitor::looked(cq.cast());
+}
+
 /// The wrapped `ibv_cq_ex.start_poll`.
 ///
 /// # Safety
@@ -312,9 +358,13 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
     }
     // SAFETY: as above.
     let r = unsafe { provider_start(e, cq, attr) };
-    if r != 0 {
+    if r == 0 {
+        // SAFETY: the provider's batch stands on a CQE.
+        unsafe { judge_current(e, cq) };
+    } else {
         // No batch: the program will not call end_poll.
         e.end_batch();
+        judge_empty(cq);
     }
     r
 }
@@ -329,7 +379,12 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
     };
     if !e.showing.load(Ordering::Relaxed) {
         // SAFETY: the provider's batch runs (its start_poll succeeded).
-        return unsafe { (e.next())(cq) };
+        let r = unsafe { (e.next())(cq) };
+        if r == 0 {
+            // SAFETY: as above, on its next CQE.
+            unsafe { judge_current(e, cq) };
+        }
+        return r;
     }
     consume_shown(cq);
     // SAFETY: the batch is this thread's.
@@ -341,7 +396,12 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
     let mut attr = ibv_poll_cq_attr::default();
     // SAFETY: as above; ENOENT (or an error) ends the program's batch, which
     // then calls end_poll, with no provider batch owed.
-    unsafe { provider_start(e, cq, &mut attr) }
+    let r = unsafe { provider_start(e, cq, &mut attr) };
+    if r == 0 {
+        // SAFETY: the provider's batch stands on a CQE.
+        unsafe { judge_current(e, cq) };
+    }
+    r
 }
 
 /// The wrapped `ibv_cq_ex.end_poll`.

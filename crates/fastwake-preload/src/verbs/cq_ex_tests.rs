@@ -8,7 +8,8 @@
 
 use super::*;
 use crate::verbs::event;
-use fastwake_verbs_sys::{IBV_WC_RECV, IBV_WC_WITH_IMM};
+use fastwake::stall::QpKey;
+use fastwake_verbs_sys::{IBV_WC_RECV, IBV_WC_SEND, IBV_WC_WITH_IMM, ibv_qp, ibv_send_wr};
 use std::collections::VecDeque;
 use std::sync::Mutex as StdMutex;
 use std::sync::atomic::AtomicU64;
@@ -21,8 +22,8 @@ static INSIDE: AtomicBool = AtomicBool::new(false);
 static OVERLAPS: AtomicU64 = AtomicU64::new(0);
 /// The batch's current entry was consumed by a next_poll that hit ENOENT.
 static SPENT: AtomicBool = AtomicBool::new(false);
-/// One test at a time: the fake provider is global.
-static SERIAL: StdMutex<()> = StdMutex::new(());
+/// One test at a time: the fake provider and the monitor are global.
+use crate::verbs::monitor_tests::FAKE_PROVIDERS as SERIAL;
 
 fn enter() {
     if INSIDE.swap(true, Ordering::AcqRel) {
@@ -411,4 +412,88 @@ fn cost_of_an_empty_start_poll() {
             shim - direct
         );
     }
+}
+
+/// The fake NIC's send side: each post completes into the ring at once,
+/// unless held.
+static HOLD_SENDS: AtomicBool = AtomicBool::new(false);
+static HELD_SENDS: StdMutex<Vec<ibv_wc>> = StdMutex::new(Vec::new());
+
+unsafe extern "C" fn fake_post(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    _bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    // SAFETY: the test's QP and one WR.
+    let (qp_num, wr_id) = unsafe { ((*qp).qp_num, (*wr).wr_id) };
+    let wc = ibv_wc {
+        wr_id,
+        opcode: IBV_WC_SEND,
+        qp_num,
+        ..ibv_wc::default()
+    };
+    if HOLD_SENDS.load(Ordering::Relaxed) {
+        HELD_SENDS.lock().unwrap().push(wc);
+    } else {
+        RING.lock().unwrap().push_back(wc);
+    }
+    0
+}
+
+#[test]
+fn the_stall_monitor_judges_what_batches_return() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut f = Fake::new();
+    const QPN: u32 = 0x77;
+    // SAFETY: the fake context: its ops, then the monitor's wrap of
+    // post_send, as the shim's ibv_open_device hook does.
+    unsafe { (*f.ctx).ops.post_send = Some(fake_post) };
+    super::super::monitor::set_threshold_ns(50_000_000);
+    super::super::monitor::wrap(f.ctx, "fakeex0");
+    // SAFETY: plain C struct.
+    let mut qp: Box<ibv_qp> = Box::new(unsafe { std::mem::zeroed() });
+    qp.context = f.ctx;
+    qp.qp_num = QPN;
+    let mut send = |f: &mut Fake, wr_id: u64| {
+        // SAFETY: plain C struct.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = fastwake_verbs_sys::IBV_WR_SEND;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the wrapped op, as the program's inline ibv_post_send.
+        let rc = unsafe { (*f.ctx).ops.post_send.unwrap()(&mut *qp, &mut wr, &mut bad) };
+        assert_eq!(rc, 0);
+    };
+    let counts = |f: &Fake| {
+        super::super::monitor::qp_counts(QpKey {
+            ctx: f.ctx as usize,
+            qpn: QPN,
+        })
+        .unwrap_or_default()
+    };
+    let mut got = Vec::new();
+    // On time, through the provider's batches and through a stashed CQE.
+    send(&mut f, 1);
+    f.batch(4, &mut got);
+    send(&mut f, 2);
+    assert!(f.look());
+    f.batch(4, &mut got);
+    assert_eq!(got.len(), 2);
+    assert_eq!(counts(&f), (2, 0, 0));
+    // Held 60 ms while the program's batches keep finding nothing: a stall.
+    HOLD_SENDS.store(true, Ordering::Relaxed);
+    send(&mut f, 3);
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_millis(60) {
+        f.batch(4, &mut got);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    HOLD_SENDS.store(false, Ordering::Relaxed);
+    RING.lock()
+        .unwrap()
+        .extend(HELD_SENDS.lock().unwrap().drain(..));
+    f.batch(4, &mut got);
+    assert_eq!(got.len(), 3);
+    assert_eq!(counts(&f), (3, 1, 1));
+    super::super::monitor::unwrap(f.ctx);
 }

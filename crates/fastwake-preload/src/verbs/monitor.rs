@@ -242,6 +242,13 @@ pub fn looked(cq: *mut ibv_cq) {
     }
 }
 
+/// Is the monitor on (a threshold set)? What a caller checks before it
+/// gathers a completion's fields for [`polled`].
+#[inline]
+pub fn on() -> bool {
+    THRESHOLD_NS.load(Ordering::Relaxed) != 0
+}
+
 /// Completions the wrapped poll_cq returns to the program.
 ///
 /// # Safety

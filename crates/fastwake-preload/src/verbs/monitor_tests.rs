@@ -139,9 +139,14 @@ fn stalls(f: &Fake, qpn: u32) -> (u64, u64, u64) {
     .unwrap()
 }
 
+/// Tests that set the monitor's process-wide threshold or drive a fake
+/// provider run one at a time (this file's and `cq_ex`'s).
+pub(super) static FAKE_PROVIDERS: StdMutex<()> = StdMutex::new(());
+
 // One test drives the fake provider (its CQ is process-wide).
 #[test]
 fn wrapped_ops_date_match_and_flag_stalls() {
+    let _g = FAKE_PROVIDERS.lock().unwrap_or_else(|e| e.into_inner());
     let mut f = fake(0x42);
     // 1000 prompt completions: matched, none late.
     for i in 0..1000 {
