@@ -22,7 +22,11 @@
 // (ibv_create_cq_ex with IBV_WC_STANDARD_FLAGS, read in ibv_start_poll/
 // ibv_end_poll batches, every field checked) and the messages carry their
 // sequence number as immediate data; the line then ends
-// "cq_ex_batches=B". Exit 0 only when all N round trips were checked. Build: cc -O2 -pthread
+// "cq_ex_batches=B". With CHANNEL_WAIT_SCQ_EX=1 the send CQs are extended
+// CQs without a channel (IBV_WC_EX_WITH_QP_NUM; what a polling program
+// makes, which the shim passes through), each send's completion read in a
+// start_poll/end_poll batch of one and checked (a SEND on this end's QP).
+// Exit 0 only when all N round trips were checked. Build: cc -O2 -pthread
 // channel-wait.c -libverbs (scripts/rxe/verbs-checks.sh does, in the guest).
 #include <errno.h>
 #include <fcntl.h>
@@ -48,7 +52,7 @@ static struct ibv_pd *pd;
 static int gid_index, use_epoll, use_select, use_block, iters;
 static long service_us;
 static unsigned seed;
-static int use_cq_ex;
+static int use_cq_ex, use_scq_ex;
 static union ibv_gid gid;
 
 struct end {
@@ -56,6 +60,7 @@ struct end {
     struct ibv_comp_channel *ch;
     struct ibv_cq *rcq, *scq;
     struct ibv_cq_ex *rcq_ex; // with use_cq_ex: rcq is ibv_cq_ex_to_cq(rcq_ex)
+    struct ibv_cq_ex *scq_ex; // with use_scq_ex: scq is ibv_cq_ex_to_cq(scq_ex)
     struct ibv_qp *qp;
     struct ibv_mr *mr;
     char *buf; // RECVS receive slots, then one send slot
@@ -91,7 +96,13 @@ static void setup(struct end *e) {
     } else {
         e->rcq = ibv_create_cq(ctx, RECVS * 2, e, e->ch, 0);
     }
-    e->scq = ibv_create_cq(ctx, RECVS * 2, NULL, NULL, 0);
+    if (use_scq_ex) {
+        struct ibv_cq_init_attr_ex ca = {.cqe = RECVS * 2, .wc_flags = IBV_WC_EX_WITH_QP_NUM};
+        e->scq_ex = ibv_create_cq_ex(ctx, &ca);
+        e->scq = e->scq_ex ? ibv_cq_ex_to_cq(e->scq_ex) : NULL;
+    } else {
+        e->scq = ibv_create_cq(ctx, RECVS * 2, NULL, NULL, 0);
+    }
     if (!e->rcq || !e->scq) die("ibv_create_cq", e->name);
     e->buf = calloc(RECVS + 1, MSG);
     e->mr = ibv_reg_mr(pd, e->buf, (RECVS + 1) * MSG, IBV_ACCESS_LOCAL_WRITE);
@@ -174,6 +185,31 @@ static int poll_recv(struct end *e, struct ibv_wc *wc) {
     return 1;
 }
 
+// One send completion if there is one: ibv_poll_cq, or an extended send
+// CQ's batch of one (the status, and on success the opcode and QP number
+// read and checked).
+static int poll_send(struct end *e, struct ibv_wc *wc) {
+    if (!use_scq_ex) return ibv_poll_cq(e->scq, 1, wc);
+    struct ibv_cq_ex *cq = e->scq_ex;
+    struct ibv_poll_cq_attr pa = {0};
+    int ret = ibv_start_poll(cq, &pa);
+    if (ret == ENOENT) return 0;
+    if (ret) return -1;
+    struct ibv_wc w = {.wr_id = cq->wr_id, .status = cq->status};
+    if (w.status == IBV_WC_SUCCESS) {
+        w.opcode = ibv_wc_read_opcode(cq);
+        w.qp_num = ibv_wc_read_qp_num(cq);
+    }
+    ibv_end_poll(cq);
+    if (w.status == IBV_WC_SUCCESS && (w.opcode != IBV_WC_SEND || w.qp_num != e->qp->qp_num)) {
+        fprintf(stderr, "channel-wait: %s: extended send CQE wr_id %llu: opcode %d qp_num %u (QP %u)\n",
+                e->name, (unsigned long long)w.wr_id, w.opcode, w.qp_num, e->qp->qp_num);
+        exit(1);
+    }
+    *wc = w;
+    return 1;
+}
+
 static void check(struct end *e, const char *p, uint64_t seq) {
     uint64_t got;
     memcpy(&got, p, 8);
@@ -206,7 +242,7 @@ static void send_msg(struct end *e, uint64_t seq) {
     if (ibv_post_send(e->qp, &wr, &bad)) die("ibv_post_send", e->name);
     struct ibv_wc wc;
     int n;
-    while ((n = ibv_poll_cq(e->scq, 1, &wc)) == 0) // the send slot is reused: wait for it
+    while ((n = poll_send(e, &wc)) == 0) // the send slot is reused: wait for it
         ;
     if (n < 0 || wc.status != IBV_WC_SUCCESS) {
         fprintf(stderr, "channel-wait: %s: send %llu: %s\n", e->name, (unsigned long long)seq,
@@ -363,6 +399,7 @@ int main(int argc, char **argv) {
     service_us = getenv("CHANNEL_WAIT_SERVICE_US") ? atol(getenv("CHANNEL_WAIT_SERVICE_US")) : 0;
     seed = argc == 6 ? (unsigned)strtoul(argv[5], NULL, 0) : 0;
     use_cq_ex = getenv("CHANNEL_WAIT_CQ_EX") && !strcmp(getenv("CHANNEL_WAIT_CQ_EX"), "1");
+    use_scq_ex = getenv("CHANNEL_WAIT_SCQ_EX") && !strcmp(getenv("CHANNEL_WAIT_SCQ_EX"), "1");
     int n;
     struct ibv_device **list = ibv_get_device_list(&n), *dev = NULL;
     for (int i = 0; list && i < n; i++)

@@ -129,6 +129,34 @@ check_stall_with_loss() {
     rxe_info "$n stall episode line(s) with loss"
 }
 
+# A polling program's extended CQ (no channel: the shim passes it through)
+# is still judged: channel-wait with extended send CQs
+# (CHANNEL_WAIT_SCQ_EX=1, read in start_poll batches) under the shim, the
+# monitor at its default threshold. Every send completion is one the
+# monitor judged (completions >= 2N: both ends send N), none a stall; the
+# verbose note says the CQ passes through and is judged. The build before
+# this judged none of them (completions=0).
+check_stall_cq_ex_passed_through() {
+    rxe_need_preload || return
+    declare -F channel_wait_exe >/dev/null || . "$RXE_SELF_DIR/channel-checks.sh"
+    local exe out iters=200 sum c s
+    exe=$(channel_wait_exe) || return
+    out="$RXE_LOGDIR/$RXE_CUR_NAME.out"
+    env CHANNEL_WAIT_SCQ_EX=1 LD_PRELOAD="$RXE_PRELOAD" FASTWAKE_MODE=interrupt FASTWAKE_VERBOSE=1 \
+        taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" "$iters" epoll >"$out" 2>&1 ||
+        { rxe_fail "channel-wait with extended send CQs: $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
+    rxe_last_match "$out" '^channel-wait ok ' >/dev/null || { rxe_fail "no 'channel-wait ok' line"; return 1; }
+    grep -q 'passes through: it has no completion channel;.*the stall monitor still judges' "$out" ||
+        { rxe_fail "no note that the channel-less extended CQ passes through and is judged: $(grep -m1 'extended CQ' "$out")"; return 1; }
+    sum=$(stall_summary "$out")
+    [ -n "$sum" ] || { rxe_fail "no stall monitor exit line (monitor not running?)"; return 1; }
+    c=$(stall_field "$sum" completions) s=$(stall_field "$sum" stalls)
+    [ "${c:-0}" -ge $((2 * iters)) ] ||
+        { rxe_fail "only ${c:-0} send completions judged of $((2 * iters)) read from extended CQs: $sum"; return 1; }
+    [ "${s:-x}" = 0 ] || { rxe_fail "$s stall(s) without loss: $(rxe_last_match "$out" 'stall: ')"; return 1; }
+    rxe_info "extended send CQs without a channel, read in start_poll batches: $sum"
+}
+
 # A program asking for ODP fails on rxe (6.1: no ODP); under FASTWAKE_ODP=pin it runs.
 check_odp_pin() {
     rxe_need_preload || return
@@ -212,6 +240,7 @@ check_doctor_rdma_stalls() {
 rxe_stall_checks() {
     rxe_check stall-none-without-loss check_stall_none_without_loss
     rxe_check stall-with-loss check_stall_with_loss
+    rxe_check stall-cq-ex-passed-through check_stall_cq_ex_passed_through
     rxe_check odp-pin-rc-pingpong check_odp_pin
     rxe_check stall-odp-bad-env check_stall_odp_bad_env
     rxe_check stall-monitor-overhead check_stall_monitor_overhead

@@ -24,6 +24,9 @@
 //! The stall monitor judges what each batch returns, as it judges what the
 //! wrapped `poll_cq` returns: a stashed CQE whole, a provider's CQE when the
 //! CQ was created with `IBV_WC_EX_WITH_QP_NUM` (the monitor keys by QP).
+//! While the monitor is on, it judges the batches of the CQs passed
+//! through too (below): their `start_poll` and `next_poll` are the
+//! provider's, followed by the same look at the CQE.
 //!
 //! The CQEs come back in the provider's order, once each. A look never
 //! polls the CQ during a batch: the batch and the look exclude each other
@@ -35,7 +38,9 @@
 //! asking for fields a `struct ibv_wc` does not carry (`wc_flags` beyond
 //! `IBV_WC_STANDARD_FLAGS`: timestamps, VLAN, flow tag, tag matching),
 //! which a stashed CQE could not show; a CQ without a completion channel
-//! (nothing to wait for); and a CQ that finds the tables full.
+//! (nothing to wait for); and a CQ that finds the tables full. While the
+//! stall monitor is on, such a CQ is still judged when it can tell a
+//! CQE's QP (`judge_only`).
 //!
 //! `ibv_create_cq_ex` is `static inline` in verbs.h and calls the
 //! `create_cq_ex` slot of the context's `verbs_context`; the shim wraps that
@@ -322,13 +327,19 @@ unsafe fn judge_current(e: &Ex, cq: *mut ibv_cq_ex) {
     if opcode == 0 || qp_num == 0 {
         return;
     }
-    // SAFETY: the provider's readers of this CQ (stored by `serve`), on
-    // the CQE its batch stands on.
+    // SAFETY: the provider's readers of this CQ (stored by `keep_real`),
+    // on the CQE its batch stands on. A failed CQE's opcode is undefined
+    // (the monitor judges every failed one): not read.
     let w = unsafe {
+        let status = (*cq).status;
         ibv_wc {
             wr_id: (*cq).wr_id,
-            status: (*cq).status,
-            opcode: std::mem::transmute::<usize, Read32Fn>(opcode)(cq),
+            status,
+            opcode: if status == 0 {
+                std::mem::transmute::<usize, Read32Fn>(opcode)(cq)
+            } else {
+                0
+            },
             qp_num: std::mem::transmute::<usize, Read32Fn>(qp_num)(cq),
             ..ibv_wc::default()
         }
@@ -476,14 +487,7 @@ unsafe fn unservable(cq: *mut ibv_cq_ex, attr: &Asked) -> Option<&'static str> {
 /// program has not seen it.
 unsafe fn serve(cq: *mut ibv_cq_ex, attr: &Asked, ctx: *mut ibv_context) -> bool {
     let base = cq.cast::<ibv_cq>();
-    let h = table::home(cq as usize);
-    let Some(e) = (0..table::MAX_CQ)
-        .map(|i| &EXS[(h + i) % table::MAX_CQ])
-        .find(|e| {
-            e.cq.compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        })
-    else {
+    let Some(e) = claim(cq) else {
         return false;
     };
     if !table::add_cq(base, attr.channel, ctx) {
@@ -496,6 +500,28 @@ unsafe fn serve(cq: *mut ibv_cq_ex, attr: &Asked, ctx: *mut ibv_context) -> bool
     }
     // SAFETY: the caller's contract: a live CQ nobody else uses yet.
     let c = unsafe { &mut *cq };
+    keep_real(e, c);
+    e.cq.store(cq as usize, Ordering::Release);
+    c.start_poll = Some(start_poll);
+    c.next_poll = Some(next_poll);
+    c.end_poll = Some(end_poll);
+    true
+}
+
+/// An entry of [`EXS`] for `cq` (marked taken, not yet findable).
+fn claim(cq: *mut ibv_cq_ex) -> Option<&'static Ex> {
+    let h = table::home(cq as usize);
+    (0..table::MAX_CQ)
+        .map(|i| &EXS[(h + i) % table::MAX_CQ])
+        .find(|e| {
+            e.cq.compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })
+}
+
+/// Keep the provider's batch and reader pointers of `c` in `e`, with the
+/// batch state reset.
+fn keep_real(e: &Ex, c: &ibv_cq_ex) {
     let ptr = |f: Option<usize>| f.unwrap_or(0);
     e.real[0].store(ptr(c.start_poll.map(|f| f as usize)), Ordering::Relaxed);
     e.real[1].store(ptr(c.next_poll.map(|f| f as usize)), Ordering::Relaxed);
@@ -509,11 +535,78 @@ unsafe fn serve(cq: *mut ibv_cq_ex, attr: &Asked, ctx: *mut ibv_context) -> bool
     e.busy.store(FREE, Ordering::Relaxed);
     e.showing.store(false, Ordering::Relaxed);
     e.provider_batch.store(false, Ordering::Relaxed);
+}
+
+/// Judge a CQ the shim passes through: while the stall monitor is on, its
+/// `start_poll` and `next_poll` become the provider's followed by the
+/// monitor's look at the CQE they stand on (`end_poll` stays the
+/// provider's). A polling program's CQs have no channel and are never
+/// served, and they are the ones whose stalls cost the most to find.
+/// False, and nothing changed, when the monitor is off, the provider set
+/// no batch pointers, the CQ cannot tell a CQE's QP (created without
+/// `IBV_WC_EX_WITH_QP_NUM`: nothing to judge, so nothing is wrapped) or
+/// the tables are full.
+///
+/// # Safety
+/// `cq` is a live extended CQ just created; the program has not seen it.
+unsafe fn judge_only(cq: *mut ibv_cq_ex) -> bool {
+    if !super::monitor::on() {
+        return false;
+    }
+    // SAFETY: the caller's contract: a live CQ nobody else uses yet.
+    let c = unsafe { &mut *cq };
+    if c.start_poll.is_none()
+        || c.next_poll.is_none()
+        || c.read_opcode.is_none()
+        || c.read_qp_num.is_none()
+    {
+        return false;
+    }
+    let Some(e) = claim(cq) else {
+        return false;
+    };
+    keep_real(e, c);
     e.cq.store(cq as usize, Ordering::Release);
-    c.start_poll = Some(start_poll);
-    c.next_poll = Some(next_poll);
-    c.end_poll = Some(end_poll);
+    c.start_poll = Some(judged_start_poll);
+    c.next_poll = Some(judged_next_poll);
     true
+}
+
+/// `start_poll` of a CQ the shim only judges ([`judge_only`]).
+///
+/// # Safety
+/// The provider's start_poll contract.
+unsafe extern "C" fn judged_start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    let Some(e) = slot(cq.cast()) else {
+        // Only reachable if the CQ was destroyed under the program's feet.
+        return libc::EINVAL;
+    };
+    // SAFETY: forwarding the caller's arguments unchanged.
+    let r = unsafe { (e.start())(cq, attr) };
+    if r == 0 {
+        // SAFETY: the provider's batch stands on a CQE.
+        unsafe { judge_current(e, cq) };
+    } else {
+        judge_empty(cq);
+    }
+    r
+}
+
+/// `next_poll` of a CQ the shim only judges ([`judge_only`]).
+///
+/// # Safety
+/// The provider's next_poll contract.
+unsafe extern "C" fn judged_next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    let Some(e) = slot(cq.cast()) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: forwarding the caller's argument unchanged.
+    let r = unsafe { (e.next())(cq) };
+    if r == 0 {
+        // SAFETY: as above, on its next CQE.
+        unsafe { judge_current(e, cq) };
+    }
+    r
 }
 
 /// Forget a destroyed CQ (after the provider's destroy succeeded).
@@ -624,9 +717,16 @@ unsafe extern "C" fn create_cq_ex(ctx: *mut ibv_context, attr: *mut c_void) -> *
         }
         Err(why) => {
             stats::add(|s| &s.cqs_ex, 1);
+            // SAFETY: the live CQ just created; the program has not seen it.
+            let judged = crate::guarded(|| unsafe { judge_only(cq_ex) }, || false);
             if crate::config::verbose() && !SAID_PASSED.swap(true, Ordering::Relaxed) {
+                let monitor = if judged {
+                    "; the stall monitor still judges its start_poll batches"
+                } else {
+                    ""
+                };
                 crate::diag(&format!(
-                    "verbs: an extended CQ (ibv_create_cq_ex) passes through: {why}; its waits see only the kernel's events"
+                    "verbs: an extended CQ (ibv_create_cq_ex) passes through: {why}; its waits see only the kernel's events{monitor}"
                 ));
             }
         }
