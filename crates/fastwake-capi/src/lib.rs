@@ -5,7 +5,11 @@
 //! `fw_last_error`. No panic may cross the boundary: every entry point runs
 //! inside [`guard`], which turns a panic into `EIO`.
 
-#![allow(non_camel_case_types)] // the C names are the ABI
+#![allow(non_camel_case_types)]
+// the C names are the ABI
+// The Rust side of a C ABI: its docs are for its maintainers (`cargo doc
+// --document-private-items`), so they may link private items.
+#![allow(rustdoc::private_intra_doc_links)]
 
 use fastwake::source::channel::{self, Config, Doorbell, Receiver, Sender, SharedChannel};
 use fastwake::source::demux::{Demux, Inbox};

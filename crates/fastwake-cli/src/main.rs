@@ -1,5 +1,10 @@
 //! The `fastwake` command.
 
+// clap turns the doc comments of the arguments into `--help` text, in
+// the grammar's own notation (`hybrid[:DURATION]`), which rustdoc would
+// read as links: they are help text, not links.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 mod bench;
 mod doctor;
 mod meta;

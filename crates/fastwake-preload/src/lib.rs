@@ -49,6 +49,10 @@
 //! `fastwake stats` reads live; the exit report; `sigaction`/`signal`,
 //! interposed only to keep SIGTERM/SIGINT's report invisible).
 
+// A cdylib: its docs are for its maintainers (`cargo doc
+// --document-private-items`), so module docs may link private items.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod config;
 pub mod dispatch;
 pub mod epoll;

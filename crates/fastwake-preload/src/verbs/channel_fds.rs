@@ -135,7 +135,8 @@ fn add_channel(ch: *mut ibv_comp_channel) {
 }
 
 /// Forget channel `ch` (before its destroy) and its epoll registrations.
-/// Returns its fd, for [`restore`] if the destroy fails.
+/// Returns its fd when the shim knew the channel (a destroy that fails
+/// then adds it back, [`add_channel`]).
 fn remove_channel(ch: *mut ibv_comp_channel) -> Option<c_int> {
     let _g = update();
     let c = CHANS.iter().find(|c| {

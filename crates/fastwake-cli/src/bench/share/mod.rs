@@ -20,7 +20,7 @@
 //! One file per concern: [`mode`] (what `--load` and `--mode` mean),
 //! [`layout`] (which CPUs), [`conn`] (what a connection is: the channel's,
 //! and [`sockets`]), [`servers`] and [`client`] (the two sides of a
-//! slice), [`measure`] (the interleaved loop), [`report`] (what is printed
+//! slice), [`measure`](mod@measure) (the interleaved loop), [`report`] (what is printed
 //! besides the table), and the two probes, [`futex_ring`] and
 //! [`idle_probe`].
 

@@ -36,8 +36,8 @@ pub(super) enum Mode {
         notices: bool,
     },
     /// A task per connection on a runtime per core; `prefetch` as
-    /// [`TaskConfig::prefetch`] (`tasks:noprefetch` measures what it
-    /// saves), `notices` as [`TaskConfig::notices`] (`tasks:scan`: off,
+    /// [`TaskConfig::prefetch`](fastwake::dispatch::TaskConfig::prefetch) (`tasks:noprefetch` measures what it
+    /// saves), `notices` as [`TaskConfig::notices`](fastwake::dispatch::TaskConfig::notices) (`tasks:scan`: off,
     /// every source peeked every pass, as before ready notices).
     Tasks { prefetch: bool, notices: bool },
     /// One connection, both ends busy-polling: the floor.
