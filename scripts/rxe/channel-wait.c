@@ -146,6 +146,18 @@ static void fill(char *p, uint64_t seq) {
     for (int i = 8; i < MSG; i++) p[i] = (char)(seq * 31 + i);
 }
 
+// Start a batch on an extended CQ: 1 with w's wr_id and status filled from
+// the CQE it stands on (the caller reads the rest, then ends the batch),
+// 0 when the CQ is empty, -1 on error.
+static int start_one(struct ibv_cq_ex *cq, struct ibv_wc *w) {
+    struct ibv_poll_cq_attr pa = {0};
+    int ret = ibv_start_poll(cq, &pa);
+    if (ret == ENOENT) return 0;
+    if (ret) return -1;
+    *w = (struct ibv_wc){.wr_id = cq->wr_id, .status = cq->status};
+    return 1;
+}
+
 // One receive completion if there is one: ibv_poll_cq, or an extended CQ's
 // batch of one: start_poll, every field the CQ was created with read
 // through the ibv_wc_read_* calls and checked (a receive of MSG bytes on
@@ -157,12 +169,10 @@ static void fill(char *p, uint64_t seq) {
 static int poll_recv(struct end *e, struct ibv_wc *wc) {
     if (!use_cq_ex) return ibv_poll_cq(e->rcq, 1, wc);
     struct ibv_cq_ex *cq = e->rcq_ex;
-    struct ibv_poll_cq_attr pa = {0};
-    int ret = ibv_start_poll(cq, &pa);
-    if (ret == ENOENT) return 0;
-    if (ret) return -1;
+    struct ibv_wc w;
+    int ret = start_one(cq, &w);
+    if (ret <= 0) return ret;
     e->batches++;
-    struct ibv_wc w = {.wr_id = cq->wr_id, .status = cq->status};
     if (w.status == IBV_WC_SUCCESS) {
         w.opcode = ibv_wc_read_opcode(cq);
         w.byte_len = ibv_wc_read_byte_len(cq);
@@ -191,11 +201,9 @@ static int poll_recv(struct end *e, struct ibv_wc *wc) {
 static int poll_send(struct end *e, struct ibv_wc *wc) {
     if (!use_scq_ex) return ibv_poll_cq(e->scq, 1, wc);
     struct ibv_cq_ex *cq = e->scq_ex;
-    struct ibv_poll_cq_attr pa = {0};
-    int ret = ibv_start_poll(cq, &pa);
-    if (ret == ENOENT) return 0;
-    if (ret) return -1;
-    struct ibv_wc w = {.wr_id = cq->wr_id, .status = cq->status};
+    struct ibv_wc w;
+    int ret = start_one(cq, &w);
+    if (ret <= 0) return ret;
     if (w.status == IBV_WC_SUCCESS) {
         w.opcode = ibv_wc_read_opcode(cq);
         w.qp_num = ibv_wc_read_qp_num(cq);

@@ -9,7 +9,7 @@
 use super::*;
 use crate::verbs::event;
 use fastwake::stall::QpKey;
-use fastwake_verbs_sys::{IBV_WC_RECV, IBV_WC_SEND, IBV_WC_WITH_IMM, ibv_qp, ibv_send_wr};
+use fastwake_verbs_sys::{IBV_WC_RECV, IBV_WC_WITH_IMM, ibv_qp, ibv_send_wr};
 use std::collections::VecDeque;
 use std::sync::Mutex as StdMutex;
 use std::sync::atomic::AtomicU64;
@@ -24,6 +24,7 @@ static OVERLAPS: AtomicU64 = AtomicU64::new(0);
 static SPENT: AtomicBool = AtomicBool::new(false);
 /// One test at a time: the fake provider and the monitor are global.
 use crate::verbs::monitor_tests::FAKE_PROVIDERS as SERIAL;
+use crate::verbs::monitor_tests::FakeSends;
 
 fn enter() {
     if INSIDE.swap(true, Ordering::AcqRel) {
@@ -433,30 +434,16 @@ fn cost_of_an_empty_start_poll() {
     rounds("passed through, judged", cq);
 }
 
-/// The fake NIC's send side: each post completes into the ring at once,
-/// unless held.
-static HOLD_SENDS: AtomicBool = AtomicBool::new(false);
-static HELD_SENDS: StdMutex<Vec<ibv_wc>> = StdMutex::new(Vec::new());
+/// The fake NIC's send side, completing into the fake CQ's ring.
+static SENDS: FakeSends = FakeSends::new(&RING);
 
 unsafe extern "C" fn fake_post(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
     _bad: *mut *mut ibv_send_wr,
 ) -> c_int {
-    // SAFETY: the test's QP and one WR.
-    let (qp_num, wr_id) = unsafe { ((*qp).qp_num, (*wr).wr_id) };
-    let wc = ibv_wc {
-        wr_id,
-        opcode: IBV_WC_SEND,
-        qp_num,
-        ..ibv_wc::default()
-    };
-    if HOLD_SENDS.load(Ordering::Relaxed) {
-        HELD_SENDS.lock().unwrap().push(wc);
-    } else {
-        RING.lock().unwrap().push_back(wc);
-    }
-    0
+    // SAFETY: the test's QP and WR chain.
+    unsafe { SENDS.post(qp, wr) }
 }
 
 #[test]
@@ -538,17 +525,14 @@ fn stalls_named_through_batches(mut f: Fake, qpn: u32, served: bool) {
     assert_eq!(got.len(), 2);
     assert_eq!(counts(&f), (2, 0, 0));
     // Held 60 ms while the program's batches keep finding nothing: a stall.
-    HOLD_SENDS.store(true, Ordering::Relaxed);
+    SENDS.hold();
     send(&mut f, 3);
     let t = std::time::Instant::now();
     while t.elapsed() < std::time::Duration::from_millis(60) {
         f.batch(4, &mut got);
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    HOLD_SENDS.store(false, Ordering::Relaxed);
-    RING.lock()
-        .unwrap()
-        .extend(HELD_SENDS.lock().unwrap().drain(..));
+    SENDS.release();
     f.batch(4, &mut got);
     assert_eq!(got.len(), 3);
     assert_eq!(counts(&f), (3, 1, 1));

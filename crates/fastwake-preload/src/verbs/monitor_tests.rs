@@ -18,35 +18,75 @@ use std::sync::Mutex as StdMutex;
 use std::sync::atomic::Ordering;
 
 static FAKE_CQ: StdMutex<VecDeque<ibv_wc>> = StdMutex::new(VecDeque::new());
-/// Posts get completed only when the fake "NIC" is allowed to.
-static HELD: AtomicBool = AtomicBool::new(false);
-static HELD_WC: StdMutex<Vec<ibv_wc>> = StdMutex::new(Vec::new());
+static SENDS: FakeSends = FakeSends::new(&FAKE_CQ);
 use std::sync::atomic::AtomicBool;
+
+/// A fake NIC's send side: each posted send completes into `cq` at once,
+/// unless the sends are held (then they complete at `release`). Shared by
+/// the fake providers of this file and of `cq_ex`'s tests.
+pub(super) struct FakeSends {
+    cq: &'static StdMutex<VecDeque<ibv_wc>>,
+    held: AtomicBool,
+    held_wc: StdMutex<Vec<ibv_wc>>,
+}
+
+impl FakeSends {
+    pub(super) const fn new(cq: &'static StdMutex<VecDeque<ibv_wc>>) -> FakeSends {
+        FakeSends {
+            cq,
+            held: AtomicBool::new(false),
+            held_wc: StdMutex::new(Vec::new()),
+        }
+    }
+
+    /// The provider's `post_send`: one completion per WR of the chain.
+    ///
+    /// # Safety
+    /// `qp` and the chain at `wr` are the test's, live.
+    pub(super) unsafe fn post(&self, qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> c_int {
+        let mut w = wr;
+        while !w.is_null() {
+            // SAFETY: the test's WR chain.
+            let r = unsafe { &*w };
+            let wc = ibv_wc {
+                wr_id: r.wr_id,
+                opcode: IBV_WC_SEND,
+                // SAFETY: the test's QP.
+                qp_num: unsafe { (*qp).qp_num },
+                ..ibv_wc::default()
+            };
+            if self.held.load(Ordering::Relaxed) {
+                self.held_wc.lock().unwrap().push(wc);
+            } else {
+                self.cq.lock().unwrap().push_back(wc);
+            }
+            w = r.next;
+        }
+        0
+    }
+
+    /// Hold the completions of the sends posted from now on.
+    pub(super) fn hold(&self) {
+        self.held.store(true, Ordering::Relaxed);
+    }
+
+    /// Complete the held sends, in order, and stop holding.
+    pub(super) fn release(&self) {
+        self.held.store(false, Ordering::Relaxed);
+        self.cq
+            .lock()
+            .unwrap()
+            .extend(self.held_wc.lock().unwrap().drain(..));
+    }
+}
 
 unsafe extern "C" fn fake_post(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
     _bad: *mut *mut ibv_send_wr,
 ) -> c_int {
-    let mut w = wr;
-    while !w.is_null() {
-        // SAFETY: the test's WR chain.
-        let r = unsafe { &*w };
-        let wc = ibv_wc {
-            wr_id: r.wr_id,
-            opcode: IBV_WC_SEND,
-            // SAFETY: the test's QP.
-            qp_num: unsafe { (*qp).qp_num },
-            ..ibv_wc::default()
-        };
-        if HELD.load(Ordering::Relaxed) {
-            HELD_WC.lock().unwrap().push(wc);
-        } else {
-            FAKE_CQ.lock().unwrap().push_back(wc);
-        }
-        w = r.next;
-    }
-    0
+    // SAFETY: the test's QP and WR chain.
+    unsafe { SENDS.post(qp, wr) }
 }
 
 unsafe extern "C" fn fake_poll(_cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
@@ -156,18 +196,14 @@ fn wrapped_ops_date_match_and_flag_stalls() {
     assert_eq!(stalls(&f, 0x42), (1000, 0, 0));
     // A completion held back 60 ms while the program keeps polling:
     // one stall, one episode.
-    HELD.store(true, Ordering::Relaxed);
+    SENDS.hold();
     send(&mut f, 7);
     let t = std::time::Instant::now();
     while t.elapsed() < std::time::Duration::from_millis(60) {
         assert_eq!(poll(&mut f), 0);
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    HELD.store(false, Ordering::Relaxed);
-    FAKE_CQ
-        .lock()
-        .unwrap()
-        .extend(HELD_WC.lock().unwrap().drain(..));
+    SENDS.release();
     assert_eq!(poll(&mut f), 1);
     assert_eq!(stalls(&f, 0x42), (1001, 1, 1));
     // Late again, but the program did not look for 60 ms: unobserved.
