@@ -2,7 +2,7 @@
 //!
 //! Why the ABI version and not the crate version: the header already
 //! promises that FW_ABI_VERSION changes with every incompatible change of
-//! the C ABI (layouts are checked by the ABI size tests, src/lib.rs and
+//! the C ABI (layouts are checked by the ABI size tests, src/abi_sizes.rs and
 //! tests/abi.c), so a program linked against libfastwake.so.1 keeps
 //! loading every later release with the same ABI, and refuses one without
 //! it. The number is read from the header, the one place it is written;
