@@ -22,7 +22,10 @@
 //!   spinning is then off for [`MIN_BACKOFF_NS`], doubling while it keeps
 //!   happening (adaptive waits see this as a contended CPU);
 //! - **the CPU cap**: one [`Allowance`] per governor that every spin is paid
-//!   from, so no mode can spin more than its share of a core.
+//!   from, so no mode can spin more than its share of a core;
+//! - **the idle rule** of a thread that busy-polls ([`super::idle`]): when
+//!   its empty polls become a wait, how long that wait may last, and when a
+//!   thread must not sleep at all.
 //!
 //! A governor is `const`-constructible and has no destructor, so the shim
 //! keeps one in a const-initialised thread-local (no lazy initialisation,
@@ -31,6 +34,7 @@
 
 use super::WaitMode;
 use super::backlog::Backlog;
+use super::idle::IdleRule;
 use super::siblings;
 use crate::adaptive::{self, Env, Learner, Model, Outcome};
 use std::time::Duration;
@@ -279,6 +283,9 @@ pub struct Governor {
     /// yet): whether its own sleeps count for its siblings' spins
     /// ([`siblings`]).
     typical_block_ns: u64,
+    /// The idle rule of a thread that busy-polls (the shim's
+    /// `FASTWAKE_POLLERS=sleep`): when its empty polls become a wait.
+    idle: IdleRule,
 }
 
 impl Governor {
@@ -304,6 +311,7 @@ impl Governor {
             sleeps: 0,
             sleep_cpu0: None,
             typical_block_ns: 0,
+            idle: IdleRule::new(),
         }
     }
 
@@ -318,6 +326,13 @@ impl Governor {
     pub const fn with_ceiling(mut self, ns: u64) -> Governor {
         self.ceiling_ns = ns;
         self
+    }
+
+    /// The idle rule of a thread that busy-polls ([`super::idle`]): the
+    /// shim asks it on every empty poll and tells it how its sleeps ended.
+    #[inline]
+    pub fn idle(&mut self) -> &mut IdleRule {
+        &mut self.idle
     }
 
     /// The mode.

@@ -17,6 +17,7 @@
 mod backlog;
 mod governor;
 mod hybrid;
+pub mod idle;
 mod poll;
 mod sensors;
 mod siblings;
