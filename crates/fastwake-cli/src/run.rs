@@ -1,4 +1,4 @@
-//! `fastwake run [--mode M | --profile P] [--budget D] [--cpu-cap S] [--verbose] -- CMD ARGS...`:
+//! `fastwake run [--mode M | --profile P] [--budget D] [--cpu-cap S] [--verbose] [--pollers sleep] -- CMD ARGS...`:
 //! run an unmodified program under the preload shim.
 //!
 //! It only prepares the environment (LD_PRELOAD plus the FASTWAKE_*
@@ -16,7 +16,7 @@ const SO_NAME: &str = "libfastwake_preload.so";
 pub const ENVIRONMENT: &str = "\
 Environment: run sets LD_PRELOAD and the shim's variables from its options: \
 FASTWAKE_MODE, FASTWAKE_PROFILE, FASTWAKE_BUDGET_US, FASTWAKE_CPU_CAP, \
-FASTWAKE_VERBOSE (the same variables work with LD_PRELOAD alone; see \
+FASTWAKE_VERBOSE, FASTWAKE_POLLERS (the same variables work with LD_PRELOAD alone; see \
 docs/preload.md). FASTWAKE_PRELOAD names the shim to use instead of the one \
 found next to this binary or in PREFIX/lib/fastwake/. \
 An unknown FASTWAKE_* variable gets one line on stderr; a bad value one \
@@ -64,6 +64,15 @@ pub struct Args {
     /// Let the shim print its configuration and counters on stderr.
     #[arg(long)]
     pub verbose: bool,
+    /// What to do with threads that busy-poll (zero-timeout epoll_wait,
+    /// poll or select, EAGAIN from non-blocking sockets, empty
+    /// ibv_poll_cq): off (default: left as they are) or sleep (after a
+    /// learned window of empty polls, the next empty poll waits for the
+    /// polled set through the mode's engine, for at most a bound; a thread
+    /// found polling something the shim cannot see is switched off; see
+    /// docs/preload.md, "Busy-polling programs").
+    #[arg(long, value_parser = ["off", "sleep"])]
+    pub pollers: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub cmd: Vec<OsString>,
@@ -166,6 +175,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.verbose {
         cmd.env("FASTWAKE_VERBOSE", "1");
+    }
+    if let Some(p) = &a.pollers {
+        cmd.env("FASTWAKE_POLLERS", p);
     }
     let e = cmd.exec();
     let code = if e.kind() == std::io::ErrorKind::NotFound {

@@ -283,6 +283,7 @@ fn totals(s: &Segment) -> Value {
     let d = &s.dispatch;
     let v = &s.verbs;
     let st = &s.stalls;
+    let p = &s.pollers;
     json!({
         "calls": calls,
         "engine": {
@@ -309,6 +310,12 @@ fn totals(s: &Segment) -> Value {
             "max_ns": l(&st.max_ns), "untracked_posts": l(&st.untracked),
             "odp_kept": l(&st.odp_kept), "odp_prefetched": l(&st.odp_prefetched),
             "odp_pinned": l(&st.odp_pinned),
+        },
+        "pollers": {
+            "empty_polls": l(&p.empty_polls), "sleeps": l(&p.sleeps),
+            "woke_by_completion": l(&p.woke_by_completion), "woke_by_bound": l(&p.woke_by_bound),
+            "polling_ns": l(&p.polling_ns), "sleep_ns": l(&p.sleep_ns),
+            "threads_off_hazard": l(&p.off_hazard), "unsleepable": l(&p.unsleepable),
         },
     })
 }
@@ -677,6 +684,31 @@ fn table(s: &Snap, rates: Option<&Value>) -> String {
         "no spin: contended",
         &["engine", "no_spin", "contended"],
     );
+    if g(t, &["pollers", "empty_polls"]) > 0.0 {
+        let _ = writeln!(o, "pollers (busy-polling threads put to sleep)");
+        row(&mut o, "empty polls", &["pollers", "empty_polls"]);
+        row(&mut o, "sleeps", &["pollers", "sleeps"]);
+        row(
+            &mut o,
+            "ended by a completion",
+            &["pollers", "woke_by_completion"],
+        );
+        row(&mut o, "ended by the bound", &["pollers", "woke_by_bound"]);
+        let ms = |k: &str| g(t, &["pollers", k]) / 1e6;
+        let _ = writeln!(
+            o,
+            "  {:<28} {:>14.3}",
+            "idle polling before (ms)",
+            ms("polling_ns")
+        );
+        let _ = writeln!(o, "  {:<28} {:>14.3}", "asleep (ms)", ms("sleep_ns"));
+        row(
+            &mut o,
+            "threads off: hazard",
+            &["pollers", "threads_off_hazard"],
+        );
+        row(&mut o, "unsleepable sets", &["pollers", "unsleepable"]);
+    }
     if g(t, &["dispatch", "waits"]) > 0.0 {
         let _ = writeln!(o, "dispatch");
         row(&mut o, "waits", &["dispatch", "waits"]);

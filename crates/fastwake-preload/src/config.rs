@@ -28,6 +28,10 @@ pub struct Config {
     /// Fraction of one CPU (0 < cap ≤ 1) spinning may use, per thread.
     pub cpu_cap: f64,
     pub verbose: bool,
+    /// Threads that busy-poll sleep when idle (`FASTWAKE_POLLERS=sleep`;
+    /// `crate::pollers`). Off by default: it changes a program's timing
+    /// beyond its waits.
+    pub pollers: bool,
 }
 
 impl Config {
@@ -37,6 +41,7 @@ impl Config {
         budget: fastwake::wait::DEFAULT_BUDGET,
         cpu_cap: DEFAULT_CPU_CAP,
         verbose: false,
+        pollers: false,
     };
 }
 
@@ -86,13 +91,14 @@ impl Profile {
             budget,
             cpu_cap,
             verbose: false,
+            pollers: false,
         }
     }
 }
 
 /// Every variable the shim (or `fastwake run`, or the project's scripts)
 /// reads; [`unknown_variables`] warns about any other `FASTWAKE_*` name.
-pub const KNOWN: [&str; 9] = [
+pub const KNOWN: [&str; 10] = [
     "FASTWAKE_MODE",
     "FASTWAKE_PROFILE",
     "FASTWAKE_BUDGET_US",
@@ -102,6 +108,7 @@ pub const KNOWN: [&str; 9] = [
     "FASTWAKE_PRELOAD",
     "FASTWAKE_STALL_MS",
     "FASTWAKE_ODP",
+    "FASTWAKE_POLLERS",
 ];
 
 /// Families of variables that belong to the project's own scripts
@@ -204,6 +211,17 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
         c.cpu_cap = fastwake::grammar::share(&v)
             .map_err(|e| format!("FASTWAKE_CPU_CAP: {e}; passing through"))?;
     }
+    if let Some(v) = get("FASTWAKE_POLLERS") {
+        c.pollers = match v.trim() {
+            "" | "off" => false,
+            "sleep" => true,
+            _ => {
+                return Err(format!(
+                    "FASTWAKE_POLLERS='{v}': expected sleep or off; passing through"
+                ));
+            }
+        };
+    }
     Ok(c)
 }
 
@@ -256,6 +274,15 @@ pub fn governor() -> Governor {
         .map_or(Governor::new(WaitMode::Interrupt), |p| p.governor.clone())
 }
 
+/// Do busy-polling threads sleep when idle (`FASTWAKE_POLLERS=sleep`,
+/// with a mode in force)?
+#[inline]
+pub fn pollers() -> bool {
+    CONFIG
+        .get()
+        .is_some_and(|p| p.cfg.pollers && p.cfg.mode.is_some())
+}
+
 /// Print diagnostics?
 #[inline]
 pub fn verbose() -> bool {
@@ -287,8 +314,10 @@ mod tests {
             ("FASTWAKE_BUDGET_US", "30us"),
             ("FASTWAKE_CPU_CAP", "0.5"),
             ("FASTWAKE_VERBOSE", "1"),
+            ("FASTWAKE_POLLERS", "sleep"),
         ]))
         .unwrap();
+        assert!(c.pollers);
         assert_eq!(c.mode, Some(WaitMode::Adaptive(Default::default())));
         assert_eq!(c.budget, Duration::from_micros(30));
         assert_eq!(c.cpu_cap, 0.5);
@@ -372,6 +401,7 @@ mod tests {
             ("FASTWAKE_VERBOSE", "maybe"),
             ("FASTWAKE_PROFILE", "fast"),
             ("FASTWAKE_BUDGET_US", "2s"),
+            ("FASTWAKE_POLLERS", "on"),
         ] {
             let e = parse(env(&[(k, v)])).unwrap_err();
             assert!(e.contains(k), "{e}");

@@ -6,6 +6,7 @@
 //! dispatcher's futex sleep cannot give atomically; it spins as in
 //! `hybrid`.
 
+use crate::pollers::Key;
 use crate::real::Sym;
 use crate::{peer, wait};
 use fastwake::preload_stats::{Call, Pass};
@@ -28,6 +29,9 @@ type EpollPwait2Fn = unsafe extern "C" fn(
     *const libc::sigset_t,
 ) -> c_int;
 type EpollCtlFn = unsafe extern "C" fn(c_int, c_int, c_int, *mut epoll_event) -> c_int;
+
+/// `crate::pollers`' key kind for an epoll fd.
+const KIND_EPOLL: u8 = 1;
 
 /// Resolve the real functions (from the library constructor).
 pub fn resolve() {
@@ -123,6 +127,7 @@ pub unsafe extern "C" fn epoll_wait(
         }
         wait::wait(
             Call::EpollWait,
+            (Key::Fd(KIND_EPOLL, epfd), &|s| s.add_fd(epfd, libc::POLLIN)),
             wait::ms_to_ns(timeout),
             std::ptr::null(),
             |m, ns| probe(epfd, events, maxevents, m, ns),
@@ -171,6 +176,7 @@ pub unsafe extern "C" fn epoll_pwait(
         }
         wait::wait(
             Call::EpollPwait,
+            (Key::Fd(KIND_EPOLL, epfd), &|s| s.add_fd(epfd, libc::POLLIN)),
             wait::ms_to_ns(timeout),
             sigmask.cast(),
             |m, ns| probe(epfd, events, maxevents, m, ns),
@@ -262,6 +268,7 @@ pub unsafe extern "C" fn epoll_pwait2(
         }
         wait::wait(
             Call::EpollPwait2,
+            (Key::Fd(KIND_EPOLL, epfd), &|s| s.add_fd(epfd, libc::POLLIN)),
             timeout_ns,
             sigmask.cast(),
             |m, ns| probe(epfd, events, maxevents, m, ns),

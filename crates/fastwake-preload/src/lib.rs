@@ -60,6 +60,7 @@ pub mod fd_sleep;
 pub mod fds;
 pub mod peer;
 pub mod poll;
+pub mod pollers;
 pub mod real;
 pub mod select;
 pub mod sockets;
@@ -118,7 +119,7 @@ extern "C" fn init() {
                 let seg = stats::start(&c);
                 if c.verbose {
                     diag(&format!(
-                        "fastwake {} in {}: mode={} budget={}us cpu_cap={} pid={}{}",
+                        "fastwake {} in {}: mode={} budget={}us cpu_cap={} pollers={} pid={}{}",
                         env!("CARGO_PKG_VERSION"),
                         std::env::args_os()
                             .next()
@@ -126,6 +127,7 @@ extern "C" fn init() {
                         c.mode.map_or("off".to_string(), |m| m.to_string()),
                         c.budget.as_micros(),
                         c.cpu_cap,
+                        if c.pollers { "sleep" } else { "off" },
                         std::process::id(),
                         match &seg {
                             Ok(Some(path)) => format!(" stats={path}"),
@@ -148,6 +150,7 @@ fn hooks_resolve() {
     poll::resolve();
     select::resolve();
     sockets::resolve();
+    pollers::init();
     uring::resolve();
     stats::leave::resolve();
     verbs::init();

@@ -40,6 +40,23 @@ fn probe(fds: *mut pollfd, nfds: nfds_t, mask: *const u64, ns: u64) -> c_int {
     crate::verbs::channel_fds::after_poll(fds, nfds, n)
 }
 
+/// `crate::pollers`' key of a poll set: its first fd and its size.
+fn key(fds: *mut pollfd, nfds: nfds_t) -> crate::pollers::Key {
+    // SAFETY: the caller passed at least one pollfd at `fds` (checked
+    // non-null, nfds > 0).
+    let first = unsafe { (*fds).fd };
+    crate::pollers::Key::Fd(2 + (nfds.min(200) as u8), first)
+}
+
+/// Add a poll set's fds to a polling thread's set.
+fn watch(s: &mut crate::pollers::set::Set, fds: *mut pollfd, nfds: nfds_t) {
+    // SAFETY: the caller passed `nfds` pollfds at `fds` (checked non-null).
+    let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
+    for p in set {
+        s.add_fd(p.fd, p.events);
+    }
+}
+
 /// The first readable fd, for the peer-CPU sample.
 fn readable_fd(fds: *mut pollfd, nfds: nfds_t) -> Option<c_int> {
     // SAFETY: the caller passed `nfds` pollfds at `fds` (checked non-null).
@@ -67,6 +84,7 @@ fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_
         }
         wait::wait(
             Call::Poll,
+            (key(fds, nfds), &|s| watch(s, fds, nfds)),
             wait::ms_to_ns(timeout),
             std::ptr::null(),
             |m, ns| probe(fds, nfds, m, ns),
@@ -170,6 +188,7 @@ pub unsafe extern "C" fn ppoll(
         }
         wait::wait(
             Call::Ppoll,
+            (key(fds, nfds), &|s| watch(s, fds, nfds)),
             timeout_ns,
             sigmask.cast(),
             |m, ns| probe(fds, nfds, m, ns),

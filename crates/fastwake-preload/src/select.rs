@@ -236,7 +236,7 @@ fn intercept(
     n: usize,
     orig_ns: Option<u64>,
     mask: *const u64,
-    real: impl FnOnce(Option<u64>) -> c_int,
+    real: impl Fn(Option<u64>) -> c_int,
 ) -> c_int {
     let saved = Saved::new(sets, n);
     let dispatched = if crate::config::dispatch() && mask.is_null() {
@@ -260,6 +260,11 @@ fn intercept(
     } else {
         wait::wait(
             call,
+            (crate::pollers::Key::Fd(250, nfds), &|s| {
+                for p in saved.as_pollfds() {
+                    s.add_fd(p.fd, p.events);
+                }
+            }),
             orig_ns,
             mask,
             |m, ns| probe(nfds, &saved, m, ns),

@@ -91,7 +91,7 @@ const KINDS: usize = 1 << 16;
 static KIND: [AtomicU8; KINDS] = [const { AtomicU8::new(UNKNOWN) }; KINDS];
 
 /// Is `fd` a socket? Cached per fd number.
-fn is_socket(fd: c_int) -> bool {
+pub(crate) fn is_socket(fd: c_int) -> bool {
     let Ok(i) = usize::try_from(fd) else {
         return false;
     };
@@ -127,6 +127,48 @@ fn forget(fd: c_int) {
 /// shim, which matters for the event loops that read ready non-blocking
 /// sockets through these functions; its EAGAIN says "would block".
 fn blocking(
+    call: Call,
+    fd: c_int,
+    flags: c_int,
+    now: Option<&dyn Fn() -> isize>,
+    real: impl Fn() -> isize,
+) -> isize {
+    let r = blocking_once(call, fd, flags, now, &real);
+    if !crate::pollers::on() {
+        return r;
+    }
+    if r >= 0 {
+        // Data, a connection or EOF: a completion for a polling thread.
+        crate::pollers::completion();
+        return r;
+    }
+    let e = wait::errno();
+    if e != libc::EAGAIN || !is_socket(fd) || (flags & libc::MSG_DONTWAIT == 0 && !nonblocking(fd))
+    {
+        // A blocking socket's receive timeout, or an error: no poll.
+        wait::set_errno(e);
+        return r;
+    }
+    // A non-blocking socket had nothing: an empty poll.
+    match crate::pollers::empty(crate::pollers::Key::Fd(0, fd), |s| {
+        s.add_fd(fd, libc::POLLIN)
+    }) {
+        crate::pollers::Next::Empty => {
+            wait::set_errno(e);
+            r
+        }
+        crate::pollers::Next::Again => {
+            let r = real();
+            if r >= 0 {
+                crate::pollers::completion();
+            }
+            r
+        }
+    }
+}
+
+/// [`blocking`]'s one call, as without `FASTWAKE_POLLERS`.
+fn blocking_once(
     call: Call,
     fd: c_int,
     flags: c_int,

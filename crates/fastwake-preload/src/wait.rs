@@ -234,14 +234,35 @@ pub(crate) fn set_errno(e: c_int) {
 /// - `ready_fd()`: after a wait returned events, an fd among them that may
 ///   be a socket (for the peer-CPU sample).
 /// - `user_mask`: the sigmask the caller passed (epoll_pwait), or null.
+/// - `watch`: what a zero-timeout call looks at, for a thread that
+///   busy-polls with it (`crate::pollers`): the key of the call and how to
+///   add its fds to the thread's polled set.
+#[allow(clippy::too_many_arguments)]
 pub fn wait(
     call: Call,
+    watch: (crate::pollers::Key, &dyn Fn(&mut crate::pollers::set::Set)),
     timeout: Option<u64>,
     user_mask: *const u64,
     mut probe: impl FnMut(*const u64, u64) -> c_int,
-    real: impl FnOnce(Option<u64>) -> c_int,
+    real: impl Fn(Option<u64>) -> c_int,
     ready_fd: impl FnOnce() -> Option<c_int>,
 ) -> c_int {
+    if timeout == Some(0) && crate::pollers::on() {
+        // A look, and maybe a busy-polling thread's: it may sleep.
+        let n = real(None);
+        let (key, add) = watch;
+        let mut slept = false;
+        let n = crate::pollers::after_fd_call(n, key, add, || {
+            slept = true;
+            real(None)
+        });
+        if slept {
+            crate::stats::served(call);
+        } else {
+            crate::stats::passed(call, Pass::ZeroTimeout);
+        }
+        return n;
+    }
     // Interrupt mode is the kernel's own wait, and a zero timeout a look.
     let pass = match config::mode() {
         None => Some(Pass::ModeOff),
@@ -328,6 +349,19 @@ fn spin_looking(
         count(|e| &e.spin_hits, 1);
     }
     n
+}
+
+/// The engine's wait for callers outside this module (`crate::pollers`:
+/// a busy-polling thread's sleep on its polled set).
+pub(crate) fn serve(
+    gov: &mut Governor,
+    peer_cpu: Option<u32>,
+    timeout_ns: Option<u64>,
+    user_mask: *const u64,
+    probe: &mut impl FnMut(*const u64, u64) -> c_int,
+    real: impl FnOnce(Option<u64>) -> c_int,
+) -> c_int {
+    engine(gov, peer_cpu, timeout_ns, user_mask, probe, real)
 }
 
 fn engine(

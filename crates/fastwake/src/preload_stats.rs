@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// `FWSTATS\x01` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FWSTATS\x01");
 /// Layout version: bumped on any change of [`Segment`].
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// File name prefix: `fastwake-<pid>`.
 pub const PREFIX: &str = "fastwake-";
 /// Room for call kinds ([`Call`]) and pass-through reasons ([`Pass`]).
@@ -152,6 +152,35 @@ pub struct Stalls {
     pub reserved: [AtomicU64; 6],
 }
 
+/// Threads that busy-poll (`FASTWAKE_POLLERS=sleep`, the shim's
+/// `pollers/`; the rule is [`crate::wait::idle`]).
+#[repr(C)]
+#[derive(Default)]
+pub struct Pollers {
+    /// Polls that came back empty (zero-timeout fd waits, `EAGAIN` from a
+    /// non-blocking socket, an empty `ibv_poll_cq` or `start_poll`).
+    pub empty_polls: AtomicU64,
+    /// Empty polls that became a wait for the thread's polled set...
+    pub sleeps: AtomicU64,
+    /// ...ended by a completion of the set...
+    pub woke_by_completion: AtomicU64,
+    /// ...or by the bound.
+    pub woke_by_bound: AtomicU64,
+    /// Wall time of the runs of empty polls that ended in a sleep (ns):
+    /// CPU the thread spent polling an idle set.
+    pub polling_ns: AtomicU64,
+    /// Wall time asleep in those waits (ns): CPU given back.
+    pub sleep_ns: AtomicU64,
+    /// Threads switched off by the hazard rule (progress after a sleep the
+    /// bound ended, before any completion: it polls something unseen).
+    pub off_hazard: AtomicU64,
+    /// Sleeps not taken because the set held a source the shim cannot wait
+    /// for (a CQ with the program's own channel, a CQ created before the
+    /// shim, more sources than the set holds).
+    pub unsleepable: AtomicU64,
+    pub reserved: [AtomicU64; 8],
+}
+
 /// One hooked call kind: every call is counted exactly once, as served
 /// (the mode's wait ran) or passed through (and why); seen = the sum.
 #[repr(C)]
@@ -170,6 +199,7 @@ pub struct Segment {
     pub verbs: Verbs,
     pub calls: [CallCounters; CALL_SLOTS],
     pub stalls: Stalls,
+    pub pollers: Pollers,
 }
 
 /// The hooked calls, as indices of [`Segment::calls`]. The socket calls
@@ -407,9 +437,10 @@ mod tests {
         assert_eq!(std::mem::size_of::<Verbs>(), 16 * 8);
         assert_eq!(std::mem::size_of::<CallCounters>(), 9 * 8);
         assert_eq!(std::mem::size_of::<Stalls>(), 16 * 8);
+        assert_eq!(std::mem::size_of::<Pollers>(), 16 * 8);
         assert_eq!(
             std::mem::size_of::<Segment>(),
-            368 + 128 + 64 + 128 + 16 * 72 + 128
+            368 + 128 + 64 + 128 + 16 * 72 + 128 + 128
         );
         assert!(Call::ALL.len() <= CALL_SLOTS && Pass::ALL.len() <= PASS_SLOTS);
         for (i, c) in Call::ALL.iter().enumerate() {

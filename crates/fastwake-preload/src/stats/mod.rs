@@ -419,6 +419,23 @@ pub fn report() {
         );
         emit(&w);
     }
+    let p = &s.pollers;
+    if l(&p.empty_polls) > 0 {
+        let mut w = Buf::<2048>::new();
+        let _ = write!(
+            w,
+            "pollers pid={pid} empty_polls={} sleeps={} woke_by_completion={} woke_by_bound={} polling_ms={} sleep_ms={} threads_off_hazard={} unsleepable={}",
+            l(&p.empty_polls),
+            l(&p.sleeps),
+            l(&p.woke_by_completion),
+            l(&p.woke_by_bound),
+            Ms(l(&p.polling_ns)),
+            Ms(l(&p.sleep_ns)),
+            l(&p.off_hazard),
+            l(&p.unsleepable),
+        );
+        emit(&w);
+    }
     let d = &s.dispatch;
     if l(&d.waits) > 0 {
         let mut w = Buf::<2048>::new();

@@ -226,12 +226,30 @@ pub unsafe extern "C" fn ibv_create_cq(
         return unsafe { real(ctx, cqe, cq_context, channel, comp_vector) };
     }
     let v = crate::guarded(|| choose_vector(ctx, comp_vector), || comp_vector);
+    // A CQ made without a channel gets one of the shim's when polling
+    // threads may sleep: a channel cannot be added later.
+    let own = if channel.is_null() && crate::pollers::on() {
+        crate::pollers::cqs::create(ctx)
+    } else {
+        std::ptr::null_mut()
+    };
+    let given = if own.is_null() { channel } else { own };
     // SAFETY: the caller's arguments with the chosen vector (< the device's
-    // vector count by construction).
-    let mut cq = unsafe { real(ctx, cqe, cq_context, channel, v) };
+    // vector count by construction), and the shim's channel where the
+    // caller gave none.
+    let mut cq = unsafe { real(ctx, cqe, cq_context, given, v) };
     if cq.is_null() && v != comp_vector {
+        // SAFETY: the caller's call (with the shim's channel, as above).
+        cq = unsafe { real(ctx, cqe, cq_context, given, comp_vector) };
+    }
+    if cq.is_null() && !own.is_null() {
+        crate::pollers::cqs::abandon(own);
         // SAFETY: exactly the caller's call.
         cq = unsafe { real(ctx, cqe, cq_context, channel, comp_vector) };
+    } else if !own.is_null() {
+        // No room to remember the channel (false): the CQ keeps it,
+        // unused, and is never armed (a poller on it does not sleep).
+        let _ = crate::pollers::cqs::add(cq, own);
     }
     if !cq.is_null() && !channel.is_null() && table::add_cq(cq, channel, ctx) {
         stats::add(|s| &s.cqs, 1);
@@ -252,10 +270,15 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     // Forget the CQ first: a thread looking at a shared channel must not
     // poll a CQ being destroyed.
     let saved = table::cq_slot(cq).map(table::remove_cq);
+    // The shim's own channel of a polled CQ: its events acked first.
+    let own = crate::pollers::cqs::destroying(cq);
     // SAFETY: forwarding unchanged. Every real event the shim read was
     // either delivered to the program (which must ack it, as without the
     // shim) or acked by the shim, so the real destroy's wait is balanced.
     let rc = unsafe { real(cq) };
+    if let Some(ch) = own {
+        crate::pollers::cqs::destroyed(cq, ch, rc == 0);
+    }
     if rc == 0 {
         monitor::cq_destroyed(cq);
         cq_ex::destroyed(cq);

@@ -86,7 +86,9 @@ fn coarse_ns() -> u64 {
 /// Start monitoring a context the shim wrapped: replace `ops.post_send`,
 /// take the port counters' baseline.
 pub(super) fn wrap(ctx: *mut ibv_context, dev: &str) {
-    if THRESHOLD_NS.load(Ordering::Relaxed) == 0 {
+    // Polling threads' progress (the hazard rule of `crate::pollers`) is
+    // seen here too, so the wrapper is installed for either.
+    if THRESHOLD_NS.load(Ordering::Relaxed) == 0 && !crate::config::pollers() {
         return;
     }
     // SAFETY: a live context the shim is wrapping (before the program sees
@@ -162,6 +164,9 @@ pub unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
+    if crate::pollers::on() && crate::pollers::suspect() {
+        crate::pollers::progress();
+    }
     // SAFETY: a live QP points at its live context.
     let ctx = unsafe { (*qp).context };
     let Some(real) = real_post(ctx) else {

@@ -16,7 +16,13 @@ use std::sync::atomic::Ordering;
 /// The provider's poll_cq contract: a live CQ and room for `n` entries.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: the caller's contract, passed on.
-    let r = unsafe { poll_cq_inner(cq, n, wc) };
+    let mut r = unsafe { poll_cq_inner(cq, n, wc) };
+    if crate::pollers::on() && n > 0 {
+        // A busy-polling thread's poll: an empty one may sleep, then polls
+        // again (`crate::pollers`).
+        // SAFETY: as above.
+        r = crate::pollers::after_poll_cq(cq, r, || unsafe { poll_cq_inner(cq, n, wc) });
+    }
     // SAFETY: wc holds r completions of the live cq.
     unsafe { super::monitor::polled(cq, wc, r) };
     r

@@ -1,0 +1,182 @@
+//! Completion channels the shim owns, for CQs a program created without
+//! one (how polling programs make them: perftest without `-e`).
+//!
+//! A CQ's channel is fixed when the CQ is created, so under
+//! `FASTWAKE_POLLERS=sleep` the `ibv_create_cq` hook gives such a CQ a
+//! channel of the shim's own ([`create`]). The program never sees it: it
+//! never arms the CQ, never reads an event and never acks one. Only a
+//! poller's sleep arms the CQ (the provider's real `req_notify_cq`, never
+//! the program's wrapped one) and waits for the channel's fd; every event
+//! is read and acked here ([`drain`]), and all of them before the CQ is
+//! destroyed ([`destroying`]), so `ibv_destroy_cq` never waits for an ack.
+//! The channel's fd is non-blocking: a drain never blocks.
+//!
+//! A fixed table (no allocation on hook paths); a CQ beyond it simply has
+//! no channel, and a thread that polls it is never put to sleep.
+
+use crate::verbs::real;
+use crate::verbs::table;
+use fastwake_verbs_sys::{ibv_comp_channel, ibv_context, ibv_cq};
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const MAX: usize = table::MAX_CQ;
+
+struct Slot {
+    cq: AtomicUsize,
+    channel: AtomicUsize,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Slot = Slot {
+    cq: AtomicUsize::new(0),
+    channel: AtomicUsize::new(0),
+};
+static SLOTS: [Slot; MAX] = [EMPTY; MAX];
+
+/// A new channel for a CQ of `ctx` that the program creates without one
+/// (null: none could be made; the CQ is then created as asked).
+pub fn create(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    let Some(f) = real::create_comp_channel() else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: a live context (the caller's, as for its ibv_create_cq).
+    let ch = unsafe { f(ctx) };
+    if ch.is_null() {
+        return ch;
+    }
+    // SAFETY: a live channel just made; its fd is ours.
+    let fd = unsafe { (*ch).fd };
+    // SAFETY: fcntl on our own fd, raw syscalls.
+    let ok = unsafe {
+        let fl = libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL);
+        fl >= 0
+            && libc::syscall(
+                libc::SYS_fcntl,
+                fd,
+                libc::F_SETFL,
+                fl | libc::O_NONBLOCK as i64,
+            ) == 0
+    };
+    if !ok {
+        // A blocking channel could block a drain: not used.
+        destroy_channel(ch);
+        return std::ptr::null_mut();
+    }
+    ch
+}
+
+fn destroy_channel(ch: *mut ibv_comp_channel) {
+    if let Some(f) = real::destroy_comp_channel() {
+        // SAFETY: a channel this module made, with no CQ left on it.
+        unsafe { f(ch) };
+    }
+}
+
+/// `cq` was created on `ch` (from [`create`]); false (and the channel is
+/// the caller's to destroy after the CQ) when the table is full.
+pub fn add(cq: *mut ibv_cq, ch: *mut ibv_comp_channel) -> bool {
+    let h = table::home(cq as usize);
+    for i in 0..MAX {
+        let s = &SLOTS[(h + i) % MAX];
+        if s.cq
+            .compare_exchange(0, cq as usize, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            s.channel.store(ch as usize, Ordering::Release);
+            return true;
+        }
+    }
+    false
+}
+
+/// The channel the creation of a CQ was given that the program's CQ table
+/// could not hold: destroy it once the CQ is (or was never) made.
+pub fn abandon(ch: *mut ibv_comp_channel) {
+    if !ch.is_null() {
+        destroy_channel(ch);
+    }
+}
+
+fn slot(cq: *mut ibv_cq) -> Option<&'static Slot> {
+    let k = cq as usize;
+    if k == 0 {
+        return None;
+    }
+    let h = table::home(k);
+    (0..MAX)
+        .map(|i| &SLOTS[(h + i) % MAX])
+        .find(|s| s.cq.load(Ordering::Acquire) == k)
+}
+
+/// The shim's channel of `cq`, if it has one.
+#[inline]
+pub fn channel_of(cq: *mut ibv_cq) -> Option<*mut ibv_comp_channel> {
+    let s = slot(cq)?;
+    let ch = s.channel.load(Ordering::Acquire);
+    (ch != 0).then_some(ch as *mut ibv_comp_channel)
+}
+
+/// Arm `cq` for its next completion (the provider's own `req_notify_cq`,
+/// so the program's arm accounting is untouched). False: it could not be.
+pub fn arm(cq: *mut ibv_cq) -> bool {
+    // SAFETY: a live CQ (the program just polled it).
+    let ctx = unsafe { (*cq).context };
+    let Some((_, notify)) = table::real_ops(ctx) else {
+        return false;
+    };
+    // SAFETY: the provider's req_notify_cq on a live CQ of its context.
+    unsafe { notify(cq, 0) == 0 }
+}
+
+/// Read and ack every event waiting on `ch` (non-blocking).
+pub fn drain(ch: *mut ibv_comp_channel) -> u32 {
+    let (Some(get), ack) = (real::get_cq_event(), real::ACK_CQ_EVENTS.get()) else {
+        return 0;
+    };
+    if ack == 0 {
+        return 0;
+    }
+    let mut n = 0;
+    loop {
+        let mut cq: *mut ibv_cq = std::ptr::null_mut();
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: a live channel of ours with a non-blocking fd; live
+        // out-pointers.
+        let r: c_int = unsafe { get(ch, &mut cq, &mut ctx) };
+        if r != 0 || cq.is_null() {
+            return n;
+        }
+        // SAFETY: the event's CQ is live (it cannot be destroyed before
+        // its events are acked: `destroying` drains first).
+        unsafe { real::ack_cq_events()(cq, 1) };
+        n += 1;
+    }
+}
+
+/// `cq` is about to be destroyed: ack what its channel holds, and return
+/// the channel to destroy once the CQ is gone ([`destroyed`]).
+pub fn destroying(cq: *mut ibv_cq) -> Option<*mut ibv_comp_channel> {
+    let ch = channel_of(cq)?;
+    drain(ch);
+    Some(ch)
+}
+
+/// `cq` was destroyed (`ok`) or its destruction failed: forget it and
+/// destroy its channel, or keep both.
+pub fn destroyed(cq: *mut ibv_cq, ch: *mut ibv_comp_channel, ok: bool) {
+    if !ok {
+        return;
+    }
+    if let Some(s) = slot(cq) {
+        s.channel.store(0, Ordering::Release);
+        s.cq.store(0, Ordering::Release);
+    }
+    destroy_channel(ch);
+}
+
+/// The fd of a channel of ours.
+pub fn fd(ch: *mut ibv_comp_channel) -> c_int {
+    // SAFETY: a live channel this module made.
+    unsafe { (*ch).fd }
+}

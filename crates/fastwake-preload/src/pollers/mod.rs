@@ -1,0 +1,329 @@
+//! Threads that busy-poll get their cores back when idle
+//! (`FASTWAKE_POLLERS=sleep`, `fastwake run --pollers sleep`; off by
+//! default, because it changes a program's timing beyond its waits).
+//!
+//! Most microsecond software never calls a wait: it polls (`ibv_poll_cq`
+//! returning 0, `epoll_wait` with a zero timeout, `recv` on a non-blocking
+//! socket returning `EAGAIN`) and holds a core through every idle gap. The
+//! hooks of those calls report each poll here: an empty one with the
+//! sources it looked at, a non-empty one as a completion. The thread's
+//! idle rule ([`fastwake::wait::idle`], owned by its governor) says when a
+//! run of empty polls has lasted long enough; then:
+//!
+//! 1. **Arm**: the CQs of the thread's set are armed (their shim-owned
+//!    channels, [`cqs`]) and the poll returns empty as it would have. The
+//!    program's loop then polls its sources once more: that is the re-check
+//!    of the sleep rule, made by the program itself, so a CQE that came
+//!    before the arm is found by the program, never taken by the shim.
+//! 2. **Sleep**: at the next empty poll of the same source, with no
+//!    completion in between, the thread waits for its whole set (its fds
+//!    and its CQs' channel fds, one `ppoll`) through the wait engine
+//!    (`crate::wait`: the mode's spin, pre-wake and CPU cap, as for any
+//!    wait), for at most the rule's bound.
+//! 3. **Return**: the channels' events are read and acked, and the polling
+//!    call is made once more: it returns exactly what it would have at that
+//!    moment (completions, or empty).
+//!
+//! A completion, at any point, ends the run: nothing is armed in vain for
+//! long (an armed CQ's event is drained at the next sleep). Progress of
+//! the thread's own (a send on a socket, a posted work request) after a
+//! sleep the bound ended, before any completion, switches sleeping off
+//! for that thread (the hazard rule: it polls something the shim cannot
+//! see).
+//!
+//! Not put to sleep (counted as `unsleepable`): a set with a CQ that has
+//! the program's own channel (its events are the program's) or none the
+//! shim made, or with more sources than [`set`] holds.
+
+pub(crate) mod cqs;
+pub mod sends;
+pub mod set;
+
+use crate::wait;
+use fastwake::wait::idle::Verdict;
+use fastwake_verbs_sys::ibv_cq;
+use set::Set;
+use std::cell::RefCell;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A test's switch: the hazard rule off (`FASTWAKE_TEST_POLLERS_NO_HAZARD=1`),
+/// so a test can show what happens without it.
+static NO_HAZARD: AtomicBool = AtomicBool::new(false);
+
+/// Constructor work.
+pub fn init() {
+    if std::env::var("FASTWAKE_TEST_POLLERS_NO_HAZARD").is_ok_and(|v| v == "1") {
+        NO_HAZARD.store(true, Ordering::Relaxed);
+    }
+    sends::resolve();
+}
+
+/// Are busy-polling threads put to sleep?
+#[inline]
+pub fn on() -> bool {
+    crate::config::pollers()
+}
+
+/// Which poll armed the set ([`Thread::armed`]): a kind and a number.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Key {
+    /// An fd call (`epoll_wait` on this epoll fd, `poll`/`select` whose
+    /// first fd this is, a socket's `recv`).
+    Fd(u8, c_int),
+    /// An `ibv_poll_cq` of this CQ.
+    Cq(usize),
+}
+
+struct Thread {
+    set: Set,
+    /// The set was armed at an empty poll of this source, with this bound.
+    armed: Option<(Key, u64)>,
+    /// A run of empty polls is in progress (a completion ends it).
+    running: bool,
+    /// When the run began (ns), for the polling time counter.
+    run_t0: u64,
+}
+
+thread_local! {
+    // Const-initialised, no destructor: safe from any hook at any time.
+    static THREAD: RefCell<Thread> = const {
+        RefCell::new(Thread { set: Set::EMPTY, armed: None, running: false, run_t0: 0 })
+    };
+}
+
+fn count(f: impl FnOnce(&fastwake::preload_stats::Pollers) -> &std::sync::atomic::AtomicU64) {
+    crate::stats::add(|s| f(&s.pollers), 1);
+}
+
+/// A poll returned something: the run of empty polls is over.
+#[inline]
+pub fn completion() {
+    let _ = THREAD.try_with(|t| {
+        let Ok(mut t) = t.try_borrow_mut() else {
+            return;
+        };
+        if !t.running {
+            return;
+        }
+        t.running = false;
+        t.armed = None;
+        t.set.clear();
+        wait::with_governor(|g, _| g.idle().completion());
+    });
+}
+
+/// What an empty poll's hook does next.
+pub enum Next {
+    /// Return empty, as without the shim.
+    Empty,
+    /// The thread slept; make the polling call again and return its result.
+    Again,
+}
+
+/// An empty poll of `key`; `add` puts the sources it looked at into the
+/// thread's set.
+pub fn empty(key: Key, add: impl FnOnce(&mut Set)) -> Next {
+    count(|p| &p.empty_polls);
+    THREAD
+        .try_with(|t| {
+            let Ok(mut t) = t.try_borrow_mut() else {
+                return Next::Empty;
+            };
+            wait::with_governor(|g, peer| empty_in(&mut t, g, peer, key, add))
+                .unwrap_or(Next::Empty)
+        })
+        .unwrap_or(Next::Empty)
+}
+
+fn empty_in(
+    t: &mut Thread,
+    g: &mut fastwake::wait::Governor,
+    peer: Option<u32>,
+    key: Key,
+    add: impl FnOnce(&mut Set),
+) -> Next {
+    if g.idle().off().is_some() {
+        return Next::Empty;
+    }
+    if !t.running {
+        t.running = true;
+        t.run_t0 = fastwake::cpu::monotonic_ns();
+    }
+    add(&mut t.set);
+    if let Some((k, bound)) = t.armed
+        && k == key
+    {
+        // The program polled its whole loop since the arm, and this source
+        // came round again empty: sleep.
+        t.armed = None;
+        return sleep(t, g, peer, bound);
+    }
+    let Verdict::Sleep(bound) = g.idle().empty(fastwake::cpu::monotonic_ns) else {
+        return Next::Empty;
+    };
+    if t.set.overflow || !t.set.cqs().all(|cq| cqs::channel_of(cq).is_some()) {
+        count(|p| &p.unsleepable);
+        // Start the run again: asked once per window, not per poll.
+        g.idle().completion();
+        t.set.clear();
+        t.run_t0 = fastwake::cpu::monotonic_ns();
+        return Next::Empty;
+    }
+    for cq in t.set.cqs() {
+        if !cqs::arm(cq) {
+            count(|p| &p.unsleepable);
+            g.idle().completion();
+            return Next::Empty;
+        }
+    }
+    t.armed = Some((key, bound));
+    Next::Empty
+}
+
+/// Largest pollfd array a sleep builds (the set's fds and its CQs'
+/// channel fds).
+const MAX_POLL: usize = set::MAX_FDS + set::MAX_CQS;
+
+/// Wait for the thread's set through the engine, for at most `bound` ns.
+fn sleep(t: &mut Thread, g: &mut fastwake::wait::Governor, peer: Option<u32>, bound: u64) -> Next {
+    let mut fds = [libc::pollfd {
+        fd: -1,
+        events: 0,
+        revents: 0,
+    }; MAX_POLL];
+    let mut n = 0;
+    for p in t.set.fds() {
+        fds[n] = *p;
+        n += 1;
+    }
+    let mut chans = [std::ptr::null_mut(); set::MAX_CQS];
+    let mut nch = 0;
+    for cq in t.set.cqs() {
+        let Some(ch) = cqs::channel_of(cq) else {
+            continue;
+        };
+        chans[nch] = ch;
+        nch += 1;
+        fds[n] = libc::pollfd {
+            fd: cqs::fd(ch),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        n += 1;
+    }
+    let set = &fds[..n];
+    let look = |mask: *const u64, ns: u64| -> c_int {
+        let mut copy = [libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }; MAX_POLL];
+        copy[..set.len()].copy_from_slice(set);
+        // SAFETY: a live stack array of set.len() pollfds; mask null or the
+        // engine's live sigset.
+        unsafe { crate::sys::ppoll_ns(copy.as_mut_ptr(), set.len() as _, ns, mask) }
+    };
+    let t0 = fastwake::cpu::monotonic_ns();
+    crate::stats::add(|s| &s.pollers.polling_ns, t0.saturating_sub(t.run_t0));
+    count(|p| &p.sleeps);
+    let r = wait::serve(
+        g,
+        peer,
+        Some(bound),
+        std::ptr::null(),
+        &mut |m, ns| look(m, ns),
+        |left| look(std::ptr::null(), left.unwrap_or(bound).max(1)),
+    );
+    for &ch in &chans[..nch] {
+        cqs::drain(ch);
+    }
+    let t1 = fastwake::cpu::monotonic_ns();
+    let slept = t1.saturating_sub(t0);
+    crate::stats::add(|s| &s.pollers.sleep_ns, slept);
+    // A signal (EINTR) is neither: it teaches the bound nothing, and the
+    // program's call, made again, sees what there is.
+    if r > 0 {
+        count(|p| &p.woke_by_completion);
+        g.idle().slept(slept, true);
+    } else if r == 0 {
+        count(|p| &p.woke_by_bound);
+        g.idle().slept(slept, false);
+    } else {
+        g.idle().completion();
+    }
+    t.set.clear();
+    t.running = false;
+    Next::Again
+}
+
+/// Is this thread under the hazard rule's suspicion (its last sleep ended
+/// by the bound, no completion since)? Cheap: the send hooks ask it first.
+#[inline]
+pub fn suspect() -> bool {
+    wait::with_governor(|g, _| g.idle().suspect()).unwrap_or(false)
+}
+
+/// The thread made progress of its own (a send, a posted work request):
+/// the hazard rule's evidence.
+#[inline]
+pub fn progress() {
+    if !on() || NO_HAZARD.load(Ordering::Relaxed) {
+        return;
+    }
+    let off = wait::with_governor(|g, _| g.idle().progress()).unwrap_or(false);
+    if off {
+        count(|p| &p.off_hazard);
+        let _ = THREAD.try_with(|t| {
+            if let Ok(mut t) = t.try_borrow_mut() {
+                t.armed = None;
+                t.set.clear();
+                t.running = false;
+            }
+        });
+        if crate::config::verbose() {
+            crate::diag(
+                "pollers: a thread made progress after a sleep its bound ended, with no completion of what it polls: it polls something the shim cannot see; sleeping is off for it",
+            );
+        }
+    }
+}
+
+// ------------------------------------------------------------ the hooks' side
+
+/// A zero-timeout fd call (`epoll_wait`, `poll`, `select`, ...) returned
+/// `n`: report it, and when the thread slept make the call `again`.
+#[inline]
+pub fn after_fd_call(
+    n: c_int,
+    key: Key,
+    add: impl FnOnce(&mut Set),
+    again: impl FnOnce() -> c_int,
+) -> c_int {
+    if n != 0 {
+        if n > 0 {
+            completion();
+        }
+        return n;
+    }
+    match empty(key, add) {
+        Next::Empty => 0,
+        Next::Again => again(),
+    }
+}
+
+/// An `ibv_poll_cq` of `cq` returned `n`: report it, and when the thread
+/// slept poll `again`.
+#[inline]
+pub fn after_poll_cq(cq: *mut ibv_cq, n: c_int, again: impl FnOnce() -> c_int) -> c_int {
+    if n != 0 {
+        if n > 0 {
+            completion();
+        }
+        return n;
+    }
+    match empty(Key::Cq(cq as usize), |s| s.add_cq(cq)) {
+        Next::Empty => 0,
+        Next::Again => again(),
+    }
+}
