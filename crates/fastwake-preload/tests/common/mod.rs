@@ -3,9 +3,14 @@
 //! the shim's counters from the child's stderr.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod fds;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::Mutex;
+
+/// Hybrid mode with a 200 µs spin budget.
+pub const HYBRID: &[(&str, &str)] = &[("FASTWAKE_MODE", "hybrid"), ("FASTWAKE_BUDGET_US", "200")];
 
 /// Children spin; run one at a time (tests in a binary run in parallel).
 pub static SPIN: Mutex<()> = Mutex::new(());

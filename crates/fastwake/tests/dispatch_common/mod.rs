@@ -1,5 +1,7 @@
 //! Helpers shared by the dispatch tests.
 
+pub mod threads;
+
 use fastwake::source::channel::{self, Config as ChanConfig, Receiver, Sender};
 use rand::Rng;
 use std::time::Duration;
