@@ -47,6 +47,7 @@ pub mod dispatch;
 mod error;
 mod fork;
 pub mod grammar;
+pub mod lanes;
 pub mod preload_stats;
 pub mod source;
 pub mod stall;

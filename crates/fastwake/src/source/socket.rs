@@ -143,8 +143,38 @@ pub struct SocketSource {
 /// is dropped, the number is pointed at an empty epoll instance (see
 /// `Drop for SocketSource`), so the handle stops holding the connection
 /// open and reports false from then on.
-struct SocketPeek {
+pub(crate) struct SocketPeek {
     fd: OwnedFd,
+}
+
+impl SocketPeek {
+    /// A handle on a dup of `sock` (see the type docs for why a dup).
+    pub(crate) fn new(sock: BorrowedFd<'_>) -> Result<Arc<SocketPeek>> {
+        Ok(Arc::new(SocketPeek {
+            fd: rustix::io::fcntl_dupfd_cloexec(sock, 0)
+                .map_err(|e| Fail::os("dup socket for the peek handle", e))?,
+        }))
+    }
+
+    /// The owner is closing `sock`, which is registered with its own epoll
+    /// instance `ep`: stop holding the connection open (see
+    /// `Drop for SocketSource`).
+    pub(crate) fn retire(&self, ep: BorrowedFd<'_>, sock: BorrowedFd<'_>) {
+        // The handle's dup would keep the connection open after `sock`
+        // closes, for as long as a dispatcher holds the handle. Point the
+        // handle's number at the owner's epoll instance instead, emptied
+        // first: `dup3` swaps the file behind a number atomically, so a
+        // concurrent peek polls either the socket or an instance with
+        // nothing in it (never readable), and the number stays the
+        // handle's. Neither call can fail on these two open fds short of
+        // a kernel bug; if one did, the handle would keep the connection
+        // open until it is dropped, no worse than that.
+        let _ = rustix::event::epoll::delete(ep, sock);
+        // SAFETY: both numbers are open, `ep` borrowed from the owner and
+        // the target owned by the handle, which keeps owning it: dup3
+        // closes nothing anyone else holds and leaves no number dangling.
+        unsafe { libc::dup3(ep.as_raw_fd(), self.fd.as_raw_fd(), libc::O_CLOEXEC) };
+    }
 }
 
 impl Peek for SocketPeek {
@@ -278,10 +308,7 @@ impl SocketSource {
             rustix::event::epoll::EventFlags::IN | rustix::event::epoll::EventFlags::RDHUP,
         )
         .map_err(|e| Fail::os("epoll_ctl add socket", e))?;
-        let peek = Arc::new(SocketPeek {
-            fd: rustix::io::fcntl_dupfd_cloexec(&sock, 0)
-                .map_err(|e| Fail::os("dup socket for the peek handle", e))?,
-        });
+        let peek = SocketPeek::new(sock.as_fd())?;
         Ok(SocketSource {
             sock,
             ep,
@@ -469,25 +496,6 @@ impl Source for SocketSource {
 
 impl Drop for SocketSource {
     fn drop(&mut self) {
-        // The handle's dup would keep the connection open after `sock`
-        // closes, for as long as a dispatcher holds the handle. Point the
-        // handle's number at our epoll instance instead, emptied first:
-        // `dup3` swaps the file behind a number atomically, so a
-        // concurrent peek polls either the socket or an instance with
-        // nothing in it (never readable), and the number stays the
-        // handle's. Neither call can fail on these two open fds short of
-        // a kernel bug; if one did, the handle would keep the connection
-        // open until it is dropped, no worse than that.
-        let _ = rustix::event::epoll::delete(&self.ep, &self.sock);
-        // SAFETY: both numbers are open, `ep` owned by us and the target
-        // by the handle, which keeps owning it: dup3 closes nothing
-        // anyone else holds and leaves no number dangling.
-        unsafe {
-            libc::dup3(
-                self.ep.as_raw_fd(),
-                self.peek.fd.as_raw_fd(),
-                libc::O_CLOEXEC,
-            )
-        };
+        self.peek.retire(self.ep.as_fd(), self.sock.as_fd());
     }
 }

@@ -1,0 +1,334 @@
+//! The endpoint: its lanes, which lane a message takes, and the waits of
+//! its receivers.
+
+use super::frame::Frames;
+use super::send::{Pace, SendCounters, Tx};
+use super::{Class, Config, Layout};
+use crate::cpu::monotonic_ns;
+use crate::wait::WaitStats;
+use crate::{Fail, Result, Waiter};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// A latency message sent this long ago without an answer no longer makes
+/// the bulk lane polite: past it, it is a one-way message, not a request
+/// waiting behind bulk bytes.
+const IN_FLIGHT_WINDOW_NS: u64 = 1_000_000;
+
+/// What one send did, as a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    /// The lane it took.
+    pub class: Class,
+    /// Syscalls it made (`sendmsg` calls, and peeks and sleeps while the
+    /// socket was full, including pushing what was queued before it).
+    pub syscalls: u64,
+    /// Some of it waits in the bulk batch queue (see the module docs:
+    /// the next send, a waiting receiver or [`Endpoint::flush`] pushes it).
+    pub queued: bool,
+}
+
+/// One lane's counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LaneStats {
+    /// The sending side.
+    pub send: SendCounters,
+    /// Whole messages received.
+    pub received: u64,
+    /// Their payload bytes.
+    pub received_bytes: u64,
+    /// The receiving waits.
+    pub wait: WaitStats,
+}
+
+struct Rx {
+    frames: Frames,
+    waiter: Waiter,
+    received: u64,
+    bytes: u64,
+}
+
+struct Lane {
+    sock: Arc<OwnedFd>,
+    tx: Tx,
+    rx: Mutex<Rx>,
+}
+
+/// A message endpoint of one or two connections (see the
+/// [module docs](super)). Every method takes `&self`: threads share an
+/// endpoint, each lane sends one message at a time and receives one at a
+/// time.
+pub struct Endpoint {
+    config: Config,
+    lanes: Vec<Lane>,
+    latency_sent: AtomicU64,
+    latency_received: AtomicU64,
+    latency_last_send_ns: AtomicU64,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("layout", &self.config.layout)
+            .field("connections", &self.lanes.len())
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A receiver that panicked mid-wait left the frames as they were (a
+    // take is one step), so the lane stays usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Endpoint {
+    /// An endpoint over connected sockets: one for [`Layout::Shared`],
+    /// latency then bulk for [`Layout::Lanes`].
+    pub(super) fn new(config: Config, socks: Vec<OwnedFd>) -> Result<Endpoint> {
+        config.validate()?;
+        let want = match config.layout {
+            Layout::Lanes => 2,
+            Layout::Shared => 1,
+        };
+        if socks.len() != want {
+            return Err(Fail::invalid(format!(
+                "lanes: {:?} layout needs {want} connections, got {}",
+                config.layout,
+                socks.len()
+            )));
+        }
+        let mut lanes = Vec::with_capacity(want);
+        for (i, s) in socks.into_iter().enumerate() {
+            rustix::io::ioctl_fionbio(&s, true).map_err(|e| Fail::os("set O_NONBLOCK", e))?;
+            // Small messages must not wait for Nagle.
+            rustix::net::sockopt::set_tcp_nodelay(&s, true)
+                .map_err(|e| Fail::os("set TCP_NODELAY on a lane", e))?;
+            let sock = Arc::new(s);
+            let bulk = config.layout == Layout::Lanes && i == 1;
+            let mode = if bulk {
+                config.bulk_mode
+            } else {
+                config.latency_mode
+            };
+            lanes.push(Lane {
+                tx: Tx::new(sock.clone(), config.batch, mode)?,
+                rx: Mutex::new(Rx {
+                    frames: Frames::new(sock.clone(), config.max_message)?,
+                    waiter: Waiter::new(mode),
+                    received: 0,
+                    bytes: 0,
+                }),
+                sock,
+            });
+        }
+        Ok(Endpoint {
+            config,
+            lanes,
+            latency_sent: AtomicU64::new(0),
+            latency_received: AtomicU64::new(0),
+            latency_last_send_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// The parameters it was made with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Connections it holds (2 for lanes, 1 shared).
+    pub fn connections(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The class [`Endpoint::send`] picks for a message of `len` bytes.
+    pub fn class_of(&self, len: usize) -> Class {
+        if len <= self.config.threshold {
+            Class::Latency
+        } else {
+            Class::Bulk
+        }
+    }
+
+    fn lane(&self, class: Class) -> &Lane {
+        match (self.config.layout, class) {
+            (Layout::Lanes, Class::Bulk) => &self.lanes[1],
+            _ => &self.lanes[0],
+        }
+    }
+
+    /// The socket of `class`'s lane (the same one for both in a shared
+    /// layout), for options and for `shutdown`.
+    pub fn socket(&self, class: Class) -> BorrowedFd<'_> {
+        self.lane(class).sock.as_fd()
+    }
+
+    /// Has the latency lane a message in flight: sent within the last
+    /// millisecond and not yet matched by one received? (Request/answer
+    /// traffic; a one-way message counts for a millisecond.)
+    pub fn latency_in_flight(&self) -> bool {
+        self.latency_sent.load(Ordering::Relaxed) > self.latency_received.load(Ordering::Relaxed)
+            && monotonic_ns().saturating_sub(self.latency_last_send_ns.load(Ordering::Relaxed))
+                < IN_FLIGHT_WINDOW_NS
+    }
+
+    fn pace<'a>(&self, class: Class, polite: &'a dyn Fn() -> bool) -> Pace<'a> {
+        let bulk_lane = self.config.layout == Layout::Lanes && class == Class::Bulk;
+        Pace {
+            chunk: self.config.chunk,
+            polite_chunk: if bulk_lane {
+                self.config.polite_chunk
+            } else {
+                self.config.chunk
+            },
+            polite,
+        }
+    }
+
+    /// Send `msg` on the lane its size picks ([`Config::threshold`]).
+    pub fn send(&self, msg: &[u8]) -> Result<Sent> {
+        self.send_as(msg, self.class_of(msg.len()))
+    }
+
+    /// Send `msg` on `class`'s lane, whatever its size.
+    pub fn send_as(&self, msg: &[u8], class: Class) -> Result<Sent> {
+        if msg.len() > self.config.max_message {
+            return Err(Fail::invalid(format!(
+                "lanes: a {}-byte message exceeds the {}-byte max message",
+                msg.len(),
+                self.config.max_message
+            )));
+        }
+        let polite = || self.latency_in_flight();
+        let pace = self.pace(class, &polite);
+        if class == Class::Latency {
+            self.latency_sent.fetch_add(1, Ordering::Relaxed);
+            self.latency_last_send_ns
+                .store(monotonic_ns(), Ordering::Relaxed);
+        }
+        let done = self.lane(class).tx.send(msg, &pace)?;
+        Ok(Sent {
+            class,
+            syscalls: done.syscalls,
+            queued: done.queued,
+        })
+    }
+
+    /// Push every queued bulk byte to the kernel, waiting for room as long
+    /// as that takes.
+    pub fn flush(&self) -> Result<()> {
+        let polite = || self.latency_in_flight();
+        for (i, lane) in self.lanes.iter().enumerate() {
+            let class = if i == 1 { Class::Bulk } else { Class::Latency };
+            lane.tx.flush(&self.pace(class, &polite))?;
+        }
+        Ok(())
+    }
+
+    /// The waiting thread's share of i10's timer: push queued bytes whose
+    /// delay has passed. Returns whether bytes stay queued.
+    fn tick(&self) -> Result<bool> {
+        let Some(b) = self.config.batch else {
+            return Ok(false);
+        };
+        let polite = || self.latency_in_flight();
+        let mut left = false;
+        for (i, lane) in self.lanes.iter().enumerate() {
+            let class = if i == 1 { Class::Bulk } else { Class::Latency };
+            left |= lane.tx.tick(b.delay, &self.pace(class, &polite))?;
+        }
+        Ok(left)
+    }
+
+    /// Wait for the next message on `class`'s lane and return a copy.
+    pub fn recv(&self, class: Class) -> Result<Vec<u8>> {
+        self.recv_with(class, |m| m.to_vec())
+    }
+
+    /// Wait for the next message on `class`'s lane and hand it to `f`
+    /// without copying it.
+    pub fn recv_with<R>(&self, class: Class, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        match self.recv_deadline(class, None, f)? {
+            Some(r) => Ok(r),
+            None => Err(Fail::timed_out()),
+        }
+    }
+
+    /// As [`Endpoint::recv_with`], waiting at most `timeout`; `Ok(None)`
+    /// when it passes with no whole message.
+    pub fn recv_timeout_with<R>(
+        &self,
+        class: Class,
+        timeout: Duration,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        self.recv_deadline(class, Some(Instant::now() + timeout), f)
+    }
+
+    fn recv_deadline<R>(
+        &self,
+        class: Class,
+        deadline: Option<Instant>,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        let mut rx = lock(&self.lane(class).rx);
+        let rx = &mut *rx;
+        let len = loop {
+            // While bulk bytes wait in a batch queue, wait in slices of
+            // the batch delay and push them between slices (no I/O
+            // thread does it for us).
+            let slice = match self.tick()? {
+                true => self.config.batch.map(|b| Instant::now() + b.delay),
+                false => None,
+            };
+            let until = match (slice, deadline) {
+                (Some(s), Some(d)) => Some(s.min(d)),
+                (s, d) => s.or(d),
+            };
+            let got = match until {
+                None => Some(rx.waiter.wait(&mut rx.frames)?),
+                Some(u) => rx
+                    .waiter
+                    .wait_timeout(&mut rx.frames, u.saturating_duration_since(Instant::now()))?,
+            };
+            match got {
+                Some(len) => break len,
+                None if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                None => {}
+            }
+        };
+        rx.received += 1;
+        rx.bytes += len as u64;
+        if class == Class::Latency || self.config.layout == Layout::Shared {
+            self.latency_received.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Some(f(rx.frames.message())))
+    }
+
+    /// `class`'s lane's counters (the one connection's in a shared
+    /// layout).
+    pub fn stats(&self, class: Class) -> LaneStats {
+        let lane = self.lane(class);
+        let rx = lock(&lane.rx);
+        LaneStats {
+            send: lane.tx.counters(),
+            received: rx.received,
+            received_bytes: rx.bytes,
+            wait: rx.waiter.stats(),
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // Queued bulk bytes were accepted by `send`; push what the kernel
+        // takes now rather than drop them silently. A peer that stopped
+        // reading gets the rest as a close mid-message.
+        let polite = || false;
+        for (i, lane) in self.lanes.iter().enumerate() {
+            let class = if i == 1 { Class::Bulk } else { Class::Latency };
+            let _ = lane.tx.tick(Duration::ZERO, &self.pace(class, &polite));
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! The wire format of a lane and its receiving side.
+//!
+//! A message is a 4-byte little-endian length and that many bytes. The
+//! receiver buffers what the socket has and hands out a message only once
+//! all of it is there, so a peer that closes mid-message leaves nothing
+//! half delivered: the close is an error naming how much was missing.
+
+use crate::source::socket::SocketPeek;
+use crate::source::{Peek, Rechecked, Source};
+use crate::{Fail, Result};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Bytes of the length header.
+pub(super) const HEADER: usize = 4;
+
+/// The header of a `len`-byte message.
+pub(super) fn header(len: usize) -> [u8; HEADER] {
+    (len as u32).to_le_bytes()
+}
+
+/// A private epoll instance with `sock` registered level-triggered for
+/// `events`: it is readable exactly while the socket has one of them, so
+/// a sleep on it after a re-check cannot miss one.
+fn epoll_on(sock: &OwnedFd, events: rustix::event::epoll::EventFlags) -> Result<OwnedFd> {
+    let ep = rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)
+        .map_err(|e| Fail::os("epoll_create", e))?;
+    rustix::event::epoll::add(
+        &ep,
+        sock,
+        rustix::event::epoll::EventData::new_u64(0),
+        events,
+    )
+    .map_err(|e| Fail::os("epoll_ctl add lane socket", e))?;
+    Ok(ep)
+}
+
+/// Receive buffer to start with; it grows to the largest message seen.
+const FIRST_BUFFER: usize = 64 << 10;
+
+/// One lane's receiving side as a completion source: a completion is one
+/// whole message (its length), whose bytes are [`Frames::message`] until
+/// the next take.
+pub(super) struct Frames {
+    sock: Arc<OwnedFd>,
+    ep: OwnedFd,
+    buf: Vec<u8>,
+    /// Bytes `buf[start..end]` are received and not yet handed out.
+    start: usize,
+    end: usize,
+    /// The message handed out last, dropped at the next take.
+    held: std::ops::Range<usize>,
+    max_message: usize,
+    peek: Arc<SocketPeek>,
+    handle: Arc<dyn Peek>,
+}
+
+impl Frames {
+    pub(super) fn new(sock: Arc<OwnedFd>, max_message: usize) -> Result<Frames> {
+        let ep = epoll_on(
+            &sock,
+            rustix::event::epoll::EventFlags::IN | rustix::event::epoll::EventFlags::RDHUP,
+        )?;
+        let peek = SocketPeek::new(sock.as_fd())?;
+        Ok(Frames {
+            sock,
+            ep,
+            buf: vec![0; FIRST_BUFFER],
+            start: 0,
+            end: 0,
+            held: 0..0,
+            max_message,
+            handle: peek.clone(),
+            peek,
+        })
+    }
+
+    /// The message taken last.
+    pub(super) fn message(&self) -> &[u8] {
+        &self.buf[self.held.clone()]
+    }
+
+    /// The length of the whole message at `start`, if its header is in.
+    fn next_len(&self) -> Result<Option<usize>> {
+        if self.end - self.start < HEADER {
+            return Ok(None);
+        }
+        let mut h = [0u8; HEADER];
+        h.copy_from_slice(&self.buf[self.start..self.start + HEADER]);
+        let len = u32::from_le_bytes(h) as usize;
+        if len > self.max_message {
+            return Err(Fail::new(
+                libc::EPROTO,
+                format!(
+                    "lane peer sent a {len}-byte message, over the {}-byte limit",
+                    self.max_message
+                ),
+            ));
+        }
+        Ok(Some(len))
+    }
+
+    /// Is a whole message buffered after the one held?
+    fn buffered(&self) -> bool {
+        matches!(self.next_len(), Ok(Some(n)) if self.end - self.start >= HEADER + n)
+            || self.next_len().is_err()
+    }
+
+    /// Room for `need` bytes from `start`: move the unread bytes to the
+    /// front, grow the buffer if even that is not enough.
+    fn make_room(&mut self, need: usize) {
+        if self.start + need <= self.buf.len() && self.end < self.buf.len() {
+            return;
+        }
+        self.buf.copy_within(self.start..self.end, 0);
+        self.end -= self.start;
+        self.start = 0;
+        if need > self.buf.len() {
+            self.buf.resize(need, 0);
+        }
+    }
+}
+
+impl Source for Frames {
+    type Completion = usize;
+
+    fn name(&self) -> &'static str {
+        "lane"
+    }
+
+    fn ready(&self) -> bool {
+        if self.buffered() {
+            return true;
+        }
+        let mut scratch = [0u8; 1];
+        match rustix::net::recv(
+            &*self.sock,
+            &mut scratch,
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+        ) {
+            // A byte (maybe not a whole message: a stale true the take
+            // resolves), or the end of the stream, which the take reports.
+            Ok(_) => true,
+            Err(rustix::io::Errno::AGAIN) => false,
+            Err(_) => true,
+        }
+    }
+
+    fn try_take(&mut self) -> Result<Option<usize>> {
+        if self.held.end > 0 {
+            self.start = self.held.end;
+            self.held = 0..0;
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        loop {
+            let need = match self.next_len()? {
+                Some(len) if self.end - self.start >= HEADER + len => {
+                    let at = self.start + HEADER;
+                    self.held = at..at + len;
+                    return Ok(Some(len));
+                }
+                Some(len) => HEADER + len,
+                None => HEADER,
+            };
+            self.make_room(need);
+            match rustix::net::recv(
+                &*self.sock,
+                &mut self.buf[self.end..],
+                rustix::net::RecvFlags::DONTWAIT,
+            ) {
+                Ok((0, _)) => {
+                    let have = self.end - self.start;
+                    if have == 0 {
+                        return Err(Fail::closed("lane peer closed the connection"));
+                    }
+                    return Err(Fail::new(
+                        libc::EPROTO,
+                        format!(
+                            "lane peer closed mid-message: {have} of {need} bytes arrived, nothing delivered"
+                        ),
+                    ));
+                }
+                Ok((n, _)) => self.end += n,
+                Err(rustix::io::Errno::AGAIN) => return Ok(None),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::CONNRESET) => {
+                    return Err(Fail::closed("lane connection reset by its peer"));
+                }
+                Err(e) => return Err(Fail::os("recv lane", e)),
+            }
+        }
+    }
+
+    fn arm(&mut self) -> Result<()> {
+        // Level-triggered epoll needs no arming.
+        Ok(())
+    }
+
+    fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> Result<()> {
+        crate::source::wait_readable(self.ep.as_fd(), timeout, false, "ppoll lane").map(drop)
+    }
+
+    fn notify_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.ep.as_fd())
+    }
+
+    fn peek(&self) -> Option<&Arc<dyn Peek>> {
+        Some(&self.handle)
+    }
+}
+
+impl Drop for Frames {
+    fn drop(&mut self) {
+        self.peek.retire(self.ep.as_fd(), self.sock.as_fd());
+    }
+}
+
+/// A lane's sending side as a completion source: a completion is the
+/// socket having room (`POLLOUT`), so a sender that found it full waits in
+/// its lane's mode through the one engine.
+pub(super) struct Room {
+    sock: Arc<OwnedFd>,
+    ep: OwnedFd,
+    /// Waits that slept or peeked: the syscalls a send spent waiting.
+    pub(super) polls: u64,
+}
+
+impl Room {
+    pub(super) fn new(sock: Arc<OwnedFd>) -> Result<Room> {
+        let ep = epoll_on(&sock, rustix::event::epoll::EventFlags::OUT)?;
+        Ok(Room { sock, ep, polls: 0 })
+    }
+
+    fn writable(&self) -> bool {
+        let mut p = [rustix::event::PollFd::new(
+            &*self.sock,
+            rustix::event::PollFlags::OUT,
+        )];
+        match rustix::event::poll(
+            &mut p,
+            Some(&rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            }),
+        ) {
+            // Room, or an error or hang-up the next send reports.
+            Ok(n) => n != 0,
+            Err(_) => true,
+        }
+    }
+}
+
+impl Source for Room {
+    type Completion = ();
+
+    fn name(&self) -> &'static str {
+        "lane room"
+    }
+
+    fn ready(&self) -> bool {
+        self.writable()
+    }
+
+    fn try_take(&mut self) -> Result<Option<()>> {
+        self.polls += 1;
+        Ok(self.writable().then_some(()))
+    }
+
+    fn arm(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn sleep(&mut self, _proof: Rechecked, timeout: Option<Duration>) -> Result<()> {
+        self.polls += 1;
+        // The epoll instance is readable while the socket has room.
+        crate::source::wait_readable(self.ep.as_fd(), timeout, false, "ppoll lane room").map(drop)
+    }
+
+    fn notify_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.ep.as_fd())
+    }
+}

@@ -1,0 +1,367 @@
+//! A lane's sending side: direct sends from the calling thread, in
+//! chunks, and the bulk lane's batch queue (see the [module docs](super)
+//! for the rules and their numbers).
+
+use super::Batch;
+use super::frame::{HEADER, Room, header};
+use crate::cpu::monotonic_ns;
+use crate::{Fail, Result, WaitMode, Waiter};
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// How big each `sendmsg` of a message may be, asked before each one:
+/// the bulk lane's chunk shrinks while the latency lane has a message in
+/// flight.
+pub(super) struct Pace<'a> {
+    pub chunk: usize,
+    pub polite_chunk: usize,
+    pub polite: &'a dyn Fn() -> bool,
+}
+
+impl Pace<'_> {
+    /// The chunk for the next `sendmsg`, and whether it is the polite one.
+    fn next(&self) -> (usize, bool) {
+        if self.polite_chunk < self.chunk && (self.polite)() {
+            (self.polite_chunk, true)
+        } else {
+            (self.chunk, false)
+        }
+    }
+}
+
+/// What a lane's sends did, counted since the endpoint was made.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SendCounters {
+    /// Messages sent (queued ones included).
+    pub messages: u64,
+    /// Payload bytes of those messages.
+    pub bytes: u64,
+    /// `sendmsg` calls, those that found the socket full included.
+    pub sendmsgs: u64,
+    /// `sendmsg` calls flagged `MSG_MORE` (more of a message or of the
+    /// queue followed at once).
+    pub more: u64,
+    /// `sendmsg` calls that carried parts of more than one message.
+    pub batched: u64,
+    /// `sendmsg` calls cut to the polite chunk.
+    pub polite: u64,
+    /// Messages that went out in more than one `sendmsg`.
+    pub chunked: u64,
+    /// Messages (or their tails) copied into the batch queue because the
+    /// socket was full.
+    pub queued: u64,
+    /// Syscalls spent waiting for room (peeks and sleeps).
+    pub room_polls: u64,
+    /// Bytes waiting in the batch queue now.
+    pub queued_bytes: u64,
+}
+
+/// One send's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SendDone {
+    /// Syscalls the send made (`sendmsg`s, room peeks and sleeps,
+    /// draining what was queued before it included).
+    pub syscalls: u64,
+    /// Its tail (or all of it) waits in the batch queue.
+    pub queued: bool,
+}
+
+struct State {
+    /// Framed bytes the kernel has not taken yet; the front one from
+    /// `front_off`.
+    queue: VecDeque<Vec<u8>>,
+    front_off: usize,
+    /// Bytes in `queue` not yet sent.
+    queued: usize,
+    /// When the oldest queued byte was queued ([`monotonic_ns`]).
+    oldest_ns: u64,
+    room: Room,
+    waiter: Waiter,
+    counters: SendCounters,
+}
+
+/// A lane's sending side. One sender at a time holds it for a whole
+/// message, so messages never interleave on the wire.
+pub(super) struct Tx {
+    sock: Arc<OwnedFd>,
+    batch: Option<Batch>,
+    state: Mutex<State>,
+}
+
+fn closed_or(e: rustix::io::Errno) -> Fail {
+    match e {
+        rustix::io::Errno::PIPE | rustix::io::Errno::CONNRESET => Fail::closed("lane peer is gone"),
+        e => Fail::os("sendmsg lane", e),
+    }
+}
+
+impl Tx {
+    pub(super) fn new(sock: Arc<OwnedFd>, batch: Option<Batch>, mode: WaitMode) -> Result<Tx> {
+        Ok(Tx {
+            batch,
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                front_off: 0,
+                queued: 0,
+                oldest_ns: 0,
+                room: Room::new(sock.clone())?,
+                waiter: Waiter::new(mode),
+                counters: SendCounters::default(),
+            }),
+            sock,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A sender that panicked left the queue consistent (every change
+        // to it is one step), so the lane stays usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn counters(&self) -> SendCounters {
+        let st = self.lock();
+        let mut c = st.counters;
+        c.room_polls = st.room.polls;
+        c.queued_bytes = st.queued as u64;
+        c
+    }
+
+    /// Send one message: straight to the kernel when nothing is queued,
+    /// waiting for room in the lane's mode unless its tail fits the batch
+    /// queue.
+    pub(super) fn send(&self, msg: &[u8], pace: &Pace<'_>) -> Result<SendDone> {
+        let mut st = self.lock();
+        let before = st.syscalls();
+        st.counters.messages += 1;
+        st.counters.bytes += msg.len() as u64;
+        let hdr = header(msg.len());
+        let total = HEADER + msg.len();
+        if st.queued > 0 {
+            st.drain(&self.sock, self.batch, pace, false)?;
+        }
+        if st.queued > 0 {
+            if let Some(b) = self.batch
+                && st.queued + total <= b.bytes
+            {
+                st.enqueue(&hdr, msg, 0);
+                st.drain(&self.sock, self.batch, pace, false)?;
+                return Ok(st.done(before, true));
+            }
+            st.drain(&self.sock, self.batch, pace, true)?;
+        }
+        let mut off = 0;
+        let mut calls = 0;
+        loop {
+            off = st.send_direct(
+                &self.sock,
+                &hdr,
+                msg,
+                off,
+                pace,
+                self.batch.is_some(),
+                &mut calls,
+            )?;
+            if off == total {
+                break;
+            }
+            if let Some(b) = self.batch
+                && total - off <= b.bytes
+            {
+                st.enqueue(&hdr, msg, off);
+                break;
+            }
+            st.wait_room()?;
+        }
+        if calls > 1 {
+            st.counters.chunked += 1;
+        }
+        let queued = st.queued > 0;
+        Ok(st.done(before, queued))
+    }
+
+    /// Push what the queue holds if its oldest byte has waited `delay`
+    /// (without blocking, and without waiting for a sender that holds the
+    /// lane: that one drains it). Returns whether bytes stay queued.
+    pub(super) fn tick(&self, delay: Duration, pace: &Pace<'_>) -> Result<bool> {
+        let Ok(mut st) = self.state.try_lock() else {
+            return Ok(false);
+        };
+        if st.queued == 0 {
+            return Ok(false);
+        }
+        if monotonic_ns().saturating_sub(st.oldest_ns) >= delay.as_nanos() as u64 {
+            st.drain(&self.sock, self.batch, pace, false)?;
+        }
+        Ok(st.queued > 0)
+    }
+
+    /// Send everything queued, waiting for room as long as it takes.
+    pub(super) fn flush(&self, pace: &Pace<'_>) -> Result<()> {
+        let mut st = self.lock();
+        st.drain(&self.sock, self.batch, pace, true)
+    }
+}
+
+impl State {
+    fn syscalls(&self) -> u64 {
+        self.counters.sendmsgs + self.room.polls
+    }
+
+    fn done(&self, before: u64, queued: bool) -> SendDone {
+        SendDone {
+            syscalls: self.syscalls() - before,
+            queued,
+        }
+    }
+
+    fn enqueue(&mut self, hdr: &[u8], msg: &[u8], off: usize) {
+        let mut v = Vec::with_capacity(HEADER + msg.len() - off);
+        if off < HEADER {
+            v.extend_from_slice(&hdr[off..]);
+            v.extend_from_slice(msg);
+        } else {
+            v.extend_from_slice(&msg[off - HEADER..]);
+        }
+        if self.queued == 0 {
+            self.oldest_ns = monotonic_ns();
+        }
+        self.queued += v.len();
+        self.queue.push_back(v);
+        self.counters.queued += 1;
+    }
+
+    fn wait_room(&mut self) -> Result<()> {
+        self.waiter.wait(&mut self.room)
+    }
+
+    /// Send frame bytes from `off` until all are sent or the socket is
+    /// full; returns the new offset. `calls` counts the `sendmsg`s that
+    /// took bytes.
+    #[allow(clippy::too_many_arguments)]
+    fn send_direct(
+        &mut self,
+        sock: &OwnedFd,
+        hdr: &[u8; HEADER],
+        msg: &[u8],
+        mut off: usize,
+        pace: &Pace<'_>,
+        batching: bool,
+        calls: &mut u32,
+    ) -> Result<usize> {
+        let total = HEADER + msg.len();
+        while off < total {
+            let (chunk, polite) = pace.next();
+            let end = (off + chunk).min(total);
+            let iov_h;
+            let iov_m;
+            let iovs: &[IoSlice<'_>] = if off < HEADER {
+                iov_h = [
+                    IoSlice::new(&hdr[off..]),
+                    IoSlice::new(&msg[..end - HEADER]),
+                ];
+                &iov_h
+            } else {
+                iov_m = [IoSlice::new(&msg[off - HEADER..end - HEADER])];
+                &iov_m
+            };
+            let last = end == total;
+            let mut flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+            if batching {
+                flags |= if last {
+                    rustix::net::SendFlags::EOR
+                } else {
+                    rustix::net::SendFlags::MORE
+                };
+            }
+            self.counters.sendmsgs += 1;
+            match rustix::net::sendmsg(sock, iovs, &mut Default::default(), flags) {
+                Ok(n) => {
+                    off += n;
+                    *calls += 1;
+                    self.counters.more += u64::from(flags.contains(rustix::net::SendFlags::MORE));
+                    self.counters.polite += u64::from(polite);
+                }
+                Err(rustix::io::Errno::AGAIN) => return Ok(off),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(closed_or(e)),
+            }
+        }
+        Ok(off)
+    }
+
+    /// Send the queue in batches (the module docs' rule); with `block`,
+    /// wait for room until it is empty, else stop when the socket is full.
+    fn drain(
+        &mut self,
+        sock: &OwnedFd,
+        batch: Option<Batch>,
+        pace: &Pace<'_>,
+        block: bool,
+    ) -> Result<()> {
+        let b = batch.unwrap_or(super::Batch::I10);
+        while self.queued > 0 {
+            let (chunk, polite) = pace.next();
+            let limit = chunk.min(b.bytes).max(1);
+            let mut iovs: Vec<IoSlice<'_>> = Vec::with_capacity(b.messages.min(self.queue.len()));
+            let mut bytes = 0;
+            for (i, v) in self.queue.iter().enumerate() {
+                if iovs.len() == b.messages || bytes == limit {
+                    break;
+                }
+                let from = if i == 0 { self.front_off } else { 0 };
+                let take = (v.len() - from).min(limit - bytes);
+                iovs.push(IoSlice::new(&v[from..from + take]));
+                bytes += take;
+            }
+            let more = bytes < self.queued;
+            let flags = rustix::net::SendFlags::DONTWAIT
+                | rustix::net::SendFlags::NOSIGNAL
+                | if more {
+                    rustix::net::SendFlags::MORE
+                } else {
+                    rustix::net::SendFlags::EOR
+                };
+            let parts = iovs.len();
+            self.counters.sendmsgs += 1;
+            let r = rustix::net::sendmsg(sock, &iovs, &mut Default::default(), flags);
+            drop(iovs);
+            match r {
+                Ok(n) => {
+                    self.counters.more += u64::from(more);
+                    self.counters.batched += u64::from(parts > 1);
+                    self.counters.polite += u64::from(polite);
+                    self.advance(n);
+                }
+                Err(rustix::io::Errno::AGAIN) if block => self.wait_room()?,
+                Err(rustix::io::Errno::AGAIN) => return Ok(()),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(closed_or(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// `n` queued bytes went to the kernel.
+    fn advance(&mut self, mut n: usize) {
+        self.queued -= n;
+        while n > 0 {
+            let front = self.queue[0].len() - self.front_off;
+            if n >= front {
+                n -= front;
+                self.queue.pop_front();
+                self.front_off = 0;
+            } else {
+                self.front_off += n;
+                n = 0;
+            }
+        }
+        if self.queued > 0 {
+            // The rest has waited since it was queued, but a drain that
+            // made progress restarts the clock: the kernel is taking it.
+            self.oldest_ns = monotonic_ns();
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! Lanes: every message arrives whole, once and in order on its lane
+//! under random sizes, classes and interleavings; the chunking and
+//! batching rules hold; a peer closing mid-message is an error with
+//! nothing half delivered; bad parameters are one line.
+//!
+//! Every wait here is in interrupt mode (nothing spins), so these tests
+//! can run beside others.
+
+use fastwake::WaitMode;
+use fastwake::lanes::connect::{HELLO_LEN, Hello, Role};
+use fastwake::lanes::{Batch, Class, Config, Endpoint, Layout, Listener, connect};
+use rand::{Rng, SeedableRng};
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn quiet(layout: Layout) -> Config {
+    Config {
+        layout,
+        latency_mode: WaitMode::Interrupt,
+        bulk_mode: WaitMode::Interrupt,
+        ..Config::default()
+    }
+}
+
+fn pair(config: Config) -> (Endpoint, Endpoint) {
+    let l = Listener::bind("127.0.0.1:0".parse().unwrap(), config).unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || l.accept().unwrap());
+    let a = connect(addr, config).unwrap();
+    (a, t.join().unwrap())
+}
+
+/// Message `seq` of sender `from`, `len` bytes: a header the receiver
+/// checks order with, then bytes that depend on all three.
+fn message(from: u8, seq: u64, len: usize) -> Vec<u8> {
+    let mut m = vec![0u8; len];
+    let head = [&[from][..], &seq.to_le_bytes()].concat();
+    let n = head.len().min(len);
+    m[..n].copy_from_slice(&head[..n]);
+    for (i, b) in m.iter_mut().enumerate().skip(n) {
+        *b = (i as u64 ^ seq.wrapping_mul(31) ^ from as u64) as u8;
+    }
+    m
+}
+
+fn check(m: &[u8], from: u8, seq: u64) {
+    assert_eq!(
+        m,
+        &message(from, seq, m.len())[..],
+        "sender {from} message {seq}"
+    );
+}
+
+/// Sizes around the threshold and the chunk, and large ones.
+fn size(rng: &mut impl Rng) -> usize {
+    match rng.random_range(0..10) {
+        0 => 0,
+        1..=3 => rng.random_range(9..256),
+        4..=5 => rng.random_range(16_000..17_000),
+        6..=7 => rng.random_range(17_000..80_000),
+        _ => rng.random_range(80_000..600_000),
+    }
+}
+
+/// Two senders on one endpoint, random sizes and some explicit classes;
+/// one receiving thread per lane checks every message's order per sender
+/// and its bytes.
+fn randomized(config: Config, per_sender: u64, seed: u64) {
+    let (a, b) = pair(config);
+    let a = Arc::new(a);
+    let b = Arc::new(b);
+    let shared = config.layout == Layout::Shared;
+    let classes: &[Class] = if shared {
+        &[Class::Latency]
+    } else {
+        &[Class::Latency, Class::Bulk]
+    };
+    let mut senders = Vec::new();
+    for from in 0..2u8 {
+        let a = a.clone();
+        senders.push(std::thread::spawn(move || {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed + from as u64);
+            // Per lane: the next seq of each class (the lane's order).
+            let mut next = [0u64; 2];
+            let mut sent = Vec::new();
+            for _ in 0..per_sender {
+                let len = size(&mut rng).max(9);
+                let class = match rng.random_range(0..8) {
+                    0 => Class::Latency,
+                    1 => Class::Bulk,
+                    _ => a.class_of(len),
+                };
+                let lane = if shared { 0 } else { class as usize };
+                let seq = next[lane];
+                next[lane] += 1;
+                let s = a.send_as(&message(from, seq, len), class).unwrap();
+                assert_eq!(s.class, class);
+                sent.push(lane);
+                if rng.random_range(0..50) == 0 {
+                    std::thread::sleep(Duration::from_micros(rng.random_range(0..300)));
+                }
+            }
+            a.flush().unwrap();
+            next
+        }));
+    }
+    let mut receivers = Vec::new();
+    for &class in classes {
+        let b = b.clone();
+        receivers.push(std::thread::spawn(move || {
+            let mut next = [0u64; 2];
+            let mut count = 0u64;
+            loop {
+                let got = b
+                    .recv_timeout_with(class, Duration::from_secs(2), |m| {
+                        let from = m[0];
+                        let seq = u64::from_le_bytes(m[1..9].try_into().unwrap());
+                        assert_eq!(seq, next[from as usize], "lane {class:?} sender {from}");
+                        check(m, from, seq);
+                        next[from as usize] += 1;
+                    })
+                    .unwrap();
+                match got {
+                    Some(()) => count += 1,
+                    None => return (next, count),
+                }
+            }
+        }));
+    }
+    let mut want = [[0u64; 2]; 2]; // [lane][sender]
+    for (from, s) in senders.into_iter().enumerate() {
+        let next = s.join().unwrap();
+        want[0][from] = next[0];
+        want[1][from] = next[1];
+    }
+    for (i, r) in receivers.into_iter().enumerate() {
+        let (next, _) = r.join().unwrap();
+        assert_eq!(next, want[i], "lane {i}: messages per sender");
+    }
+    if !shared {
+        let st = a.stats(Class::Bulk);
+        assert!(st.send.messages > 0);
+        assert_eq!(st.send.queued_bytes, 0, "flush left bytes queued");
+    }
+}
+
+#[test]
+fn lanes_randomized_order_and_integrity() {
+    randomized(quiet(Layout::Lanes), 1500, 7);
+}
+
+#[test]
+fn lanes_randomized_without_batching() {
+    randomized(
+        Config {
+            batch: None,
+            ..quiet(Layout::Lanes)
+        },
+        600,
+        11,
+    );
+}
+
+#[test]
+fn lanes_randomized_shared_layout() {
+    randomized(quiet(Layout::Shared), 600, 13);
+}
+
+#[test]
+fn lanes_small_chunks_and_batches() {
+    // Tiny chunks and batches: every rule's edge is crossed often.
+    randomized(
+        Config {
+            chunk: 1000,
+            polite_chunk: 100,
+            batch: Some(Batch {
+                messages: 2,
+                bytes: 3000,
+                delay: Duration::from_micros(10),
+            }),
+            ..quiet(Layout::Lanes)
+        },
+        400,
+        17,
+    );
+}
+
+/// Read everything `class` brings until `n` messages arrived.
+fn drain(b: Arc<Endpoint>, class: Class, n: u64) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut bytes = 0;
+        for _ in 0..n {
+            bytes += b.recv_with(class, |m| m.len() as u64).unwrap();
+        }
+        bytes
+    })
+}
+
+#[test]
+fn lanes_bulk_goes_in_chunks_and_politely_while_latency_is_in_flight() {
+    let config = Config {
+        batch: None,
+        ..quiet(Layout::Lanes)
+    };
+    let (a, b) = pair(config);
+    let b = Arc::new(b);
+    let big = vec![7u8; 1 << 20];
+    let r = drain(b.clone(), Class::Bulk, 2);
+    a.send(&big).unwrap();
+    let s = a.stats(Class::Bulk).send;
+    assert_eq!(s.chunked, 1);
+    assert!(
+        s.sendmsgs >= (1 << 20) / config.chunk as u64,
+        "{} sendmsgs for 1 MiB in {} B chunks",
+        s.sendmsgs,
+        config.chunk
+    );
+    assert_eq!(s.polite, 0, "no latency message was in flight");
+    // A latency message nobody answers is in flight for a millisecond.
+    a.send(b"ping").unwrap();
+    assert!(a.latency_in_flight());
+    a.send(&big).unwrap();
+    let s2 = a.stats(Class::Bulk).send;
+    assert!(
+        s2.polite > 0,
+        "no polite chunk while a latency message was in flight"
+    );
+    assert_eq!(r.join().unwrap(), 2 << 20);
+    // The answer ends the flight.
+    b.send(b"pong").unwrap();
+    a.recv(Class::Latency).unwrap();
+    assert!(!a.latency_in_flight());
+}
+
+#[test]
+fn lanes_batching_queues_while_full_and_flushes() {
+    let mk = |batch| Config {
+        batch,
+        ..quiet(Layout::Lanes)
+    };
+    for batch in [Some(Batch::I10), None] {
+        let (a, b) = pair(mk(batch));
+        let a = Arc::new(a);
+        let b = Arc::new(b);
+        let msg = vec![1u8; 20_000];
+        // Fill the socket before the peer reads: sends then find it full.
+        let n = 2000u64;
+        let r = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                drain(b, Class::Bulk, n).join().unwrap()
+            })
+        };
+        let mut queued = 0;
+        for _ in 0..n {
+            queued += u64::from(a.send(&msg).unwrap().queued);
+        }
+        // The i10 timer: a thread waiting on the endpoint pushes the queue.
+        let t0 = Instant::now();
+        while a.stats(Class::Bulk).send.queued_bytes > 0 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "queue never drained");
+            let _ = a
+                .recv_timeout_with(Class::Latency, Duration::from_millis(1), |_| ())
+                .unwrap();
+        }
+        assert_eq!(r.join().unwrap(), n * 20_000);
+        let s = a.stats(Class::Bulk).send;
+        // A queue of at most a batch's bytes goes out in one sendmsg, so
+        // MSG_MORE marks the chunks of a message bigger than a chunk.
+        let r = drain(b.clone(), Class::Bulk, 1);
+        a.send(&vec![2u8; 1 << 20]).unwrap();
+        a.flush().unwrap();
+        assert_eq!(r.join().unwrap(), 1 << 20);
+        let more = a.stats(Class::Bulk).send.more - s.more;
+        if batch.is_some() {
+            assert!(queued > 0 && s.queued > 0, "nothing queued: {s:?}");
+            assert!(s.batched > 0, "no sendmsg carried two messages: {s:?}");
+            assert!(more >= 15, "{more} sendmsgs with MSG_MORE for 16 chunks");
+        } else {
+            assert_eq!(more, 0);
+            assert_eq!((queued, s.queued, s.batched, s.more), (0, 0, 0, 0), "{s:?}");
+        }
+    }
+}
+
+#[test]
+fn lanes_peer_closing_mid_message_is_an_error_and_nothing_half_delivered() {
+    let l = Listener::bind("127.0.0.1:0".parse().unwrap(), quiet(Layout::Lanes)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(
+        &Hello {
+            id: 1,
+            role: Role::Shared,
+        }
+        .encode(),
+    )
+    .unwrap();
+    let ep = l.accept().unwrap();
+    assert_eq!(ep.connections(), 1);
+    // One whole message, then 10 bytes of a 1000-byte one, then the close.
+    s.write_all(&3u32.to_le_bytes()).unwrap();
+    s.write_all(b"abc").unwrap();
+    s.write_all(&1000u32.to_le_bytes()).unwrap();
+    s.write_all(&[0u8; 10]).unwrap();
+    drop(s);
+    assert_eq!(ep.recv(Class::Latency).unwrap(), b"abc");
+    let e = ep.recv(Class::Latency).unwrap_err();
+    assert_eq!(e.errno(), libc::EPROTO, "{e}");
+    assert!(e.to_string().contains("mid-message"), "{e}");
+    assert!(!e.to_string().contains('\n'));
+    // A clean close after whole messages is a close.
+    let (a, b) = pair(quiet(Layout::Lanes));
+    a.send(b"last").unwrap();
+    drop(a);
+    assert_eq!(b.recv(Class::Latency).unwrap(), b"last");
+    assert!(b.recv(Class::Latency).unwrap_err().is_closed());
+    assert!(b.recv(Class::Bulk).unwrap_err().is_closed());
+}
+
+#[test]
+fn lanes_bad_parameters_are_one_line() {
+    let d = Config::default();
+    let bad = [
+        Config {
+            threshold: 1 << 30,
+            ..d
+        },
+        Config { chunk: 0, ..d },
+        Config {
+            polite_chunk: d.chunk + 1,
+            ..d
+        },
+        Config {
+            max_message: 0,
+            ..d
+        },
+        Config {
+            batch: Some(Batch {
+                messages: 0,
+                ..Batch::I10
+            }),
+            ..d
+        },
+        Config {
+            latency_mode: WaitMode::Poll,
+            ..d
+        },
+        Config {
+            bulk_mode: WaitMode::Dispatch,
+            ..d
+        },
+    ];
+    let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    for c in bad {
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL);
+        assert!(
+            !e.to_string().contains('\n') && e.to_string().starts_with("lanes: "),
+            "{e}"
+        );
+        assert_eq!(connect(addr, c).unwrap_err().errno(), libc::EINVAL);
+        assert!(Listener::bind(addr, c).is_err());
+    }
+    // A message over the limit is refused before anything is sent.
+    let (a, b) = pair(Config {
+        max_message: 100,
+        threshold: 50,
+        ..quiet(Layout::Lanes)
+    });
+    let e = a.send(&[0u8; 101]).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    a.send(&[5u8; 100]).unwrap();
+    assert_eq!(b.recv(Class::Bulk).unwrap(), vec![5u8; 100]);
+    // A peer that is not a lanes endpoint, and one whose frame is too big.
+    let l = Listener::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        Config {
+            max_message: 100,
+            threshold: 50,
+            ..quiet(Layout::Lanes)
+        },
+    )
+    .unwrap();
+    let mut s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    s.write_all(&[b'x'; HELLO_LEN]).unwrap();
+    let e = l.accept().unwrap_err();
+    assert_eq!(e.errno(), libc::EPROTO, "{e}");
+    let mut s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    s.write_all(
+        &Hello {
+            id: 2,
+            role: Role::Shared,
+        }
+        .encode(),
+    )
+    .unwrap();
+    let ep = l.accept().unwrap();
+    s.write_all(&101u32.to_le_bytes()).unwrap();
+    let e = ep.recv(Class::Latency).unwrap_err();
+    assert_eq!(e.errno(), libc::EPROTO, "{e}");
+    assert!(
+        Hello::decode(
+            &Hello {
+                id: 3,
+                role: Role::Bulk
+            }
+            .encode()
+        )
+        .is_ok()
+    );
+}
