@@ -160,6 +160,7 @@ fn blocking(
         crate::pollers::Next::Again => {
             let r = real();
             if r >= 0 {
+                // EOF too: the socket changed state.
                 crate::pollers::completion();
             }
             r

@@ -278,18 +278,17 @@ fn a_thread_polling_memory_is_switched_off() {
     // With the rule: one sleep's worth at most (the first flag came while
     // the bound was the first one; a wake-up's lateness on top), then the
     // thread polls the flag again.
-    assert!(
-        a[0] < first_bound + 200,
-        "with the rule, the first flag waited {} us (first bound {first_bound} us): {a:?}",
-        a[0]
-    );
-    // Then it polls: a later flag waits only where another task took the
-    // poller's CPU (each such wait needs an involuntary switch).
+    // With the rule: the first flag waits one sleep at most (it came while
+    // the bound was the first one; a wake-up's lateness on top), then the
+    // thread polls the flag again. A flag waits longer only where another
+    // task took the poller's CPU (each such wait needs an involuntary
+    // switch of the poller).
     let preempted: usize = printed(&on, "preempted").parse().unwrap();
-    let late = a[1..].iter().filter(|&&l| l >= first_bound).count();
+    let late =
+        (a[0] >= first_bound + 200) as usize + a[1..].iter().filter(|&&l| l >= first_bound).count();
     assert!(
         late <= preempted,
-        "with the rule, {late} later flags waited a bound or more, with {preempted} preemptions: {a:?}"
+        "with the rule, {late} flags waited longer than a first bound, with {preempted} preemptions: {a:?}"
     );
     // Without it, the bound grows on the socket's completions, and flags
     // wait up to it.

@@ -81,6 +81,9 @@ struct Thread {
     armed: Option<(Key, u64)>,
     /// A run of empty polls is in progress (a completion ends it).
     running: bool,
+    /// The last sleep ended by its bound and no completion came since (the
+    /// rule's suspicion, mirrored so a completion's fast path can see it).
+    suspect: bool,
     /// When the run began (ns), for the polling time counter.
     run_t0: u64,
 }
@@ -88,7 +91,7 @@ struct Thread {
 thread_local! {
     // Const-initialised, no destructor: safe from any hook at any time.
     static THREAD: RefCell<Thread> = const {
-        RefCell::new(Thread { set: Set::EMPTY, armed: None, running: false, run_t0: 0 })
+        RefCell::new(Thread { set: Set::EMPTY, armed: None, running: false, suspect: false, run_t0: 0 })
     };
 }
 
@@ -103,10 +106,13 @@ pub fn completion() {
         let Ok(mut t) = t.try_borrow_mut() else {
             return;
         };
-        if !t.running {
+        if !t.running && !t.suspect {
             return;
         }
+        // Also right after a sleep its bound ended (the call made again
+        // found what came meanwhile): the suspicion is cleared.
         t.running = false;
+        t.suspect = false;
         t.armed = None;
         t.set.clear();
         wait::with_governor(|g, _| g.idle().completion());
@@ -243,12 +249,14 @@ fn sleep(t: &mut Thread, g: &mut fastwake::wait::Governor, peer: Option<u32>, bo
     crate::stats::add(|s| &s.pollers.sleep_ns, slept);
     // A signal (EINTR) is neither: it teaches the bound nothing, and the
     // program's call, made again, sees what there is.
+    t.suspect = false;
     if r > 0 {
         count(|p| &p.woke_by_completion);
         g.idle().slept(slept, true);
     } else if r == 0 {
         count(|p| &p.woke_by_bound);
         g.idle().slept(slept, false);
+        t.suspect = true;
     } else {
         g.idle().completion();
     }
@@ -279,6 +287,7 @@ pub fn progress() {
                 t.armed = None;
                 t.set.clear();
                 t.running = false;
+                t.suspect = false;
             }
         });
         if crate::config::verbose() {
@@ -308,7 +317,7 @@ pub fn after_fd_call(
     }
     match empty(key, add) {
         Next::Empty => 0,
-        Next::Again => again(),
+        Next::Again => found(again()),
     }
 }
 
@@ -324,6 +333,16 @@ pub fn after_poll_cq(cq: *mut ibv_cq, n: c_int, again: impl FnOnce() -> c_int) -
     }
     match empty(Key::Cq(cq as usize), |s| s.add_cq(cq)) {
         Next::Empty => 0,
-        Next::Again => again(),
+        Next::Again => found(again()),
     }
+}
+
+/// The call made again after a sleep returned `n`: what it found is a
+/// completion (the sleep's own end does not clear a bound's suspicion).
+#[inline]
+pub fn found<N: Into<i64> + Copy>(n: N) -> N {
+    if n.into() > 0 {
+        completion();
+    }
+    n
 }
