@@ -550,16 +550,13 @@ fn keep_real(e: &Ex, c: &ibv_cq_ex) {
 /// # Safety
 /// `cq` is a live extended CQ just created; the program has not seen it.
 unsafe fn judge_only(cq: *mut ibv_cq_ex) -> bool {
-    if !super::monitor::on() {
-        return false;
-    }
     // SAFETY: the caller's contract: a live CQ nobody else uses yet.
     let c = unsafe { &mut *cq };
-    if c.start_poll.is_none()
-        || c.next_poll.is_none()
-        || c.read_opcode.is_none()
-        || c.read_qp_num.is_none()
-    {
+    let judged = super::monitor::on() && c.read_opcode.is_some() && c.read_qp_num.is_some();
+    // A busy-polling thread's empty start_poll may sleep on the CQ's
+    // shim-owned channel (`crate::pollers`).
+    let polled = crate::pollers::cqs::channel_of(cq.cast()).is_some();
+    if !(judged || polled) || c.start_poll.is_none() || c.next_poll.is_none() {
         return false;
     }
     let Some(e) = claim(cq) else {
@@ -582,7 +579,23 @@ unsafe extern "C" fn judged_start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_c
         return libc::EINVAL;
     };
     // SAFETY: forwarding the caller's arguments unchanged.
-    let r = unsafe { (e.start())(cq, attr) };
+    let mut r = unsafe { (e.start())(cq, attr) };
+    if crate::pollers::on() {
+        let base: *mut ibv_cq = cq.cast();
+        if r == 0 {
+            crate::pollers::completion();
+        } else if r == libc::ENOENT
+            && let crate::pollers::Next::Again =
+                crate::pollers::empty(crate::pollers::Key::Cq(base as usize), |s| s.add_cq(base))
+        {
+            // SAFETY: as above: the thread slept outside any batch; the
+            // caller's start_poll, made again.
+            r = unsafe { (e.start())(cq, attr) };
+            if r == 0 {
+                crate::pollers::completion();
+            }
+        }
+    }
     if r == 0 {
         // SAFETY: the provider's batch stands on a CQE.
         unsafe { judge_current(e, cq) };
@@ -686,8 +699,39 @@ unsafe extern "C" fn create_cq_ex(ctx: *mut ibv_context, attr: *mut c_void) -> *
     }
     // SAFETY: the provider's function, stored by `wrap` from this context.
     let real = unsafe { std::mem::transmute::<usize, CreateCqExFn>(real) };
-    // SAFETY: forwarding the caller's arguments unchanged.
-    let cq = unsafe { real(ctx, attr) };
+    // A CQ made without a channel gets one of the shim's when polling
+    // threads may sleep (`crate::pollers`): given in the caller's attr for
+    // the call, the caller's null put back after it.
+    let own = if !attr.is_null() && crate::pollers::on() {
+        // SAFETY: the caller's init attr (readable, as the provider reads
+        // it); `channel` is in every version of it.
+        let ch = unsafe { std::ptr::addr_of_mut!((*attr.cast::<ibv_cq_init_attr_ex>()).channel) };
+        // SAFETY: as above.
+        if unsafe { ch.read() }.is_null() {
+            let own = crate::pollers::cqs::create(ctx);
+            // SAFETY: as above, the caller's own memory for the call.
+            unsafe { ch.write(own) };
+            Some((ch, own)).filter(|(_, o)| !o.is_null())
+        } else {
+            None
+        }
+    } else {
+        None
+    };
+    // SAFETY: forwarding the caller's arguments (with the shim's channel
+    // where the caller gave none).
+    let mut cq = unsafe { real(ctx, attr) };
+    if let Some((ch, own)) = own {
+        // SAFETY: put the caller's null back.
+        unsafe { ch.write(std::ptr::null_mut()) };
+        if cq.is_null() {
+            crate::pollers::cqs::abandon(own);
+            // SAFETY: exactly the caller's call.
+            cq = unsafe { real(ctx, attr) };
+        } else {
+            let _ = crate::pollers::cqs::add(cq.cast(), own);
+        }
+    }
     if cq.is_null() || attr.is_null() {
         return cq;
     }
@@ -720,7 +764,7 @@ unsafe extern "C" fn create_cq_ex(ctx: *mut ibv_context, attr: *mut c_void) -> *
             // SAFETY: the live CQ just created; the program has not seen it.
             let judged = crate::guarded(|| unsafe { judge_only(cq_ex) }, || false);
             if crate::config::verbose() && !SAID_PASSED.swap(true, Ordering::Relaxed) {
-                let monitor = if judged {
+                let monitor = if judged && super::monitor::on() {
                     "; the stall monitor still judges its start_poll batches"
                 } else {
                     ""
