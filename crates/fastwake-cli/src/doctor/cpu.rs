@@ -382,3 +382,37 @@ pub(super) fn judge_governors(govs: &[(u32, String)]) -> Finding {
         )
     }
 }
+
+/// The user-space wait instructions a busy poller could park on instead of
+/// spinning (`umonitor`/`umwait`, Intel's WAITPKG; `monitorx`/`mwaitx`,
+/// AMD's): read from CPUID, which a guest sees as its hypervisor exposes
+/// it. fastwake does not use them: its pollers sleep in the kernel
+/// (`FASTWAKE_POLLERS=sleep`), and a monitor/wait on a CQE's owner word has
+/// not been measured to pay on a host this project ran on.
+pub(super) fn user_wait() -> Finding {
+    let (waitpkg, monitorx) = user_wait_cpuid();
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    check::USER_WAIT.found(
+        Level::Info,
+        format!(
+            "umonitor/umwait (WAITPKG): {}; monitorx/mwaitx: {}; not used (busy pollers sleep in the kernel)",
+            yes(waitpkg),
+            yes(monitorx)
+        ),
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+fn user_wait_cpuid() -> (bool, bool) {
+    use std::arch::x86_64::__cpuid_count;
+    let max = __cpuid_count(0, 0).eax;
+    let waitpkg = max >= 7 && __cpuid_count(7, 0).ecx & (1 << 5) != 0;
+    let ext = __cpuid_count(0x8000_0000, 0).eax;
+    let monitorx = ext >= 0x8000_0001 && __cpuid_count(0x8000_0001, 0).ecx & (1 << 29) != 0;
+    (waitpkg, monitorx)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn user_wait_cpuid() -> (bool, bool) {
+    (false, false)
+}

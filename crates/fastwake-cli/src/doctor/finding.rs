@@ -194,6 +194,12 @@ pub(super) mod check {
         "guest halt polling",
         anchor::IDLE,
     );
+    pub const USER_WAIT: Check = Check::new(
+        "user_wait",
+        Area::Cpu,
+        "user-space wait instructions",
+        anchor::IDLE,
+    );
     pub const FREQUENCY_GOVERNOR: Check = Check::new(
         "frequency_governor",
         Area::Cpu,

@@ -179,6 +179,7 @@ pub fn inspect() -> Report {
         read("/sys/module/haltpoll/parameters/guest_halt_poll_ns").and_then(|v| v.parse().ok()),
     ));
     r.push(judge_governors(&governors()));
+    r.push(user_wait());
 
     // rdma
     r.push(judge_rdma_devices(&rdma_devs));
