@@ -158,6 +158,9 @@ rxe_check c-abi-shared-cq         check_capi_shared_cq
 # --- issue 18: stall monitor, ODP guard ---
 . "$RXE_SELF_DIR/stall-checks.sh"
 rxe_stall_checks
+# --- issue 31: busy pollers sleep when idle ---
+. "$RXE_SELF_DIR/pollers-checks.sh"
+rxe_pollers_checks
 
 # FASTWAKE_RXE_EXTRA on the host: a bash script run here, after the checks,
 # with guest-lib.sh loaded (it may call rxe_check itself; its output goes to

@@ -351,20 +351,10 @@ fn spin_looking(
     n
 }
 
-/// The engine's wait for callers outside this module (`crate::pollers`:
-/// a busy-polling thread's sleep on its polled set).
-pub(crate) fn serve(
-    gov: &mut Governor,
-    peer_cpu: Option<u32>,
-    timeout_ns: Option<u64>,
-    user_mask: *const u64,
-    probe: &mut impl FnMut(*const u64, u64) -> c_int,
-    real: impl FnOnce(Option<u64>) -> c_int,
-) -> c_int {
-    engine(gov, peer_cpu, timeout_ns, user_mask, probe, real)
-}
-
-fn engine(
+/// The engine's wait: a first look, then what the governor plans (spin,
+/// pre-wake or block) for at most `timeout_ns`. Also the sleep of a
+/// busy-polling thread on its polled set (`crate::pollers`).
+pub(crate) fn engine(
     gov: &mut Governor,
     peer_cpu: Option<u32>,
     timeout_ns: Option<u64>,

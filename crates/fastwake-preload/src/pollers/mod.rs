@@ -233,7 +233,7 @@ fn sleep(t: &mut Thread, g: &mut fastwake::wait::Governor, peer: Option<u32>, bo
     let t0 = fastwake::cpu::monotonic_ns();
     crate::stats::add(|s| &s.pollers.polling_ns, t0.saturating_sub(t.run_t0));
     count(|p| &p.sleeps);
-    let r = wait::serve(
+    let r = wait::engine(
         g,
         peer,
         Some(bound),

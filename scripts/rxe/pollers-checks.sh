@@ -1,0 +1,247 @@
+# shellcheck shell=bash
+# Issue 31's rxe-test checks: busy-polling programs under the preload
+# shim's FASTWAKE_POLLERS=sleep (docs/preload.md; crates/fastwake-preload/
+# src/pollers/). Sourced by guest-checks.sh (helpers from guest-lib.sh).
+# Each check runs its program without the shim (the reference) and under
+# the shim with FASTWAKE_MODE=hybrid FASTWAKE_POLLERS=sleep, and judges
+# results, counters and CPU seconds only: TCG timings are no figures.
+#
+# The perftest checks run over the hub wire (rxe_a <-> rxe_b, set up by
+# stall_wire in stall-checks.sh): on rxe0 alone Soft-RoCE completes a
+# one-sided READ or WRITE inside the poster's own ibv_post_send (the
+# loopback path runs the responder inline), so ib_read_lat's and
+# ib_write_bw's first poll always finds its completion and the shim sees
+# no empty poll at all. Over the wire every completion comes later, from
+# the other NIC's interrupt, as on real hardware.
+
+RXE_POLLERS_ITERS=${RXE_POLLERS_ITERS:-200}
+RXE_POLLERS_BURSTS=${RXE_POLLERS_BURSTS:-300}
+RXE_POLLERS_ENV=(FASTWAKE_MODE=hybrid FASTWAKE_POLLERS=sleep FASTWAKE_VERBOSE=1)
+
+# pollers_wire: rxe_a/rxe_b over the hub, no netem left from the loss checks.
+pollers_wire() {
+    declare -F stall_wire >/dev/null || . "$RXE_SELF_DIR/stall-checks.sh"
+    stall_wire || return
+    tc qdisc del dev "$STALL_A_NIC" root 2>/dev/null
+    return 0
+}
+
+# pollers_pair TAG MODE CMD [ARGS...]: CMD's server on rxe_a (vCPU 0, "-d
+# rxe_a -x 1 -p PORT"), then its client on rxe_b (vCPU 1, "-d rxe_b -x 1
+# -p PORT 127.0.0.1": perftest's TCP exchange over loopback, the RDMA over
+# the wire); MODE "none" without the shim, "sleep" under it. Logs in
+# RXE_SERVER_LOG / RXE_CLIENT_LOG; non-zero (with a reason) if either side
+# fails or hangs.
+pollers_pair() {
+    local tag=$1 mode=$2; shift 2
+    local port; port=$(rxe_next_port)
+    local t=$(( (RXE_CHECK_TIMEOUT - 10) / 2 ))
+    RXE_SERVER_LOG="$RXE_LOGDIR/$RXE_CUR_NAME.$tag.server.log"
+    RXE_CLIENT_LOG="$RXE_LOGDIR/$RXE_CUR_NAME.$tag.client.log"
+    local -a pre=()
+    [ "$mode" = none ] || pre=(env LD_PRELOAD="$RXE_PRELOAD" "${RXE_POLLERS_ENV[@]}")
+    echo "+ ${pre[*]} $* -d rxe_a|rxe_b -x 1 -p $port [127.0.0.1] (bound ${t}s)"
+    timeout -k 2 "$t" taskset -c "$RXE_SERVER_CPU" "${pre[@]}" "$@" -d rxe_a -x 1 -p "$port" >"$RXE_SERVER_LOG" 2>&1 &
+    local spid=$!
+    if ! rxe_wait_listen "$port" 20; then
+        kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+        rxe_fail "$tag: server did not listen on port $port: $(tail -n 1 "$RXE_SERVER_LOG")"; return 1
+    fi
+    local crc=0 src=0
+    timeout -k 2 "$t" taskset -c "$RXE_CLIENT_CPU" "${pre[@]}" "$@" -d rxe_b -x 1 -p "$port" 127.0.0.1 >"$RXE_CLIENT_LOG" 2>&1 || crc=$?
+    wait "$spid" || src=$?
+    echo "--- server log"; cat "$RXE_SERVER_LOG"
+    echo "--- client log"; cat "$RXE_CLIENT_LOG"
+    if [ $crc != 0 ] || [ $src != 0 ]; then
+        local why=exit; { [ $crc = 124 ] || [ $src = 124 ]; } && why="exit (124: hung, killed after ${t}s)"
+        rxe_fail "$tag: client $why $crc, server $why $src: $(grep -v '^$' "$RXE_CLIENT_LOG" "$RXE_SERVER_LOG" | grep -v '^fastwake-preload' | tail -n 1)"
+        return 1
+    fi
+}
+
+# pollers_rows LOG: "#bytes #iterations" of each perftest result row in LOG
+# (the other columns are timings). A row may have the shim's exit report
+# glued to its end (perftest ends it later): only its head is read.
+pollers_rows() {
+    local line out=""
+    while IFS= read -r line; do
+        [[ $line =~ ^\ *([0-9]+)\ +([0-9]+)\ +([0-9]|inf|-?nan) ]] && out+="${BASH_REMATCH[1]} ${BASH_REMATCH[2]};"
+    done <"$1"
+    echo "$out"
+}
+
+# pollers_field LINE KEY: the number after KEY= in LINE (empty if none).
+pollers_field() { [[ $1 =~ (^|[ ])$2=([0-9]+) ]] && echo "${BASH_REMATCH[2]}"; }
+
+# pollers_line LOG: the shim's exit line for busy pollers, without the
+# prefix; empty when the process made no empty poll (the line is printed
+# only then). Fails (with a reason) when the shim did not announce itself
+# with pollers=sleep.
+pollers_line() {
+    local log=$1
+    rxe_last_match "$log" '^fastwake-preload: fastwake .* pollers=sleep ' >/dev/null ||
+        { rxe_fail "the shim did not announce pollers=sleep in $(basename "$log")"; return 1; }
+    local line; line=$(rxe_last_match "$log" 'fastwake-preload: pollers pid=') || line=""
+    echo "${line#*fastwake-preload: }"
+}
+
+# check_pollers_perftest BENCH [ARGS...]: perftest's polling BENCH (no -e)
+# over the wire, without the shim and then with both sides under
+# FASTWAKE_POLLERS=sleep: both complete (each run bounded), the result
+# rows (#bytes, #iterations, on each side that prints them) equal the
+# reference's, at least one side's polls were seen empty (empty_polls > 0)
+# and no thread was switched off by the hazard rule (these programs poll
+# nothing but their CQs: a switch-off would be a false alarm). Sleeps may
+# be 0 for a back-to-back benchmark; they are shown.
+check_pollers_perftest() {
+    local bench=$1; shift
+    rxe_need_preload || return
+    command -v "$bench" >/dev/null || { rxe_reason "$bench not installed (perftest)"; return $RXE_SKIP; }
+    pollers_wire || return
+    local -a args=(-n "$RXE_POLLERS_ITERS" "$@")
+    pollers_pair none none "$bench" "${args[@]}" || return 1
+    local ref_c ref_s
+    ref_c=$(pollers_rows "$RXE_CLIENT_LOG"); ref_s=$(pollers_rows "$RXE_SERVER_LOG")
+    [ -n "$ref_c" ] || { rxe_fail "$bench without the shim: no result row in the client output"; return 1; }
+    [[ $ref_c == *" $RXE_POLLERS_ITERS;"* ]] || { rxe_fail "$bench without the shim: rows '$ref_c' lack $RXE_POLLERS_ITERS iterations"; return 1; }
+    pollers_pair sleep sleep "$bench" "${args[@]}" || return 1
+    local got_c got_s
+    got_c=$(pollers_rows "$RXE_CLIENT_LOG"); got_s=$(pollers_rows "$RXE_SERVER_LOG")
+    [ "$got_c" = "$ref_c" ] && [ "$got_s" = "$ref_s" ] ||
+        { rxe_fail "$bench under pollers=sleep: rows (#bytes #iterations) client '$got_c' server '$got_s', without the shim client '$ref_c' server '$ref_s'"; return 1; }
+    local side pl empty=0 sleeps=0 haz=0 sum=""
+    for side in server client; do
+        local log=$RXE_SERVER_LOG; [ $side = client ] && log=$RXE_CLIENT_LOG
+        pl=$(pollers_line "$log") || return 1
+        if [ -z "$pl" ]; then
+            sum+=" $side: no empty poll (no pollers line);"
+            continue
+        fi
+        empty=$((empty + $(pollers_field "$pl" empty_polls)))
+        sleeps=$((sleeps + $(pollers_field "$pl" sleeps)))
+        haz=$((haz + $(pollers_field "$pl" threads_off_hazard)))
+        sum+=" $side: ${pl#pollers };"
+    done
+    rxe_info "$bench ${args[*]} over rxe_a<->rxe_b: rows (#bytes #iterations) = no-shim: client '${ref_c%;}'${ref_s:+, server '${ref_s%;}'}"
+    rxe_info "pollers=sleep:$sum"
+    rxe_metric "$bench.empty_polls" "$empty"
+    rxe_metric "$bench.sleeps" "$sleeps"
+    [ "$empty" -gt 0 ] || { rxe_fail "$bench: the shim saw no empty poll on either side:$sum"; return 1; }
+    [ "$haz" = 0 ] || { rxe_fail "$bench: $haz thread(s) switched off by the hazard rule, but it polls only its CQs:$sum"; return 1; }
+}
+
+# The C program (scripts/rxe/cq-idle.c), built once per guest run with the
+# host root's compiler and rdma-core headers.
+pollers_cq_idle_exe() {
+    local exe="$RXE_LOGDIR/cq-idle" src="$RXE_SELF_DIR/cq-idle.c"
+    [ -x "$exe" ] && [ "$exe" -nt "$src" ] && { echo "$exe"; return 0; }
+    command -v cc >/dev/null || { rxe_reason "no C compiler (cc) in the host root"; return $RXE_SKIP; }
+    [ -f /usr/include/infiniband/verbs.h ] || { rxe_reason "no rdma-core headers (libibverbs-dev) in the host root"; return $RXE_SKIP; }
+    cc -O2 -pthread -o "$exe" "$src" -libverbs >"$RXE_LOGDIR/cq-idle.build.log" 2>&1 \
+        || { rxe_fail "cq-idle.c did not build: $(tail -n 1 "$RXE_LOGDIR/cq-idle.build.log")"; return 1; }
+    echo "$exe"
+}
+
+# check_pollers_cq_idle: cq-idle (both threads busy-poll their channel-less
+# send and receive CQs; bursts of 1-4 messages with idle gaps of 1-10 ms,
+# the client's gaps timed by a timerfd it polls with zero-timeout poll())
+# without the shim and under pollers=sleep, on rxe0. The CPU seconds are
+# the whole process's (both threads: getrusage RUSAGE_SELF over the
+# traffic); under pollers=sleep they must be at most 0.2x the reference's,
+# with the same checksum, and the shim must have slept (sleeps > 0), been
+# woken by completions (woke_by_completion > 0), and switched no thread off.
+check_pollers_cq_idle() {
+    rxe_need_preload || return
+    local exe; exe=$(pollers_cq_idle_exe) || return
+    local n=$RXE_POLLERS_BURSTS t=$(( (RXE_CHECK_TIMEOUT - 10) / 2 ))
+    local ref="$RXE_LOGDIR/$RXE_CUR_NAME.none.out" out="$RXE_LOGDIR/$RXE_CUR_NAME.sleep.out"
+    local rc=0
+    timeout -k 2 "$t" taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" "$n" >"$ref" 2>&1 || rc=$?
+    cat "$ref"
+    [ $rc = 0 ] || { rxe_fail "cq-idle without the shim: exit $rc: $(grep -v '^$' "$ref" | tail -n 1)"; return 1; }
+    rc=0
+    timeout -k 2 "$t" env LD_PRELOAD="$RXE_PRELOAD" "${RXE_POLLERS_ENV[@]}" \
+        taskset -c "$RXE_SERVER_CPU,$RXE_CLIENT_CPU" "$exe" "$RXE_DEV" "$RXE_GID" "$n" >"$out" 2>&1 || rc=$?
+    cat "$out"
+    [ $rc = 0 ] || { rxe_fail "cq-idle under pollers=sleep: exit $rc: $(grep -v '^$' "$out" | tail -n 1)"; return 1; }
+    local a b
+    a=$(rxe_last_match "$ref" '^cq-idle ok ') || { rxe_fail "no 'cq-idle ok' line without the shim"; return 1; }
+    b=$(rxe_last_match "$out" '^cq-idle ok ') || { rxe_fail "no 'cq-idle ok' line under pollers=sleep"; return 1; }
+    local sa sb; sa=$(channel_field_any "$a" sum); sb=$(channel_field_any "$b" sum)
+    [ -n "$sa" ] && [ "$sa" = "$sb" ] || { rxe_fail "checksum $sb under pollers=sleep, $sa without the shim"; return 1; }
+    local ca cb; ca=$(channel_field_any "$a" cpu_s); cb=$(channel_field_any "$b" cpu_s)
+    local ratio; ratio=$(awk -v a="$ca" -v b="$cb" 'BEGIN { if (a > 0) printf "%.3f", b / a; else print "inf" }')
+    local pl; pl=$(pollers_line "$out") || return 1
+    [ -n "$pl" ] || { rxe_fail "no pollers line under pollers=sleep (no empty poll seen)"; return 1; }
+    rxe_info "without the shim: ${a#cq-idle ok }"
+    rxe_info "pollers=sleep:    ${b#cq-idle ok }"
+    rxe_info "process CPU seconds (both threads) ${cb} vs ${ca}: ratio $ratio (want <= 0.2); checksum $sb = no-shim; ${pl}"
+    rxe_metric cq_idle.cpu_s.none "$ca"
+    rxe_metric cq_idle.cpu_s.sleep "$cb"
+    rxe_metric cq_idle.cpu_ratio "$ratio"
+    awk -v r="$ratio" 'BEGIN { exit !(r != "inf" && r + 0 <= 0.2) }' ||
+        { rxe_fail "CPU seconds $cb under pollers=sleep, $ca without: ratio $ratio > 0.2"; return 1; }
+    local sl wc haz
+    sl=$(pollers_field "$pl" sleeps); wc=$(pollers_field "$pl" woke_by_completion); haz=$(pollers_field "$pl" threads_off_hazard)
+    [ "${sl:-0}" -gt 0 ] && [ "${wc:-0}" -gt 0 ] || { rxe_fail "sleeps=${sl:-?} woke_by_completion=${wc:-?}, want both > 0: $pl"; return 1; }
+    [ "${haz:-x}" = 0 ] || { rxe_fail "$haz thread(s) switched off by the hazard rule, but cq-idle polls only its CQs and its timerfd: $pl"; return 1; }
+}
+
+# channel_field_any LINE KEY: the value of KEY=... in LINE (any characters).
+channel_field_any() { [[ $1 =~ (^|[ ])$2=([^ ]+) ]] && echo "${BASH_REMATCH[2]}"; }
+
+# check_pollers_write_lat: ib_write_lat spins on its buffer's last byte,
+# which an RDMA WRITE from the peer fills: memory the shim cannot see.
+# Without the shim and under pollers=sleep over the wire: both complete
+# with the same rows; the check says which of these it saw:
+# - a thread switched off by the hazard rule (threads_off_hazard >= 1);
+# - no sleep at all (sleeps == 0 on both sides);
+# - sleeps with no switch-off: ib_write_lat also polls its send CQ for
+#   each WRITE's completion (between the memory spins, never during one),
+#   and a sleep there ends with that completion or, if the bound ends it,
+#   the completion still comes before the thread's next post, which clears
+#   the hazard rule's suspicion. The memory spin itself never sleeps: the
+#   shim is not called in it.
+check_pollers_write_lat() {
+    rxe_need_preload || return
+    command -v ib_write_lat >/dev/null || { rxe_reason "ib_write_lat not installed (perftest)"; return $RXE_SKIP; }
+    pollers_wire || return
+    local -a args=(-n "$RXE_POLLERS_ITERS")
+    pollers_pair none none ib_write_lat "${args[@]}" || return 1
+    local ref_c ref_s; ref_c=$(pollers_rows "$RXE_CLIENT_LOG"); ref_s=$(pollers_rows "$RXE_SERVER_LOG")
+    [[ $ref_c == *" $RXE_POLLERS_ITERS;"* ]] || { rxe_fail "ib_write_lat without the shim: rows '$ref_c' lack $RXE_POLLERS_ITERS iterations"; return 1; }
+    pollers_pair sleep sleep ib_write_lat "${args[@]}" || return 1
+    local got_c got_s; got_c=$(pollers_rows "$RXE_CLIENT_LOG"); got_s=$(pollers_rows "$RXE_SERVER_LOG")
+    [ "$got_c" = "$ref_c" ] && [ "$got_s" = "$ref_s" ] ||
+        { rxe_fail "ib_write_lat under pollers=sleep: rows client '$got_c' server '$got_s', without the shim client '$ref_c' server '$ref_s'"; return 1; }
+    local side pl sleeps=0 haz=0 bound=0 sum=""
+    for side in server client; do
+        local log=$RXE_SERVER_LOG; [ $side = client ] && log=$RXE_CLIENT_LOG
+        pl=$(pollers_line "$log") || return 1
+        if [ -z "$pl" ]; then sum+=" $side: no empty poll (no pollers line);"; continue; fi
+        sleeps=$((sleeps + $(pollers_field "$pl" sleeps)))
+        haz=$((haz + $(pollers_field "$pl" threads_off_hazard)))
+        bound=$((bound + $(pollers_field "$pl" woke_by_bound)))
+        sum+=" $side: ${pl#pollers };"
+    done
+    rxe_info "ib_write_lat ${args[*]} over rxe_a<->rxe_b: rows (#bytes #iterations) = no-shim: client '${ref_c%;}', server '${ref_s%;}'"
+    rxe_info "pollers=sleep:$sum"
+    rxe_metric write_lat.threads_off_hazard "$haz"
+    rxe_metric write_lat.sleeps "$sleeps"
+    if [ "$haz" -ge 1 ]; then
+        rxe_info "outcome: switched off by the hazard rule (threads_off_hazard=$haz)"
+    elif [ "$sleeps" = 0 ]; then
+        rxe_info "outcome: never slept (sleeps=0)"
+    else
+        rxe_info "outcome: slept $sleeps time(s) in its send-CQ polls ($bound ended by the bound), never switched off (threads_off_hazard=0): each WRITE's completion came before its next post; the memory spin never sleeps"
+    fi
+}
+
+rxe_pollers_checks() {
+    rxe_check pollers-send-lat  check_pollers_perftest ib_send_lat
+    rxe_check pollers-send-bw   check_pollers_perftest ib_send_bw
+    rxe_check pollers-read-lat  check_pollers_perftest ib_read_lat
+    rxe_check pollers-write-bw  check_pollers_perftest ib_write_bw
+    rxe_check pollers-cq-idle   check_pollers_cq_idle
+    rxe_check pollers-write-lat check_pollers_write_lat
+}
