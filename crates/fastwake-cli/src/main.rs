@@ -30,30 +30,38 @@ enum Cmd {
     // Boxed: its options are most of the command's size.
     #[command(subcommand)]
     Bench(Box<bench::Bench>),
-    /// Run an unmodified program under the preload shim (LD_PRELOAD), with
-    /// a wait mode for its epoll_wait, epoll_pwait(2), poll, ppoll, select
-    /// and pselect calls,
-    /// its blocking recv, recvfrom, recvmsg, read and accept on sockets
-    /// and, on rxe and mlx5 devices, libibverbs' ibv_get_cq_event.
+    /// Run a program under the preload shim, in a wait mode
+    ///
+    /// Runs an unmodified program under the preload shim (LD_PRELOAD), with a
+    /// wait mode for its epoll_wait, epoll_pwait(2), poll, ppoll, select and
+    /// pselect calls, its blocking recv, recvfrom, recvmsg, read and accept on
+    /// sockets and, on rxe and mlx5 devices, libibverbs' ibv_get_cq_event.
     #[command(after_long_help = run::ENVIRONMENT)]
     Run(run::Args),
-    /// Inspect this host (CPUs, CPU pressure, isolation, IRQ balancing,
+    /// Inspect this host and measure how fast a sleeping thread wakes up
+    ///
+    /// Inspects this host (CPUs, CPU pressure, isolation, IRQ balancing,
     /// idle states, guest halt polling, frequency governor, RDMA devices,
     /// memlock, completion vectors, busy polling, RFS/XPS, io_uring) and
-    /// measure how fast a sleeping thread wakes up. Read-only.
+    /// measures how fast a sleeping thread wakes up. Read-only.
     #[command(
-        after_help = "Every finding names its section of docs/tuning.md (the tuning guide): how to check it, what fastwake does about it, and what to change. Levels: ok (what fastwake wants), info (a fact), warn (costs latency or CPU), bad (part of fastwake cannot work here)."
+        after_long_help = "Every finding names its section of docs/tuning.md (the tuning guide): how to check it, what fastwake does about it, and what to change. Levels: ok (what fastwake wants), info (a fact), warn (costs latency or CPU), bad (part of fastwake cannot work here)."
     )]
     Doctor(doctor::Args),
+    /// Live counters of programs running under the shim
+    ///
     /// Live counters of running programs under the shim (like libvma's
-    /// vma_stats): without -p, list them; with -p PID, that process's
-    /// waits per call (served, or passed through and why), spins, spin
-    /// hits, blocks, hand-offs, fallbacks and CPU spent spinning. Read
-    /// from the shared-memory segment each shimmed process keeps
-    /// (/dev/shm/fastwake-PID); the process is not stopped.
+    /// vma_stats): without -p, list them; with -p PID, that process's waits per
+    /// call (served, or passed through and why), spins, spin hits, blocks,
+    /// hand-offs, fallbacks and CPU spent spinning. Read from the shared-memory
+    /// segment each shimmed process keeps (/dev/shm/fastwake-PID); the process
+    /// is not stopped.
     Stats(stats::Args),
-    /// Print a completion script for SHELL on stdout (bash:
-    /// `fastwake completions bash > ~/.local/share/bash-completion/completions/fastwake`).
+    /// Print a shell completion script
+    ///
+    /// Prints a completion script for SHELL on stdout (bash: `fastwake
+    /// completions bash >
+    /// ~/.local/share/bash-completion/completions/fastwake`).
     Completions {
         #[arg(value_enum)]
         shell: clap_complete::Shell,

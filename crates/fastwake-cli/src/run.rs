@@ -38,39 +38,46 @@ pub enum Profile {
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Wait mode for the program's waits, in the one grammar
-    /// (docs/grammar.md): off (every call passes through), interrupt (the
-    /// kernel's blocking waits, no spinning), poll (spin up to the call's
-    /// timeout), hybrid[:DURATION] (spin, then block; e.g. hybrid:30us),
-    /// adaptive[:OPTIONS] (spin for a learned budget, at most --budget;
-    /// e.g. adaptive:cap=20%), dispatch (epoll_wait, poll and select of
-    /// any size, their forms without a signal mask, and blocking
-    /// ibv_get_cq_event sleep until a per-CPU dispatcher hands off, also
-    /// in workers forked without exec; waits with a signal mask as
-    /// hybrid). Default: hybrid, or the --profile's mode.
+    /// Wait mode: off, interrupt, poll, hybrid, adaptive or dispatch
+    ///
+    /// Wait mode for the program's waits, in the one grammar (docs/grammar.md):
+    /// off (every call passes through), interrupt (the kernel's blocking waits,
+    /// no spinning), poll (spin up to the call's timeout), hybrid[:DURATION]
+    /// (spin, then block; e.g. hybrid:30us), adaptive[:OPTIONS] (spin for a
+    /// learned budget, at most --budget; e.g. adaptive:cap=20%), dispatch
+    /// (epoll_wait, poll and select of any size, their forms without a signal
+    /// mask, and blocking ibv_get_cq_event sleep until a per-CPU dispatcher
+    /// hands off, also in workers forked without exec; waits with a signal mask
+    /// as hybrid). Default: hybrid, or the --profile's mode.
     #[arg(long, value_parser = parse_run_mode)]
     pub mode: Option<String>,
     /// Named settings; --mode, --budget and --cpu-cap given beside it win.
     #[arg(long, value_enum)]
     pub profile: Option<Profile>,
-    /// Spin budget (hybrid: fixed; adaptive: ceiling), a duration in the
-    /// one grammar: 50 (µs), 50us, 0.5ms; the shim's default is 50us.
+    /// Spin budget, e.g. 50us (default 50us)
+    ///
+    /// Spin budget (hybrid: fixed; adaptive: ceiling), a duration in the one
+    /// grammar: 50 (µs), 50us, 0.5ms; the shim's default is 50us.
     #[arg(long, value_parser = parse_budget)]
     pub budget: Option<std::time::Duration>,
-    /// Share of one CPU spinning may use per thread: 20%, 0.2 (or 20);
-    /// the shim's default is 75%.
+    /// Share of one CPU spinning may use per thread (default 75%)
+    ///
+    /// Share of one CPU spinning may use per thread: 20%, 0.2 (or 20); the
+    /// shim's default is 75%.
     #[arg(long, value_parser = parse_cap)]
     pub cpu_cap: Option<f64>,
     /// Let the shim print its configuration and counters on stderr.
     #[arg(long)]
     pub verbose: bool,
-    /// What to do with threads that busy-poll (zero-timeout epoll_wait,
-    /// poll or select, EAGAIN from non-blocking sockets, empty
-    /// ibv_poll_cq): off (default: left as they are) or sleep (after a
-    /// learned window of empty polls, the next empty poll waits for the
-    /// polled set through the mode's engine, for at most a bound; a thread
-    /// found polling something the shim cannot see is switched off; see
-    /// docs/preload.md, "Busy-polling programs").
+    /// What to do with threads that busy-poll
+    ///
+    /// What to do with threads that busy-poll (zero-timeout epoll_wait, poll or
+    /// select, EAGAIN from non-blocking sockets, empty ibv_poll_cq): off
+    /// (default: left as they are) or sleep (after a learned window of empty
+    /// polls, the next empty poll waits for the polled set through the mode's
+    /// engine, for at most a bound; a thread found polling something the shim
+    /// cannot see is switched off; see docs/preload.md, "Busy-polling
+    /// programs").
     #[arg(long, value_parser = ["off", "sleep"])]
     pub pollers: Option<String>,
     /// The command and its arguments.

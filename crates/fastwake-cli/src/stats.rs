@@ -17,12 +17,16 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The process whose counters to print (without it: list the
-    /// shimmed processes).
+    /// The process whose counters to print
+    ///
+    /// The process whose counters to print (without it: list the shimmed
+    /// processes).
     #[arg(short = 'p', long = "pid", value_name = "PID")]
     pub pid: Option<u32>,
-    /// Reprint every SECS seconds, with per-second rates over the
-    /// interval, until the process exits (Ctrl-C ends it).
+    /// Reprint every SECS seconds, with rates
+    ///
+    /// Reprints every SECS seconds, with per-second rates over the interval,
+    /// until the process exits (Ctrl-C ends it).
     #[arg(long, value_name = "SECS", value_parser = parse_watch)]
     pub watch: Option<f64>,
     /// One JSON document (with --watch: one per interval, one per line).

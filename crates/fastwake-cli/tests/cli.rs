@@ -523,6 +523,45 @@ fn help_lists_the_values_of_every_enumerated_option() {
     }
 }
 
+/// `-h` is the short help: one phrase per option (clap's `help`), so a
+/// command's options fit a screen; `--help` (and the man pages) keep the
+/// full text (clap's `long_help`).
+#[test]
+fn short_help_is_one_phrase_per_option() {
+    for cmd in [
+        &["run"][..],
+        &["doctor"],
+        &["stats"],
+        &["bench", "pingpong"],
+        &["bench", "ipc"],
+        &["bench", "share"],
+        &["bench", "load"],
+        &["bench", "odp"],
+    ] {
+        let short = String::from_utf8(fastwake(&[cmd, &["-h"]].concat()).stdout).unwrap();
+        let long = String::from_utf8(fastwake(&[cmd, &["--help"]].concat()).stdout).unwrap();
+        assert!(
+            short.len() < 2_500,
+            "{cmd:?} -h is {} characters:\n{short}",
+            short.len()
+        );
+        assert!(long.len() >= short.len(), "{cmd:?}: --help shorter than -h");
+        for line in short.lines().filter(|l| l.trim_start().starts_with('-')) {
+            // "  -n, --iters <ITERS>   Phrase [default: ...] [possible values: ...]"
+            let text = line.trim_start();
+            let Some(at) = text.find("  ") else { continue };
+            let phrase = text[at..].trim();
+            let phrase = phrase.split(" [default:").next().unwrap();
+            let phrase = phrase.split(" [possible values:").next().unwrap();
+            assert!(
+                phrase.chars().count() <= 72,
+                "{cmd:?} -h: a phrase of {} characters: {phrase}",
+                phrase.chars().count()
+            );
+        }
+    }
+}
+
 /// The two-process verbs flags (perftest's -i, -x, -p, -a, -F, --out_json)
 /// parse; without an RDMA device both the server and the client form are
 /// one line, before any TCP; a HOST needs --source verbs.

@@ -47,13 +47,15 @@ pub struct Args {
     /// Nominal request rates, requests per second (comma separated).
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
     pub rates: Vec<u64>,
-    /// Arrival patterns: poisson, onoff (bursts at 10x the rate for 10 %
-    /// of the time: ON periods of mean 2 ms, OFF periods of mean 18 ms);
-    /// service and service-tail are closed-loop service-time scenarios
-    /// instead (one request at a time, the reply after a service time from
-    /// --service-us: ± --jitter uniform, or log-normal with σ = 1 for
-    /// service-tail), which report the wake latency (reply published →
-    /// taken), end-to-end latency and CPU per request.
+    /// Arrival patterns, comma separated
+    ///
+    /// Arrival patterns: poisson, onoff (bursts at 10x the rate for 10 % of the
+    /// time: ON periods of mean 2 ms, OFF periods of mean 18 ms); service and
+    /// service-tail are closed-loop service-time scenarios instead (one request
+    /// at a time, the reply after a service time from --service-us: ± --jitter
+    /// uniform, or log-normal with σ = 1 for service-tail), which report the
+    /// wake latency (reply published → taken), end-to-end latency and CPU per
+    /// request.
     #[arg(long, value_delimiter = ',', default_value = "poisson,onoff", value_parser = ["poisson", "onoff", "service", "service-tail"])]
     pub patterns: Vec<String>,
     /// Service times of the service scenarios, µs (comma separated).
@@ -62,14 +64,18 @@ pub struct Args {
     /// Jitter of the service scenario's service times, ± percent, uniform.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub jitter: u8,
+    /// Co-located busy processes, N[:DUTY]
+    ///
     /// Co-located load for every scenario: N unpinned processes of normal
-    /// priority, each busy for random stretches of 0.1-10 ms for DUTY % of
-    /// the time (default 100 = always busy), e.g. 2:50.
+    /// priority, each busy for random stretches of 0.1-10 ms for DUTY % of the
+    /// time (default 100 = always busy), e.g. 2:50.
     #[arg(long, value_name = "N[:DUTY]", value_parser = background::Background::parse)]
     pub background: Option<background::Background>,
     /// CPU hog on the consumer's CPU: off, on or both.
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
     pub hog: String,
+    /// Wait modes to compare, comma separated
+    ///
     /// Wait modes to compare, comma separated, in the one grammar
     /// (docs/grammar.md): poll, interrupt, hybrid[:DURATION], dispatch,
     /// adaptive[:OPTIONS] (e.g. hybrid:20us, adaptive:cap=20%).
@@ -79,16 +85,20 @@ pub struct Args {
         value_parser = super::parse_modes
     )]
     pub mode: super::ModeList,
+    /// Completion source
+    ///
     /// Completion source: channel (shared memory), or tcp (a loopback TCP
     /// connection per mode, read through the socket source).
     #[arg(long, default_value = "channel", value_parser = ["channel", "tcp"])]
     pub source: String,
+    /// Idle policy of the dispatcher: fixed or adaptive[:OPTIONS]
+    ///
     /// Idle policy of the dispatcher on the consumer's CPU, which runs only
     /// when --mode includes dispatch (adaptive then hands waits to it too):
     /// `fixed` (sleep after 2 ms without a hand-off) or `adaptive` (the
-    /// threshold learned by the adaptive controller, with its pre-wake
-    /// where the gaps are predictable; see dispatch::Config::learn_idle),
-    /// or `adaptive:OPTIONS` as in `--mode adaptive:…` (e.g.
+    /// threshold learned by the adaptive controller, with its pre-wake where
+    /// the gaps are predictable; see dispatch::Config::learn_idle), or
+    /// `adaptive:OPTIONS` as in `--mode adaptive:…` (e.g.
     /// `adaptive:prewake=off`).
     #[arg(long, default_value = "fixed", value_parser = parse_dispatcher)]
     pub dispatcher: String,
@@ -98,8 +108,10 @@ pub struct Args {
     /// Interleaving rounds per scenario.
     #[arg(long, default_value_t = 4)]
     pub rounds: u32,
-    /// Unmeasured warm-up per mode and scenario, ms (the adaptive
-    /// controller learns here, and keeps learning while measured).
+    /// Unmeasured warm-up per mode and scenario, ms
+    ///
+    /// Unmeasured warm-up per mode and scenario, ms (the adaptive controller
+    /// learns here, and keeps learning while measured).
     #[arg(long, default_value_t = 200)]
     pub warmup_ms: u64,
     /// CPUs of the producer and the consumer, `P,C`.
@@ -114,9 +126,11 @@ pub struct Args {
     /// Print JSON (one object per mode and scenario) instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Print what the adaptive controller decided and why, per scenario
-    /// (for the `dispatch` row: how its waits ended and what the
-    /// dispatcher did: hand-offs, watchdog rescues, idle sleeps, pre-wakes).
+    /// Print what the adaptive controller decided and why
+    ///
+    /// Prints what the adaptive controller decided and why, per scenario (for
+    /// the `dispatch` row: how its waits ended and what the dispatcher did:
+    /// hand-offs, watchdog rescues, idle sleeps, pre-wakes).
     #[arg(long)]
     pub explain: bool,
     /// Write one latency-vs-CPU plot per scenario into DIR (SVG and PNG).

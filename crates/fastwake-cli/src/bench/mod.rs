@@ -21,21 +21,31 @@ use std::time::{Duration, Instant};
 
 #[derive(Subcommand, Debug)]
 pub enum Bench {
+    /// Ping-pong latency over one source, wait modes interleaved
+    ///
     /// Ping-pong latency over one completion source, several wait modes
     /// interleaved in one run.
     Pingpong(pingpong::Args),
-    /// The paper's IPC comparison: spin, futex, eventfd, pipe, socketpair,
-    /// condvar, semaphore, the channel in poll, hybrid and interrupt mode, a
-    /// user-level switch; across the two --cpus and, where waiting there
-    /// makes sense, with both ends on the first.
+    /// Wake-up latency of IPC mechanisms side by side
+    ///
+    /// Compares spin, futex, eventfd, pipe, socketpair, condvar, semaphore, the
+    /// channel in poll, hybrid and interrupt mode, and a user-level switch;
+    /// across the two --cpus and, where waiting there makes sense, with both
+    /// ends on the first.
     Ipc(IpcArgs),
+    /// N connections sharing K cores, per server arrangement
+    ///
     /// N connections sharing K cores: thread-per-connection interrupt and
     /// polling against the per-core dispatcher (tasks, kernel threads).
     Share(share::Args),
+    /// Open-loop request streams: latency and CPU per wait mode
+    ///
     /// Open-loop request streams (Poisson, ON/OFF bursts) at several rates,
     /// with and without a CPU hog: p50/p99 latency and CPU per wait mode.
     Load(load::Args),
-    /// The ODP study's microbenchmarks: two READs an interval apart
+    /// RDMA on-demand paging microbenchmarks (damming, flood)
+    ///
+    /// On-demand paging (ODP) microbenchmarks: two READs an interval apart
     /// (damming) and READs on N QPs at once (flood), pinned vs ODP vs ODP
     /// prefetched (pinned only on a device without ODP).
     Odp(odp::Args),
@@ -53,14 +63,18 @@ pub struct Common {
     /// Unmeasured round trips per row before measuring.
     #[arg(long, default_value_t = 2_000)]
     pub warmup: u64,
-    /// Payload bytes per message, perftest's -s (bench ipc: pipe,
-    /// socketpair and channel rows only; the others carry no payload,
-    /// eventfd its 8-byte counter).
+    /// Payload bytes per message (perftest's -s)
+    ///
+    /// Payload bytes per message, perftest's -s (bench ipc: pipe, socketpair
+    /// and channel rows only; the others carry no payload, eventfd its 8-byte
+    /// counter).
     #[arg(short = 's', long, default_value_t = 8)]
     pub size: usize,
     /// CPUs of the two ends, `A,B` (same CPU allowed).
     #[arg(long, default_value = "0,1", value_parser = parse_cpus)]
     pub cpus: (u32, u32),
+    /// Interleaving rounds
+    ///
     /// Interleaving rounds: each row's iterations are split over this many
     /// slices, alternating with the other rows; each round starts one row
     /// later.
@@ -75,6 +89,8 @@ pub struct Common {
 pub struct IpcArgs {
     #[command(flatten)]
     pub common: Common,
+    /// Mechanisms to measure, comma separated (default: all)
+    ///
     /// Mechanisms to measure (comma separated): spin, spin-yield, futex,
     /// eventfd, pipe, socketpair, condvar, semaphore, channel-poll,
     /// channel-hybrid, channel-interrupt, stack-switch; default all.

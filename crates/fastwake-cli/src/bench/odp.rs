@@ -50,6 +50,8 @@ pub struct Args {
     /// Bytes per READ.
     #[arg(short = 's', long, default_value_t = 100)]
     pub size: usize,
+    /// Memory kinds: pinned, odp, odp-prefetch (default: all supported)
+    ///
     /// Memory kinds: pinned, odp, odp-prefetch (default: all the device
     /// supports).
     #[arg(long, value_delimiter = ',')]

@@ -9,74 +9,103 @@ use fastwake::{Fail, Result, WaitMode};
 pub struct Args {
     #[command(flatten)]
     pub common: Common,
+    /// Wait modes to compare, comma separated
+    ///
     /// Wait modes to compare, comma separated, in the one grammar
     /// (docs/grammar.md): poll, interrupt, hybrid[:DURATION] (e.g.
-    /// hybrid:20us), adaptive[:OPTIONS] (e.g. adaptive:cap=20%), dispatch
-    /// (no dispatcher runs in this benchmark, so its waits fall back to
-    /// interrupt mode; bench share and bench load start one).
+    /// hybrid:20us), adaptive[:OPTIONS] (e.g. adaptive:cap=20%), dispatch (no
+    /// dispatcher runs in this benchmark, so its waits fall back to interrupt
+    /// mode; bench share and bench load start one).
     #[arg(long, default_value = "poll,interrupt,hybrid", value_parser = super::parse_modes)]
     pub mode: super::ModeList,
-    /// Interrupt mode only, as perftest's -e (use completion events):
-    /// the same as --mode interrupt.
+    /// Interrupt mode only (perftest's -e)
+    ///
+    /// Interrupt mode only, as perftest's -e (use completion events): the same
+    /// as --mode interrupt.
     #[arg(short = 'e', long, conflicts_with = "mode")]
     pub events: bool,
-    /// `--source verbs`: run the client end of a two-process run against
-    /// the server on HOST (a `fastwake bench pingpong --source verbs`
-    /// without HOST, or perftest's `ib_send_lat`). Without HOST and
-    /// without --local, this process is the server: it waits for one
-    /// client.
+    /// verbs: the server to run the client end against
+    ///
+    /// `--source verbs`: run the client end of a two-process run against the
+    /// server on HOST (a `fastwake bench pingpong --source verbs` without HOST,
+    /// or perftest's `ib_send_lat`). Without HOST and without --local, this
+    /// process is the server: it waits for one client.
     #[arg(value_name = "HOST")]
     pub host: Option<String>,
-    /// `--source verbs`: both ends in this process (the quick check; no
-    /// peer, no TCP exchange).
+    /// verbs: both ends in this process
+    ///
+    /// `--source verbs`: both ends in this process (the quick check; no peer,
+    /// no TCP exchange).
     #[arg(long, conflicts_with = "host")]
     pub local: bool,
+    /// verbs: the device's port (perftest's -i)
+    ///
     /// `--source verbs`: the device's port (perftest's -i).
     #[arg(short = 'i', long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
     pub ib_port: u8,
-    /// `--source verbs`: GID index (perftest's -x; default: on RoCE the
-    /// first IPv4-mapped GID among 0-7, on InfiniBand none, as perftest).
+    /// verbs: GID index (perftest's -x)
+    ///
+    /// `--source verbs`: GID index (perftest's -x; default: on RoCE the first
+    /// IPv4-mapped GID among 0-7, on InfiniBand none, as perftest).
     #[arg(short = 'x', long)]
     pub gid_index: Option<u8>,
-    /// Two-process `--source verbs`: the TCP port of the exchange
-    /// (perftest's -p; the server listens on it).
+    /// verbs: TCP port of the exchange (perftest's -p)
+    ///
+    /// Two-process `--source verbs`: the TCP port of the exchange (perftest's
+    /// -p; the server listens on it).
     #[arg(short = 'p', long, default_value_t = super::remote::wire::DEFAULT_PORT)]
     pub port: u16,
+    /// verbs: every size from 2 bytes to 8 MiB (perftest's -a)
+    ///
     /// Two-process `--source verbs`: every size 2, 4, ... 8388608 bytes
     /// (perftest's -a), one row each.
     #[arg(short = 'a', long, conflicts_with = "size")]
     pub all: bool,
-    /// Accepted for perftest's command lines (its -F: no warning when the
-    /// CPU frequency may change); fastwake bench prints no such warning
-    /// (`fastwake doctor` reports the frequency governor).
+    /// Accepted for perftest's -F; no effect
+    ///
+    /// Accepted for perftest's command lines (its -F: no warning when the CPU
+    /// frequency may change); fastwake bench prints no such warning (`fastwake
+    /// doctor` reports the frequency governor).
     #[arg(short = 'F', long = "cpu-freq", alias = "CPU-freq")]
     pub cpu_freq: bool,
-    /// Also write the rows to FILE as one JSON object: `run` (fastwake
-    /// version, host, date, command, and for verbs the device, port, GID
-    /// and the peer) and `rows` (the objects --json prints). perftest's
-    /// spelling --out_json is accepted.
+    /// Also write the rows and the run's setup to FILE as JSON
+    ///
+    /// Also writes the rows to FILE as one JSON object: `run` (fastwake
+    /// version, host, date, command, and for verbs the device, port, GID and
+    /// the peer) and `rows` (the objects --json prints). perftest's spelling
+    /// --out_json is accepted.
     #[arg(long, value_name = "FILE", alias = "out_json")]
     pub out_json: Option<std::path::PathBuf>,
-    /// Completion source: channel (shared memory), verbs (RDMA RC
-    /// send/recv), tcp (socket source) or uring (io_uring receives).
+    /// Completion source
+    ///
+    /// Completion source: channel (shared memory), verbs (RDMA RC send/recv),
+    /// tcp (socket source) or uring (io_uring receives).
     #[arg(long, default_value = "channel", value_parser = ["channel", "verbs", "tcp", "uring"])]
     pub source: String,
-    /// `--source channel`: how a sleeping receiver is woken, a futex or
-    /// an eventfd.
+    /// channel: how a sleeping receiver is woken
+    ///
+    /// `--source channel`: how a sleeping receiver is woken, a futex or an
+    /// eventfd.
     #[arg(long, default_value = "futex", value_parser = ["futex", "eventfd"])]
     pub doorbell: String,
-    /// RDMA device for `--source verbs` (default: the first one;
-    /// perftest's -d).
+    /// verbs: RDMA device (perftest's -d)
+    ///
+    /// RDMA device for `--source verbs` (default: the first one; perftest's
+    /// -d).
     #[arg(short = 'd', long)]
     pub dev: Option<String>,
+    /// verbs: what to do when a waiter is off its CQ's vector
+    ///
     /// `--source verbs`: when a waiter runs on another CPU than its CQ's
     /// completion signal: report, thread (move the thread) or irq (move the
     /// IRQ; root only).
     #[arg(long, default_value = "report", value_parser = ["report", "thread", "irq"])]
     pub replace: String,
-    /// `--source verbs`: the stall monitor's threshold in ms, or off
-    /// (default 50): a SEND that completes later while its end looked is
-    /// named at the end of the run (docs/stalls.md).
+    /// verbs: stall monitor threshold in ms, or off
+    ///
+    /// `--source verbs`: the stall monitor's threshold in ms, or off (default
+    /// 50): a SEND that completes later while its end looked is named at the
+    /// end of the run (docs/stalls.md).
     #[arg(long, value_name = "MS|off", value_parser = parse_stall_ms)]
     pub stall_ms: Option<StallMs>,
     #[command(flatten)]
@@ -95,14 +124,20 @@ fn parse_stall_ms(s: &str) -> std::result::Result<StallMs, String> {
 /// Options of the network sources (tcp, uring).
 #[derive(clap::Args, Debug, Clone)]
 pub struct NetArgs {
-    /// Path for tcp/uring: loopback, or veth (a veth pair between two
-    /// network namespaces the benchmark creates and removes itself).
+    /// tcp/uring: loopback or veth
+    ///
+    /// Path for tcp/uring: loopback, or veth (a veth pair between two network
+    /// namespaces the benchmark creates and removes itself).
     #[arg(long, default_value = "loopback", value_parser = ["loopback", "veth"])]
     pub net: String,
-    /// tcp: set SO_BUSY_POLL to this many µs (reported where it cannot
-    /// work: traffic without a NAPI id).
+    /// tcp: SO_BUSY_POLL in µs
+    ///
+    /// tcp: set SO_BUSY_POLL to this many µs (reported where it cannot work:
+    /// traffic without a NAPI id).
     #[arg(long)]
     pub busy_poll: Option<u32>,
+    /// uring: how interrupt mode sleeps
+    ///
     /// uring: how interrupt mode sleeps: enter (blocking io_uring_enter) or
     /// eventfd (registered eventfd).
     #[arg(long, default_value = "enter", value_parser = ["enter", "eventfd"])]

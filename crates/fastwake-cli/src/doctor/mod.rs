@@ -22,8 +22,11 @@ pub const GUIDE: &str = "docs/tuning.md";
 /// `fastwake doctor [--json]`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Print one JSON document (version, host, date, kernel, findings,
-    /// warnings, the wake-up and timed-sleep measurements) instead of the text report.
+    /// Print one JSON document instead of the report
+    ///
+    /// Prints one JSON document (version, host, date, kernel, findings,
+    /// warnings, the wake-up and timed-sleep measurements) instead of the text
+    /// report.
     #[arg(long)]
     pub json: bool,
 }

@@ -52,16 +52,19 @@ const SWEEP: [usize; 6] = [1, 4, 16, 64, 256, 1024];
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// What a connection is: `channel`, a pair of the library's
-    /// shared-memory channels; `socket`, a loopback TCP connection
-    /// (TCP_NODELAY; what a server's connections are); `unix`, an AF_UNIX
-    /// stream socketpair (the same socket path without the TCP stack).
+    /// What a connection is
+    ///
+    /// What a connection is: `channel`, a pair of the library's shared-memory
+    /// channels; `socket`, a loopback TCP connection (TCP_NODELAY; what a
+    /// server's connections are); `unix`, an AF_UNIX stream socketpair (the
+    /// same socket path without the TCP stack).
+    ///
     /// With sockets the server end is the library's socket source, which
     /// dispatchers and task runtimes serve from one epoll set each (the
-    /// kernel's ready list, reported as epoll_waits, kernel_found and
-    /// peeks); a message is an 8-byte tag followed by the payload; each
-    /// connection holds 6 file descriptors, and the soft RLIMIT_NOFILE is
-    /// raised to the hard one when needed.
+    /// kernel's ready list, reported as epoll_waits, kernel_found and peeks); a
+    /// message is an 8-byte tag followed by the payload; each connection holds
+    /// 6 file descriptors, and the soft RLIMIT_NOFILE is raised to the hard one
+    /// when needed.
     #[arg(long, default_value = "channel", value_parser = ["channel", "socket", "unix"])]
     pub source: String,
     /// Connections (server ends) sharing the server cores.
@@ -70,29 +73,38 @@ pub struct Args {
     /// Server cores (the last K CPUs); the client runs on the first CPU.
     #[arg(long, default_value_t = 1)]
     pub cores: usize,
-    /// `latency` (one request outstanding in total) or `throughput` (one
-    /// per connection).
+    /// One request in flight in all (latency) or per connection
+    ///
+    /// `latency` (one request outstanding in total) or `throughput` (one per
+    /// connection).
     #[arg(long, default_value = "latency", value_parser = ["latency", "throughput"])]
     pub load: String,
-    /// Server arrangements to compare, comma separated. A thread per
-    /// connection waiting in interrupt, poll, hybrid[:DURATION] or
-    /// adaptive[:OPTIONS] mode (docs/grammar.md); tasks (a task per connection on a runtime
-    /// per core; tasks:noprefetch turns off the prefetch of a ready
-    /// source's next slot before the switch into its task (channels only);
-    /// tasks:scan turns off ready notices and the kernel ready list:
-    /// every source is peeked every pass, a socket with one poll);
-    /// threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive][:scan] (a
-    /// thread per connection in dispatch mode, a dispatcher per core
-    /// scheduled SCHED_IDLE or as named; cross: the dispatcher runs on the
-    /// client's CPU; norelay: waiters do not relay; adaptive: the threads
-    /// wait in adaptive mode; scan: no ready notices, no kernel ready
-    /// list); reference (one connection, both ends busy-polling); evloop
-    /// (one thread per core polling all its connections: the floor for N
-    /// connections on a core; with sockets it busy-polls one epoll set of
-    /// them, as a hand-written epoll server does); oracle (one
-    /// thread per core that waits on the next connection of the latency
-    /// client's rotation only: the floor for N rotating connections, as
-    /// no server that must find the ready one can beat it).
+    /// Server arrangements to compare, comma separated
+    ///
+    /// interrupt, poll, hybrid[:DURATION], adaptive[:OPTIONS]: a thread per
+    /// connection waiting in that mode (docs/grammar.md);
+    ///
+    /// tasks: a task per connection on a runtime per core. tasks:noprefetch
+    /// turns off the prefetch of a ready source's next slot before the switch
+    /// into its task (channels only); tasks:scan turns off ready notices and
+    /// the kernel ready list: every source is peeked every pass, a socket with
+    /// one poll;
+    ///
+    /// threads[:idle|fifo|yield|normal|cross][:norelay][:adaptive][:scan]: a
+    /// thread per connection in dispatch mode, a dispatcher per core scheduled
+    /// SCHED_IDLE or as named. cross: the dispatcher runs on the client's CPU;
+    /// norelay: waiters do not relay; adaptive: the threads wait in adaptive
+    /// mode; scan: no ready notices, no kernel ready list;
+    ///
+    /// reference: one connection, both ends busy-polling;
+    ///
+    /// evloop: one thread per core polling all its connections, the floor for N
+    /// connections on a core (with sockets it busy-polls one epoll set of them,
+    /// as a hand-written epoll server does);
+    ///
+    /// oracle: one thread per core that waits on the next connection of the
+    /// latency client's rotation only, the floor for N rotating connections, as
+    /// no server that must find the ready one can beat it.
     #[arg(
         long,
         default_value = DEFAULT_MODES,
@@ -111,37 +123,46 @@ pub struct Args {
     /// Payload bytes per message.
     #[arg(long, default_value_t = 8)]
     pub size: usize,
-    /// Slots per channel ring (a power of two, 2 or more; channels only). Both loads keep
-    /// at most one request in flight per connection, so a deeper ring
-    /// only spreads the same traffic over more cache lines and pages
-    /// (8 and 64 measured the same at 16 connections, in alternating runs).
+    /// Slots per channel ring (a power of two; channels only)
+    ///
+    /// Slots per channel ring (a power of two, 2 or more; channels only). Both
+    /// loads keep at most one request in flight per connection, so a deeper
+    /// ring only spreads the same traffic over more cache lines and pages.
     #[arg(long, default_value_t = 8)]
     pub capacity: u32,
-    /// `latency` load only: rotate the one request over the first M
-    /// connections instead of all of them; the others stay open, idle and
-    /// watched. Separates what a server pays for *watching* N sources
-    /// (scan) from what it pays for requests *landing* on N sources
-    /// (cache lines and pages that move between the cores).
+    /// latency: rotate the request over the first M connections only
+    ///
+    /// `latency` load only: rotate the one request over the first M connections
+    /// instead of all of them; the others stay open, idle and watched.
+    /// Separates what a server pays for *watching* N sources (scan) from what
+    /// it pays for requests *landing* on N sources (cache lines and pages that
+    /// move between the cores).
     #[arg(long, value_name = "M")]
     pub rotate: Option<usize>,
+    /// Idle threshold of dispatchers and task runtimes, µs (0 = never)
+    ///
     /// Idle threshold in µs of the dispatchers (threads) and task runtimes
     /// (tasks): they sleep after this long without work (0 = never).
     #[arg(long, default_value_t = 2000)]
     pub idle_after_us: u64,
-    /// Instead of one table, print latency against the number of
-    /// connections (1, 4, 16, 64, 256, 1024, up to --sweep-max) for the
-    /// chosen modes (`poll` is left out when --mode is the default list:
-    /// 256 spinning threads on one core take minutes). With sockets, a
-    /// second table gives what each mode asked the kernel per round trip.
+    /// Print latency against the number of connections
+    ///
+    /// Instead of one table, prints latency against the number of connections
+    /// (1, 4, 16, 64, 256, 1024, up to --sweep-max) for the chosen modes
+    /// (`poll` is left out when --mode is the default list: 256 spinning
+    /// threads on one core take minutes). With sockets, a second table gives
+    /// what each mode asked the kernel per round trip.
     #[arg(long)]
     pub sweep: bool,
     /// The largest number of connections `--sweep` measures.
     #[arg(long, default_value_t = 1024)]
     pub sweep_max: usize,
-    /// Also measure the CPU an idle dispatcher (threads) and an idle task
+    /// Also measure the CPU an idle dispatcher and runtime use
+    ///
+    /// Also measures the CPU an idle dispatcher (threads) and an idle task
     /// runtime use over one second after the idle threshold, with --conns
-    /// waiters and no traffic: one more line, after the table or the JSON
-    /// (not with --sweep; channel waiters only, not run with sockets).
+    /// waiters and no traffic: one more line, after the table or the JSON (not
+    /// with --sweep; channel waiters only, not run with sockets).
     #[arg(long)]
     pub idle_probe: bool,
     /// Print JSON (one object per row) instead of a table.
