@@ -2,9 +2,11 @@
 
 pub mod harness;
 pub mod ipc;
+pub mod lanes;
 pub mod load;
 pub mod odp;
 pub mod pingpong;
+pub mod plotting;
 pub mod remote;
 pub mod rounds;
 pub mod share;
@@ -49,6 +51,11 @@ pub enum Bench {
     /// (damming) and READs on N QPs at once (flood), pinned vs ODP vs ODP
     /// prefetched (pinned only on a device without ODP).
     Odp(odp::Args),
+    /// Latency and bulk lanes against one shared connection and against
+    /// one connection per reader: N synchronous readers and a writer
+    /// streaming 1 MiB messages, interleaved; then the bulk lane alone
+    /// with batching on and off.
+    Lanes(lanes::Args),
     /// The co-located load of `bench load --background` (one process).
     #[command(hide = true)]
     Busy(load::background::BusyArgs),
@@ -215,6 +222,7 @@ pub fn run(b: Bench) -> Result<()> {
         Bench::Odp(a) => odp::run(a),
         Bench::Busy(a) => load::background::busy(a),
         Bench::Share(a) => share::run(a),
+        Bench::Lanes(a) => lanes::run(a),
     }
 }
 

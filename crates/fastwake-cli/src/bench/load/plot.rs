@@ -4,52 +4,17 @@
 //! 0.1 % (interrupt at a low rate) to 100 % of a core (poll), latency
 //! 0.2 µs (spinning) to milliseconds (a hog's time slice).
 //!
-//! PNG text needs a font file: DejaVu Sans (assets/fonts, with its
-//! licence) is compiled in and registered once, so the plots render the
-//! same on any host.
+//! The font, colours and error wording are every plot's
+//! ([`crate::bench::plotting`]).
 
+use crate::bench::plotting::{self, COLORS, FAMILY, Picture, err, finish};
 use crate::bench::stats::Row;
-use fastwake::{Fail, Result};
+use fastwake::Result;
 use plotters::prelude::*;
 use std::path::Path;
-use std::sync::Once;
-
-static FONT: &[u8] = include_bytes!("../../../../../assets/fonts/DejaVuSans.ttf");
-const FAMILY: &str = "sans-serif";
-
-fn register() -> Result<()> {
-    static ONCE: Once = Once::new();
-    let mut ok = true;
-    ONCE.call_once(|| {
-        ok = plotters::style::register_font(FAMILY, FontStyle::Normal, FONT).is_ok();
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(Fail::new(
-            libc::EINVAL,
-            "bundled font DejaVuSans.ttf is unreadable",
-        ))
-    }
-}
-
-const COLORS: [RGBColor; 8] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(148, 103, 189),
-    RGBColor(255, 127, 14),
-    RGBColor(23, 190, 207),
-    RGBColor(140, 86, 75),
-    RGBColor(127, 127, 127),
-];
 
 fn get(r: &Row, k: &str) -> f64 {
     r.extra.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN)
-}
-
-fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> Fail + '_ {
-    move |e| Fail::new(libc::EIO, format!("plot {what}: {e}"))
 }
 
 fn draw<DB: DrawingBackend>(
@@ -112,33 +77,28 @@ where
             + Text::new(r.mode.clone(), (9, -4), (FAMILY, 14).into_font().color(&c));
         chart.draw_series([label]).map_err(err("label"))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FAMILY, 13))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(err("legend"))?;
-    root.present().map_err(err("write"))?;
-    Ok(())
+    finish(&mut chart, &root, SeriesLabelPosition::UpperRight)
+}
+
+struct Scenario<'a> {
+    title: String,
+    rows: &'a [&'a Row],
+}
+
+impl Picture for Scenario<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, plotters::coord::Shift>) -> Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        draw(root, &self.title, self.rows)
+    }
 }
 
 /// Write `DIR/<scenario>.svg` and `.png`; returns their paths.
 pub fn write(dir: &Path, scenario: &str, rows: &[&Row]) -> Result<Vec<String>> {
-    register()?;
-    let title = format!("fastwake bench load: {scenario}");
-    let svg = dir.join(format!("{scenario}.svg"));
-    let png = dir.join(format!("{scenario}.png"));
-    draw(
-        SVGBackend::new(&svg, (960, 640)).into_drawing_area(),
-        &title,
+    let pic = Scenario {
+        title: format!("fastwake bench load: {scenario}"),
         rows,
-    )?;
-    draw(
-        BitMapBackend::new(&png, (960, 640)).into_drawing_area(),
-        &title,
-        rows,
-    )?;
-    Ok(vec![svg.display().to_string(), png.display().to_string()])
+    };
+    plotting::write(dir, scenario, &pic)
 }

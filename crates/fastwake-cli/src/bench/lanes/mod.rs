@@ -1,0 +1,187 @@
+//! `fastwake bench lanes`: the NVMe/TCP talk's experiment on loopback TCP.
+//! N synchronous readers (one small request outstanding each, answered
+//! with a 4 KiB reply) and one writer streaming 1 MiB messages without
+//! bound, in three arrangements interleaved over rounds: one shared
+//! connection, lanes (a latency lane and a bulk lane), and one connection
+//! per reader plus one for the writer. Then the bulk lane alone with
+//! batching on and off.
+
+mod arrangement;
+mod plot;
+mod replies;
+pub mod report;
+
+use super::parse_cpus;
+use super::rounds::Rounds;
+use arrangement::Arrangement;
+use clap::Args as ClapArgs;
+use fastwake::lanes::{self, Config};
+use fastwake::{Fail, Result, WaitMode};
+use report::Row;
+use std::time::Duration;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Synchronous readers, one request outstanding each.
+    #[arg(long, default_value_t = 16)]
+    pub readers: usize,
+    /// Bytes of a read request.
+    #[arg(long, default_value_t = 16)]
+    pub request: usize,
+    /// Bytes of the reply to a read.
+    #[arg(long, default_value_t = 4096)]
+    pub reply: usize,
+    /// Bytes of each message the writer streams.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub bulk: usize,
+    /// Measured seconds per arrangement, over all rounds.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Interleaving rounds.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u64,
+    /// CPUs `CLIENT,SERVER`: readers and writer are pinned to the first,
+    /// every serving thread to the second.
+    #[arg(long, default_value = "0,1", value_parser = parse_cpus)]
+    pub cpus: (u32, u32),
+    /// Largest message on the latency lane.
+    #[arg(long, default_value_t = lanes::THRESHOLD)]
+    pub threshold: usize,
+    /// Bytes per bulk sendmsg.
+    #[arg(long, default_value_t = lanes::CHUNK)]
+    pub chunk: usize,
+    /// Bytes per bulk sendmsg while a read is in flight.
+    #[arg(long, default_value_t = lanes::POLITE_CHUNK)]
+    pub polite_chunk: usize,
+    /// How the latency lane (and a shared connection) waits.
+    #[arg(long, default_value = "hybrid")]
+    pub latency_mode: WaitMode,
+    /// How the bulk lane waits.
+    #[arg(long, default_value = "interrupt")]
+    pub bulk_mode: WaitMode,
+    /// Message sizes of the batching comparison (bulk lane alone).
+    #[arg(long, value_delimiter = ',', default_value = "16384,1048576")]
+    pub batch_sizes: Vec<usize>,
+    /// Skip the batching comparison.
+    #[arg(long)]
+    pub no_batching: bool,
+    /// Measured seconds per batching row, over all rounds.
+    #[arg(long, default_value_t = 1.0)]
+    pub batch_seconds: f64,
+    /// Arrangements to run (comma separated): shared, lanes, per-reader;
+    /// default all three.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the read-latency plot into DIR (lanes.svg, lanes.png).
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+impl Args {
+    fn config(&self) -> Result<Config> {
+        let c = Config {
+            threshold: self.threshold,
+            chunk: self.chunk,
+            polite_chunk: self.polite_chunk,
+            latency_mode: self.latency_mode,
+            bulk_mode: self.bulk_mode,
+            max_message: lanes::MAX_MESSAGE
+                .max(self.bulk)
+                .max(self.batch_sizes.iter().copied().max().unwrap_or(0)),
+            ..Config::default()
+        };
+        c.validate()?;
+        if self.readers == 0 || self.readers > 1024 {
+            return Err(Fail::invalid("--readers must be between 1 and 1024"));
+        }
+        if self.request < 8 || self.request > self.threshold {
+            return Err(Fail::invalid(format!(
+                "--request must be between 8 and the threshold ({})",
+                self.threshold
+            )));
+        }
+        if self.reply < 8 || self.reply > self.threshold {
+            return Err(Fail::invalid(format!(
+                "--reply must be between 8 and the threshold ({})",
+                self.threshold
+            )));
+        }
+        if self.bulk <= self.threshold || self.batch_sizes.iter().any(|&s| s < 8) {
+            return Err(Fail::invalid(
+                "--bulk must exceed the threshold, and --batch-sizes be at least 8",
+            ));
+        }
+        let ok = |s: f64| s.is_finite() && s > 0.0 && s <= 600.0;
+        if !ok(self.seconds) || !ok(self.batch_seconds) || self.rounds == 0 {
+            return Err(Fail::invalid(
+                "--seconds and --batch-seconds must be in (0, 600], --rounds at least 1",
+            ));
+        }
+        Ok(c)
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let config = a.config()?;
+    let (client, server) = a.cpus;
+    let mut plans = arrangement::experiment(a.readers, a.bulk, config);
+    for o in &a.only {
+        if !plans.iter().any(|p| &p.name == o) {
+            return Err(Fail::invalid(format!(
+                "unknown arrangement '{o}': expected shared, lanes or per-reader"
+            )));
+        }
+    }
+    plans.retain(|p| a.only.is_empty() || a.only.contains(&p.name));
+    let main = plans.len();
+    for &s in a.batch_sizes.iter().filter(|_| !a.no_batching) {
+        plans.extend(arrangement::batching(s, config));
+    }
+    let mut arrs = Vec::with_capacity(plans.len());
+    for p in plans {
+        arrs.push(Arrangement::new(p, config, a.reply, server)?);
+    }
+    let mut rows: Vec<Row> = arrs
+        .iter()
+        .map(|x| Row::new(&x.plan, x.connections()))
+        .collect();
+    // Shares of the run in ms: main arrangements and batching rows have
+    // their own totals, one schedule each round.
+    let total_ms = |s: f64| (s * 1000.0).round() as u64;
+    let sched = Rounds::new(arrs.len(), a.rounds, a.rounds * 1000);
+    for t in sched.turns() {
+        let secs = if t.case < main {
+            a.seconds
+        } else {
+            a.batch_seconds
+        };
+        let len = Duration::from_millis((total_ms(secs) / a.rounds).max(1));
+        let r = arrs[t.case].turn(len, a.request, client)?;
+        rows[t.case].add(&r)?;
+    }
+    for x in arrs {
+        x.close();
+    }
+    let note = format!(
+        "threads pinned: {} readers and the writer on CPU {client}, every serving thread on CPU {server}; loopback TCP; latency lane {}, bulk lane {}; chunk {} (polite {}), batching {:?}; cpu/op = process CPU per read and bulk message",
+        a.readers,
+        a.latency_mode,
+        a.bulk_mode,
+        report::bytes(config.chunk),
+        report::bytes(config.polite_chunk),
+        config.batch
+    );
+    if a.json {
+        report::print_json(&rows, main, &note)?;
+    } else {
+        report::print_tables(&rows, main, &note);
+    }
+    if let Some(d) = &a.plot {
+        let paths = plot::write(d, &rows[..main])?;
+        eprintln!("plot: {}", paths.join(" "));
+    }
+    Ok(())
+}

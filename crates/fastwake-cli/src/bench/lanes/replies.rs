@@ -1,0 +1,122 @@
+//! Replies for synchronous readers sharing one connection, taken by the
+//! readers themselves (no I/O thread): the talk's "complete in the
+//! polling application's context".
+//!
+//! A reader whose reply has not come leads: it receives from the
+//! connection and hands each reply to its reader (a flag and an unpark)
+//! until its own comes, then passes the lead to a reader still waiting.
+//! On a connection of its own a reader always leads, so every arrangement
+//! runs the same code.
+
+use fastwake::Result;
+use fastwake::lanes::{Class, Endpoint};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::Thread;
+
+const WAITING: u32 = 0;
+const ARRIVED: u32 = 1;
+const LEAD: u32 = 2;
+
+struct Slot {
+    word: AtomicU32,
+}
+
+#[derive(Default)]
+struct Lead {
+    active: bool,
+    /// Readers parked for their reply (none of them has it yet), with
+    /// the thread to unpark (readers may be other threads every turn).
+    waiting: Vec<(usize, Thread)>,
+}
+
+/// The readers of one connection.
+pub struct Replies {
+    slots: Vec<Slot>,
+    lead: Mutex<Lead>,
+}
+
+/// The reader a reply (or request) is for: its first four bytes.
+pub fn reader_of(m: &[u8]) -> usize {
+    u32::from_le_bytes([m[0], m[1], m[2], m[3]]) as usize
+}
+
+impl Replies {
+    pub fn new(readers: usize) -> Replies {
+        Replies {
+            slots: (0..readers)
+                .map(|_| Slot {
+                    word: AtomicU32::new(WAITING),
+                })
+                .collect(),
+            lead: Mutex::new(Lead::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lead> {
+        self.lead.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reader `me` (its index on this connection) waits for the reply to
+    /// its one outstanding request on `ep`'s latency lane.
+    pub fn wait(&self, ep: &Endpoint, me: usize) -> Result<()> {
+        let slot = &self.slots[me];
+        {
+            let mut lead = self.lock();
+            if slot.word.swap(WAITING, Ordering::Acquire) == ARRIVED {
+                return Ok(());
+            }
+            if lead.active {
+                lead.waiting.push((me, std::thread::current()));
+            } else {
+                lead.active = true;
+                drop(lead);
+                return self.lead(ep, me);
+            }
+        }
+        loop {
+            std::thread::park();
+            match slot.word.swap(WAITING, Ordering::Acquire) {
+                ARRIVED => return Ok(()),
+                LEAD => return self.lead(ep, me),
+                _ => {}
+            }
+        }
+    }
+
+    fn lead(&self, ep: &Endpoint, me: usize) -> Result<()> {
+        loop {
+            let id = match ep.recv_with(Class::Latency, reader_of) {
+                Ok(id) => id,
+                Err(e) => {
+                    // Let the others see the failure too, rather than
+                    // park for ever.
+                    self.hand_on();
+                    return Err(e);
+                }
+            };
+            if id == me {
+                self.hand_on();
+                return Ok(());
+            }
+            let mut lead = self.lock();
+            let slot = &self.slots[id];
+            slot.word.store(ARRIVED, Ordering::Release);
+            if let Some(p) = lead.waiting.iter().position(|w| w.0 == id) {
+                lead.waiting.swap_remove(p).1.unpark();
+            }
+        }
+    }
+
+    /// The leader is done: pass the lead to a waiting reader, if any.
+    fn hand_on(&self) {
+        let mut lead = self.lock();
+        match lead.waiting.pop() {
+            Some((w, thread)) => {
+                self.slots[w].word.store(LEAD, Ordering::Release);
+                thread.unpark();
+            }
+            None => lead.active = false,
+        }
+    }
+}

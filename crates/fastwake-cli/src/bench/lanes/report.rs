@@ -1,0 +1,209 @@
+//! `bench lanes`' rows, tables, ratios and JSON.
+
+use super::arrangement::{Plan, Turn};
+use fastwake::{Fail, Result};
+use hdrhistogram::Histogram;
+use std::time::Duration;
+
+/// `16 KiB`, `1 MiB`, `100 B`.
+pub fn bytes(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} B")
+    }
+}
+
+/// One arrangement, summed over its turns.
+pub struct Row {
+    pub name: String,
+    pub connections: usize,
+    pub bulk_size: usize,
+    reads: Histogram<u64>,
+    wall: Duration,
+    cpu: Duration,
+    bulk_bytes: u64,
+    sent_bytes: u64,
+    syscalls: u64,
+}
+
+const MIB: f64 = (1 << 20) as f64;
+
+impl Row {
+    pub fn new(plan: &Plan, connections: usize) -> Row {
+        Row {
+            name: plan.name.clone(),
+            connections,
+            bulk_size: plan.bulk,
+            reads: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"),
+            wall: Duration::ZERO,
+            cpu: Duration::ZERO,
+            bulk_bytes: 0,
+            sent_bytes: 0,
+            syscalls: 0,
+        }
+    }
+
+    pub fn add(&mut self, t: &Turn) -> Result<()> {
+        self.reads
+            .add(&t.reads)
+            .map_err(|e| Fail::invalid(format!("histogram: {e}")))?;
+        self.wall += t.wall;
+        self.cpu += t.cpu;
+        self.bulk_bytes += t.bulk_bytes;
+        self.sent_bytes += t.bulk_sent_bytes;
+        self.syscalls += t.bulk_syscalls;
+        Ok(())
+    }
+
+    pub fn reads(&self) -> u64 {
+        self.reads.len()
+    }
+
+    pub fn iops(&self) -> f64 {
+        self.reads() as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// Read latency at quantile `q`, µs.
+    pub fn read_us(&self, q: f64) -> f64 {
+        if self.reads() == 0 {
+            return f64::NAN;
+        }
+        self.reads.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    pub fn write_mib_s(&self) -> f64 {
+        self.bulk_bytes as f64 / MIB / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// Process CPU µs per read and per bulk message.
+    pub fn cpu_us_per_op(&self) -> f64 {
+        let ops = self.reads() as f64 + self.bulk_bytes as f64 / self.bulk_size as f64;
+        self.cpu.as_secs_f64() * 1e6 / ops.max(1.0)
+    }
+
+    /// The writer's syscalls per MiB it sent.
+    pub fn syscalls_per_mib(&self) -> f64 {
+        self.syscalls as f64 / (self.sent_bytes as f64 / MIB).max(1e-9)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let f = |v: f64| {
+            if v.is_finite() {
+                serde_json::json!(v)
+            } else {
+                serde_json::Value::Null
+            }
+        };
+        serde_json::json!({
+            "arrangement": self.name,
+            "connections": self.connections,
+            "bulk_message_bytes": self.bulk_size,
+            "measured_s": self.wall.as_secs_f64(),
+            "reads": self.reads(),
+            "read_iops": f(self.iops()),
+            "read_p50_us": f(self.read_us(0.5)),
+            "read_p99_us": f(self.read_us(0.99)),
+            "read_p99_9_us": f(self.read_us(0.999)),
+            "read_p99_99_us": f(self.read_us(0.9999)),
+            "write_mib_s": f(self.write_mib_s()),
+            "cpu_us_per_op": f(self.cpu_us_per_op()),
+            "bulk_syscalls_per_mib": f(self.syscalls_per_mib()),
+        })
+    }
+}
+
+/// The ratios the experiment is about: (label, value).
+fn ratios(rows: &[Row]) -> Vec<(String, f64)> {
+    let find = |n: &str| rows.iter().find(|r| r.name == n);
+    let mut out = Vec::new();
+    if let (Some(s), Some(l)) = (find("shared"), find("lanes")) {
+        out.push(("lanes/shared read IOPS".into(), l.iops() / s.iops()));
+        out.push((
+            "lanes/shared read p99.99".into(),
+            l.read_us(0.9999) / s.read_us(0.9999),
+        ));
+        out.push((
+            "lanes/shared write throughput".into(),
+            l.write_mib_s() / s.write_mib_s(),
+        ));
+    }
+    if let (Some(p), Some(l)) = (find("per-reader"), find("lanes")) {
+        out.push((
+            "lanes/per-reader read p99".into(),
+            l.read_us(0.99) / p.read_us(0.99),
+        ));
+        out.push((
+            "lanes/per-reader connections".into(),
+            l.connections as f64 / p.connections as f64,
+        ));
+    }
+    out
+}
+
+pub fn print_tables(rows: &[Row], main: usize, note: &str) {
+    println!("fastwake bench lanes — {note}");
+    println!(
+        "{:<12} {:>5} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>11}",
+        "arrangement",
+        "conns",
+        "read IOPS",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "p99.99 us",
+        "write MiB/s",
+        "cpu us/op",
+        "syscalls/MiB"
+    );
+    for r in &rows[..main] {
+        println!(
+            "{:<12} {:>5} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>11.0} {:>9.2} {:>12.1}",
+            r.name,
+            r.connections,
+            r.iops(),
+            r.read_us(0.5),
+            r.read_us(0.99),
+            r.read_us(0.999),
+            r.read_us(0.9999),
+            r.write_mib_s(),
+            r.cpu_us_per_op(),
+            r.syscalls_per_mib()
+        );
+    }
+    for (k, v) in ratios(&rows[..main]) {
+        println!("  {k}: {v:.3}");
+    }
+    if rows.len() > main {
+        println!();
+        println!(
+            "{:<36} {:>11} {:>12} {:>9}",
+            "bulk lane alone", "write MiB/s", "syscalls/MiB", "cpu us/op"
+        );
+        for r in &rows[main..] {
+            println!(
+                "{:<36} {:>11.0} {:>12.1} {:>9.2}",
+                r.name,
+                r.write_mib_s(),
+                r.syscalls_per_mib(),
+                r.cpu_us_per_op()
+            );
+        }
+    }
+}
+
+pub fn print_json(rows: &[Row], main: usize, note: &str) -> Result<()> {
+    let v = serde_json::json!({
+        "note": note,
+        "arrangements": rows[..main].iter().map(Row::json).collect::<Vec<_>>(),
+        "ratios": ratios(&rows[..main]).into_iter().map(|(k, v)| serde_json::json!({"what": k, "ratio": v})).collect::<Vec<_>>(),
+        "batching": rows[main..].iter().map(Row::json).collect::<Vec<_>>(),
+    });
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&v).map_err(|e| Fail::new(libc::EIO, e.to_string()))?
+    );
+    Ok(())
+}
