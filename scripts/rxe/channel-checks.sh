@@ -11,15 +11,7 @@ RXE_CHANNEL_ITERS=${RXE_CHANNEL_ITERS:-300}
 
 # The C program (scripts/rxe/channel-wait.c), built once per guest run with
 # the host root's compiler and rdma-core headers.
-channel_wait_exe() {
-    local exe="$RXE_LOGDIR/channel-wait" src="$RXE_SELF_DIR/channel-wait.c"
-    [ -x "$exe" ] && [ "$exe" -nt "$src" ] && { echo "$exe"; return 0; }
-    command -v cc >/dev/null || { rxe_reason "no C compiler (cc) in the host root"; return $RXE_SKIP; }
-    [ -f /usr/include/infiniband/verbs.h ] || { rxe_reason "no rdma-core headers (libibverbs-dev) in the host root"; return $RXE_SKIP; }
-    cc -O2 -pthread -o "$exe" "$src" -libverbs >"$RXE_LOGDIR/channel-wait.build.log" 2>&1 \
-        || { rxe_fail "channel-wait.c did not build: $(tail -n 1 "$RXE_LOGDIR/channel-wait.build.log")"; return 1; }
-    echo "$exe"
-}
+channel_wait_exe() { rxe_build_c channel-wait; }
 
 # channel_field LINE KEY: the value of KEY=... in LINE.
 channel_field() { [[ $1 =~ (^|[ ])$2=([^ ]+) ]] && echo "${BASH_REMATCH[2]}"; }

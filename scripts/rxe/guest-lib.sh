@@ -46,6 +46,19 @@ rxe_info() { printf '%s\n' "$*" >>"$RXE_CUR_INFO"; }
 rxe_metric() { printf '%s\t%s\t%s\n' "$RXE_CUR_NAME" "$1" "$2" >>"$RXE_METRICS"; }
 rxe_fail() { rxe_reason "$*"; return 1; }
 
+# rxe_build_c NAME: build the C program $RXE_SELF_DIR/NAME.c into
+# $RXE_LOGDIR/NAME (once per guest run) with the host root's compiler and
+# rdma-core headers, and print its path; SKIPPED without them.
+rxe_build_c() {
+    local exe="$RXE_LOGDIR/$1" src="$RXE_SELF_DIR/$1.c"
+    [ -x "$exe" ] && [ "$exe" -nt "$src" ] && { echo "$exe"; return 0; }
+    command -v cc >/dev/null || { rxe_reason "no C compiler (cc) in the host root"; return $RXE_SKIP; }
+    [ -f /usr/include/infiniband/verbs.h ] || { rxe_reason "no rdma-core headers (libibverbs-dev) in the host root"; return $RXE_SKIP; }
+    cc -O2 -pthread -o "$exe" "$src" -libverbs >"$RXE_LOGDIR/$1.build.log" 2>&1 \
+        || { rxe_fail "$1.c did not build: $(tail -n 1 "$RXE_LOGDIR/$1.build.log")"; return 1; }
+    echo "$exe"
+}
+
 # Skip unless the project's binaries are built (skips are loud, never passes).
 rxe_need_fastwake() {
     [ -x "$RXE_FASTWAKE" ] && return 0

@@ -85,6 +85,37 @@ pollers_line() {
     echo "${line#*fastwake-preload: }"
 }
 
+# pollers_perftest_runs BENCH ARGS...: BENCH over the wire without the
+# shim, then with both sides under pollers=sleep; both must complete and
+# give the same result rows (#bytes #iterations) on each side. Then sums
+# the sides' pollers counters: P_EMPTY, P_SLEEPS, P_BOUND, P_HAZ, and
+# P_SUM (each side's line, for an INFO).
+pollers_perftest_runs() {
+    local bench=$1; shift
+    pollers_pair none none "$bench" "$@" || return 1
+    local ref_c ref_s got_c got_s
+    ref_c=$(pollers_rows "$RXE_CLIENT_LOG"); ref_s=$(pollers_rows "$RXE_SERVER_LOG")
+    [[ $ref_c == *" $RXE_POLLERS_ITERS;"* ]] || { rxe_fail "$bench without the shim: client rows '$ref_c' lack $RXE_POLLERS_ITERS iterations"; return 1; }
+    pollers_pair sleep sleep "$bench" "$@" || return 1
+    got_c=$(pollers_rows "$RXE_CLIENT_LOG"); got_s=$(pollers_rows "$RXE_SERVER_LOG")
+    [ "$got_c" = "$ref_c" ] && [ "$got_s" = "$ref_s" ] ||
+        { rxe_fail "$bench under pollers=sleep: rows (#bytes #iterations) client '$got_c' server '$got_s', without the shim client '$ref_c' server '$ref_s'"; return 1; }
+    rxe_info "$bench $* over rxe_a<->rxe_b: rows (#bytes #iterations) = no-shim: client '${ref_c%;}'${ref_s:+, server '${ref_s%;}'}"
+    local side log pl
+    P_EMPTY=0 P_SLEEPS=0 P_BOUND=0 P_HAZ=0 P_SUM=""
+    for side in server client; do
+        log=$RXE_SERVER_LOG; [ $side = client ] && log=$RXE_CLIENT_LOG
+        pl=$(pollers_line "$log") || return 1
+        if [ -z "$pl" ]; then P_SUM+=" $side: no empty poll (no pollers line);"; continue; fi
+        P_EMPTY=$((P_EMPTY + $(pollers_field "$pl" empty_polls)))
+        P_SLEEPS=$((P_SLEEPS + $(pollers_field "$pl" sleeps)))
+        P_BOUND=$((P_BOUND + $(pollers_field "$pl" woke_by_bound)))
+        P_HAZ=$((P_HAZ + $(pollers_field "$pl" threads_off_hazard)))
+        P_SUM+=" $side: ${pl#pollers };"
+    done
+    rxe_info "pollers=sleep:$P_SUM"
+}
+
 # check_pollers_perftest BENCH [ARGS...]: perftest's polling BENCH (no -e)
 # over the wire, without the shim and then with both sides under
 # FASTWAKE_POLLERS=sleep: both complete (each run bounded), the result
@@ -98,48 +129,11 @@ check_pollers_perftest() {
     rxe_need_preload || return
     command -v "$bench" >/dev/null || { rxe_reason "$bench not installed (perftest)"; return $RXE_SKIP; }
     pollers_wire || return
-    local -a args=(-n "$RXE_POLLERS_ITERS" "$@")
-    pollers_pair none none "$bench" "${args[@]}" || return 1
-    local ref_c ref_s
-    ref_c=$(pollers_rows "$RXE_CLIENT_LOG"); ref_s=$(pollers_rows "$RXE_SERVER_LOG")
-    [ -n "$ref_c" ] || { rxe_fail "$bench without the shim: no result row in the client output"; return 1; }
-    [[ $ref_c == *" $RXE_POLLERS_ITERS;"* ]] || { rxe_fail "$bench without the shim: rows '$ref_c' lack $RXE_POLLERS_ITERS iterations"; return 1; }
-    pollers_pair sleep sleep "$bench" "${args[@]}" || return 1
-    local got_c got_s
-    got_c=$(pollers_rows "$RXE_CLIENT_LOG"); got_s=$(pollers_rows "$RXE_SERVER_LOG")
-    [ "$got_c" = "$ref_c" ] && [ "$got_s" = "$ref_s" ] ||
-        { rxe_fail "$bench under pollers=sleep: rows (#bytes #iterations) client '$got_c' server '$got_s', without the shim client '$ref_c' server '$ref_s'"; return 1; }
-    local side pl empty=0 sleeps=0 haz=0 sum=""
-    for side in server client; do
-        local log=$RXE_SERVER_LOG; [ $side = client ] && log=$RXE_CLIENT_LOG
-        pl=$(pollers_line "$log") || return 1
-        if [ -z "$pl" ]; then
-            sum+=" $side: no empty poll (no pollers line);"
-            continue
-        fi
-        empty=$((empty + $(pollers_field "$pl" empty_polls)))
-        sleeps=$((sleeps + $(pollers_field "$pl" sleeps)))
-        haz=$((haz + $(pollers_field "$pl" threads_off_hazard)))
-        sum+=" $side: ${pl#pollers };"
-    done
-    rxe_info "$bench ${args[*]} over rxe_a<->rxe_b: rows (#bytes #iterations) = no-shim: client '${ref_c%;}'${ref_s:+, server '${ref_s%;}'}"
-    rxe_info "pollers=sleep:$sum"
-    rxe_metric "$bench.empty_polls" "$empty"
-    rxe_metric "$bench.sleeps" "$sleeps"
-    [ "$empty" -gt 0 ] || { rxe_fail "$bench: the shim saw no empty poll on either side:$sum"; return 1; }
-    [ "$haz" = 0 ] || { rxe_fail "$bench: $haz thread(s) switched off by the hazard rule, but it polls only its CQs:$sum"; return 1; }
-}
-
-# The C program (scripts/rxe/cq-idle.c), built once per guest run with the
-# host root's compiler and rdma-core headers.
-pollers_cq_idle_exe() {
-    local exe="$RXE_LOGDIR/cq-idle" src="$RXE_SELF_DIR/cq-idle.c"
-    [ -x "$exe" ] && [ "$exe" -nt "$src" ] && { echo "$exe"; return 0; }
-    command -v cc >/dev/null || { rxe_reason "no C compiler (cc) in the host root"; return $RXE_SKIP; }
-    [ -f /usr/include/infiniband/verbs.h ] || { rxe_reason "no rdma-core headers (libibverbs-dev) in the host root"; return $RXE_SKIP; }
-    cc -O2 -pthread -o "$exe" "$src" -libverbs >"$RXE_LOGDIR/cq-idle.build.log" 2>&1 \
-        || { rxe_fail "cq-idle.c did not build: $(tail -n 1 "$RXE_LOGDIR/cq-idle.build.log")"; return 1; }
-    echo "$exe"
+    pollers_perftest_runs "$bench" -n "$RXE_POLLERS_ITERS" "$@" || return 1
+    rxe_metric "$bench.empty_polls" "$P_EMPTY"
+    rxe_metric "$bench.sleeps" "$P_SLEEPS"
+    [ "$P_EMPTY" -gt 0 ] || { rxe_fail "$bench: the shim saw no empty poll on either side:$P_SUM"; return 1; }
+    [ "$P_HAZ" = 0 ] || { rxe_fail "$bench: $P_HAZ thread(s) switched off by the hazard rule, but it polls only its CQs:$P_SUM"; return 1; }
 }
 
 # check_pollers_cq_idle: cq-idle (both threads busy-poll their channel-less
@@ -152,7 +146,7 @@ pollers_cq_idle_exe() {
 # woken by completions (woke_by_completion > 0), and switched no thread off.
 check_pollers_cq_idle() {
     rxe_need_preload || return
-    local exe; exe=$(pollers_cq_idle_exe) || return
+    local exe; exe=$(rxe_build_c cq-idle) || return
     local n=$RXE_POLLERS_BURSTS t=$(( (RXE_CHECK_TIMEOUT - 10) / 2 ))
     local ref="$RXE_LOGDIR/$RXE_CUR_NAME.none.out" out="$RXE_LOGDIR/$RXE_CUR_NAME.sleep.out"
     local rc=0
@@ -206,42 +200,27 @@ check_pollers_write_lat() {
     rxe_need_preload || return
     command -v ib_write_lat >/dev/null || { rxe_reason "ib_write_lat not installed (perftest)"; return $RXE_SKIP; }
     pollers_wire || return
-    local -a args=(-n "$RXE_POLLERS_ITERS")
-    pollers_pair none none ib_write_lat "${args[@]}" || return 1
-    local ref_c ref_s; ref_c=$(pollers_rows "$RXE_CLIENT_LOG"); ref_s=$(pollers_rows "$RXE_SERVER_LOG")
-    [[ $ref_c == *" $RXE_POLLERS_ITERS;"* ]] || { rxe_fail "ib_write_lat without the shim: rows '$ref_c' lack $RXE_POLLERS_ITERS iterations"; return 1; }
-    pollers_pair sleep sleep ib_write_lat "${args[@]}" || return 1
-    local got_c got_s; got_c=$(pollers_rows "$RXE_CLIENT_LOG"); got_s=$(pollers_rows "$RXE_SERVER_LOG")
-    [ "$got_c" = "$ref_c" ] && [ "$got_s" = "$ref_s" ] ||
-        { rxe_fail "ib_write_lat under pollers=sleep: rows client '$got_c' server '$got_s', without the shim client '$ref_c' server '$ref_s'"; return 1; }
-    local side pl sleeps=0 haz=0 bound=0 sum=""
-    for side in server client; do
-        local log=$RXE_SERVER_LOG; [ $side = client ] && log=$RXE_CLIENT_LOG
-        pl=$(pollers_line "$log") || return 1
-        if [ -z "$pl" ]; then sum+=" $side: no empty poll (no pollers line);"; continue; fi
-        sleeps=$((sleeps + $(pollers_field "$pl" sleeps)))
-        haz=$((haz + $(pollers_field "$pl" threads_off_hazard)))
-        bound=$((bound + $(pollers_field "$pl" woke_by_bound)))
-        sum+=" $side: ${pl#pollers };"
-    done
-    rxe_info "ib_write_lat ${args[*]} over rxe_a<->rxe_b: rows (#bytes #iterations) = no-shim: client '${ref_c%;}', server '${ref_s%;}'"
-    rxe_info "pollers=sleep:$sum"
-    rxe_metric write_lat.threads_off_hazard "$haz"
-    rxe_metric write_lat.sleeps "$sleeps"
-    if [ "$haz" -ge 1 ]; then
-        rxe_info "outcome: switched off by the hazard rule (threads_off_hazard=$haz)"
-    elif [ "$sleeps" = 0 ]; then
+    pollers_perftest_runs ib_write_lat -n "$RXE_POLLERS_ITERS" || return 1
+    rxe_metric write_lat.threads_off_hazard "$P_HAZ"
+    rxe_metric write_lat.sleeps "$P_SLEEPS"
+    if [ "$P_HAZ" -ge 1 ]; then
+        rxe_info "outcome: switched off by the hazard rule (threads_off_hazard=$P_HAZ)"
+    elif [ "$P_SLEEPS" = 0 ]; then
         rxe_info "outcome: never slept (sleeps=0)"
     else
-        rxe_info "outcome: slept $sleeps time(s) in its send-CQ polls ($bound ended by the bound), never switched off (threads_off_hazard=0): each WRITE's completion came before its next post; the memory spin never sleeps"
+        rxe_info "outcome: slept $P_SLEEPS time(s) in its send-CQ polls ($P_BOUND ended by the bound), never switched off (threads_off_hazard=0): each WRITE's completion came before its next post; the memory spin never sleeps"
     fi
 }
 
 rxe_pollers_checks() {
     rxe_check pollers-send-lat  check_pollers_perftest ib_send_lat
-    rxe_check pollers-send-bw   check_pollers_perftest ib_send_bw
+    # The bandwidth tests with 1 KB messages (one packet each at MTU
+    # 1024): with the default 64 KB, 128 outstanding messages put 8192
+    # packets on the hub wire at once, it drops some, and RC's retries
+    # ran out (both ends of ib_send_bw exited 17 without the shim).
+    rxe_check pollers-send-bw   check_pollers_perftest ib_send_bw -s 1024
     rxe_check pollers-read-lat  check_pollers_perftest ib_read_lat
-    rxe_check pollers-write-bw  check_pollers_perftest ib_write_bw
+    rxe_check pollers-write-bw  check_pollers_perftest ib_write_bw -s 1024
     rxe_check pollers-cq-idle   check_pollers_cq_idle
     rxe_check pollers-write-lat check_pollers_write_lat
 }
