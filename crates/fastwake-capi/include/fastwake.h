@@ -113,6 +113,8 @@ typedef struct fw_receiver fw_receiver; /* consuming end */
 typedef struct fw_waiter fw_waiter;     /* a wait mode plus its statistics */
 typedef struct fw_dispatcher fw_dispatcher; /* a per-core dispatcher thread */
 typedef struct fw_socket fw_socket;     /* a stream socket read in fixed-size messages */
+typedef struct fw_lanes fw_lanes;       /* a message endpoint: a latency lane and a bulk lane */
+typedef struct fw_lanes_listener fw_lanes_listener; /* accepts fw_lanes endpoints */
 typedef struct fw_ring fw_ring;         /* a completion ring the caller owns (io_uring CQ) */
 typedef struct fw_ring_producer fw_ring_producer; /* its producer's handle (FW_RING_NOTICES) */
 typedef struct fw_verbs_cq fw_verbs_cq; /* an RDMA CQ (+ completion channel) the caller owns */
@@ -281,6 +283,78 @@ int fw_socket_wait(fw_waiter *w, fw_socket *s, int64_t timeout_ns, void *buf, si
  * your own epoll), or -1. */
 int fw_socket_fd(const fw_socket *s);
 void fw_socket_destroy(fw_socket *s);
+
+/* Lanes: a message endpoint to one peer made of two TCP connections, a
+ * latency lane for small messages and a bulk lane for the rest, so no
+ * small message waits behind a bulk transfer (docs/lanes.md). Each lane
+ * delivers whole messages in the order they were sent on it; nothing is
+ * ordered between lanes. An endpoint may be used by several threads at
+ * once: each lane sends one message at a time and receives one at a time.
+ * Zero in any field of the config means its default; a NULL config means
+ * all defaults. */
+#define FW_LANES_LAYOUT_LANES 0  /* one connection per lane */
+#define FW_LANES_LAYOUT_SHARED 1 /* one connection for both (for comparison) */
+#define FW_LANES_BY_SIZE (-1)    /* fw_lanes_send: the lane by size (threshold) */
+#define FW_LANE_LATENCY 0
+#define FW_LANE_BULK 1
+typedef struct fw_lanes_config {
+    uint32_t layout;          /* FW_LANES_LAYOUT_* */
+    uint32_t no_batching;     /* 1: every bulk message goes out on its own, no MSG_MORE */
+    uint64_t threshold;       /* largest message FW_LANES_BY_SIZE puts on the latency lane (16 KiB) */
+    uint64_t chunk;           /* bytes per bulk sendmsg (64 KiB) */
+    uint64_t polite_chunk;    /* ... while a latency message is in flight (16 KiB) */
+    uint64_t max_message;     /* largest message either side accepts (64 MiB) */
+    uint32_t batch_messages;  /* messages per batched sendmsg (16, i10) */
+    uint32_t batch_delay_ns;  /* queued bulk bytes wait at most this for a receiving thread (50000) */
+    uint64_t batch_bytes;     /* bytes queued / per batched sendmsg (64 KiB) */
+    const char *latency_mode; /* "interrupt", "hybrid[:D]", "adaptive[:O]", "dispatch" (NULL: "hybrid") */
+    const char *bulk_mode;    /* "interrupt" or "adaptive[:O]" (NULL: "interrupt") */
+} fw_lanes_config;
+/* One lane's counters (fw_lanes_stats). */
+struct fw_lanes_stats {
+    uint64_t messages_sent;  /* messages sent (queued ones included) */
+    uint64_t bytes_sent;     /* their payload bytes */
+    uint64_t sendmsgs;       /* sendmsg calls, those that found the socket full included */
+    uint64_t more;           /* of those, flagged MSG_MORE */
+    uint64_t batched;        /* of those, carrying parts of more than one message */
+    uint64_t polite;         /* of those, cut to the polite chunk */
+    uint64_t chunked;        /* messages that went out in more than one sendmsg */
+    uint64_t queued;         /* messages (or tails) copied to the batch queue: the socket was full */
+    uint64_t room_polls;     /* syscalls spent waiting for room */
+    uint64_t queued_bytes;   /* bytes in the batch queue now */
+    uint64_t received;       /* whole messages received */
+    uint64_t received_bytes; /* their payload bytes */
+};
+/* Listen on address ("IP:PORT"; port 0: any, see fw_lanes_listener_port).
+ * The config's layout is ignored: an accepted endpoint has the layout its
+ * peer connected with. EINVAL: a bad address or parameter (fw_last_error
+ * says which, in one line). */
+int fw_lanes_listen(const char *address, const fw_lanes_config *c, fw_lanes_listener **out);
+int fw_lanes_listener_port(const fw_lanes_listener *l, uint16_t *port);
+/* Accept connections until one completes an endpoint (both its lanes).
+ * EPROTO: a connection without a valid hello (closed; call again). */
+int fw_lanes_accept(const fw_lanes_listener *l, fw_lanes **out);
+void fw_lanes_listener_destroy(fw_lanes_listener *l);
+/* Open an endpoint to a listener at address. */
+int fw_lanes_connect(const char *address, const fw_lanes_config *c, fw_lanes **out);
+/* Send len bytes as one message on lane (FW_LANE_* or FW_LANES_BY_SIZE),
+ * from the calling thread. A bulk message that finds the socket full may
+ * be queued (copied) and pushed by the next send, by a thread waiting in
+ * fw_lanes_recv, or by fw_lanes_flush. EINVAL: over max_message; EPIPE:
+ * the peer is gone. */
+int fw_lanes_send(const fw_lanes *e, const void *data, size_t len, int lane);
+/* Wait for the next whole message on lane; copies min(length, cap) bytes
+ * to buf (may be NULL) and stores its length in *len (may be NULL).
+ * ETIMEDOUT: none within timeout_ns (< 0: forever); EMSGSIZE: it was
+ * longer than cap (consumed, truncated); EPIPE: the peer closed; EPROTO:
+ * the peer closed mid-message (nothing of it delivered). */
+int fw_lanes_recv(const fw_lanes *e, int lane, int64_t timeout_ns, void *buf, size_t cap,
+                  size_t *len);
+/* Push every queued bulk byte, waiting for room as long as it takes. */
+int fw_lanes_flush(const fw_lanes *e);
+int fw_lanes_stats(const fw_lanes *e, int lane, struct fw_lanes_stats *out);
+/* Close both connections; no other thread may use e any more. */
+void fw_lanes_destroy(fw_lanes *e);
 
 /* A completion ring the caller owns and consumes, waited on in every mode
  * above (including dispatch: a dispatcher peeks the counters). head and

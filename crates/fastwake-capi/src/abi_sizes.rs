@@ -42,6 +42,20 @@ fn struct_layouts_match_the_header() {
     assert_eq!(std::mem::size_of::<fw_shared_cq_stats>(), 96);
     assert_eq!(std::mem::offset_of!(fw_shared_cq_stats, events), 48);
     assert_eq!(std::mem::offset_of!(fw_shared_cq_stats, reserved), 72);
+    assert_eq!(std::mem::size_of::<crate::lanes::fw_lanes_config>(), 72);
+    assert_eq!(
+        std::mem::offset_of!(crate::lanes::fw_lanes_config, batch_bytes),
+        48
+    );
+    assert_eq!(
+        std::mem::offset_of!(crate::lanes::fw_lanes_config, bulk_mode),
+        64
+    );
+    assert_eq!(std::mem::size_of::<crate::lanes::fw_lanes_stats>(), 96);
+    assert_eq!(
+        std::mem::offset_of!(crate::lanes::fw_lanes_stats, received),
+        80
+    );
     // fw_verbs_cq_wait fills the caller's struct ibv_wc array.
     assert_eq!(std::mem::size_of::<ibv_wc>(), 48);
 }

@@ -126,6 +126,24 @@ pub(crate) fn stats_of<T, S>(
     Ok(())
 }
 
+/// The `data`, `len` pair of a send: NULL allowed only with `len` 0.
+///
+/// # Safety
+/// `data` NULL or readable for `len` bytes while the result lives.
+pub(crate) unsafe fn bytes_arg<'a>(
+    data: *const std::ffi::c_void,
+    len: usize,
+) -> Result<&'a [u8], Fail> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if data.is_null() {
+        return Err(Fail::invalid("data is NULL"));
+    }
+    // SAFETY: non-null and readable for len bytes per the caller.
+    Ok(unsafe { std::slice::from_raw_parts(data.cast(), len) })
+}
+
 pub(crate) fn destroy<T>(p: *mut T) {
     if !p.is_null() {
         // SAFETY: created by Box::into_raw here and destroyed once, per the

@@ -1,6 +1,6 @@
 //! Connected stream sockets as a source of messages.
 
-use crate::boundary::{check_out, destroy, guard, notify_fd_of, obj, out, wait_for};
+use crate::boundary::{bytes_arg, check_out, destroy, guard, notify_fd_of, obj, out, wait_for};
 use crate::waiter::fw_waiter;
 use fastwake::Fail;
 use std::ffi::{c_int, c_void};
@@ -50,15 +50,8 @@ pub unsafe extern "C" fn fw_socket_send(
 ) -> c_int {
     guard(|| {
         let s = obj(s)?;
-        if data.is_null() && len > 0 {
-            return Err(Fail::invalid("data is NULL"));
-        }
-        let d: &[u8] = if len == 0 {
-            &[]
-        } else {
-            // SAFETY: non-null and readable for len bytes per the header.
-            unsafe { std::slice::from_raw_parts(data.cast(), len) }
-        };
+        // SAFETY: readable for len bytes per the header.
+        let d = unsafe { bytes_arg(data, len) }?;
         s.0.send(d)
     })
 }

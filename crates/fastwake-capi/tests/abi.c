@@ -43,6 +43,11 @@ _Static_assert(offsetof(struct fw_notice_stats, late_notices) == 16, "fw_notice_
 _Static_assert(sizeof(struct fw_shared_cq_stats) == 96, "fw_shared_cq_stats layout");
 _Static_assert(offsetof(struct fw_shared_cq_stats, events) == 48, "fw_shared_cq_stats layout");
 _Static_assert(offsetof(struct fw_shared_cq_stats, reserved) == 72, "fw_shared_cq_stats layout");
+_Static_assert(sizeof(fw_lanes_config) == 72, "fw_lanes_config layout");
+_Static_assert(offsetof(fw_lanes_config, batch_bytes) == 48, "fw_lanes_config layout");
+_Static_assert(offsetof(fw_lanes_config, bulk_mode) == 64, "fw_lanes_config layout");
+_Static_assert(sizeof(struct fw_lanes_stats) == 96, "fw_lanes_stats layout");
+_Static_assert(offsetof(struct fw_lanes_stats, received) == 80, "fw_lanes_stats layout");
 
 static int passed, failed;
 
@@ -180,6 +185,59 @@ static void socket_checks(void) {
     check(!e.bad, "socket: echo side saw the close as EPIPE", "echo thread failed");
     fw_socket_destroy(b);
     fw_socket_destroy(NULL);
+}
+
+/* Lanes: bad parameters, a listener and an endpoint in one thread (the
+ * kernel's backlog completes the connections before the accept), a small
+ * message on the latency lane and a large one on the bulk lane, both
+ * whole; truncation; a timeout; the peer's close. */
+static void lanes_checks(void) {
+    fw_lanes_listener *l = NULL;
+    fw_lanes *a = NULL, *b = NULL;
+    fw_lanes_config bad = {0};
+    bad.polite_chunk = 1 << 20; /* more than the chunk */
+    check(fw_lanes_listen("127.0.0.1:0", &bad, &l) == EINVAL && l == NULL,
+          "lanes: polite chunk over chunk is EINVAL", "");
+    check(fw_lanes_listen("nowhere", NULL, &l) == EINVAL, "lanes: bad address is EINVAL", "");
+    fw_lanes_config c = {0};
+    c.latency_mode = "interrupt";
+    uint16_t port = 0;
+    int ok = fw_lanes_listen("127.0.0.1:0", &c, &l) == 0 && fw_lanes_listener_port(l, &port) == 0;
+    check(ok && port != 0, "lanes: listen", "");
+    if (!ok) return;
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)port);
+    ok = fw_lanes_connect(addr, &c, &a) == 0 && fw_lanes_accept(l, &b) == 0;
+    check(ok, "lanes: connect and accept", "");
+    if (!ok) return;
+    static char big[300000], got[300000];
+    for (size_t i = 0; i < sizeof big; i++) big[i] = (char)(i * 7);
+    size_t len = 0;
+    char small[8];
+    ok = fw_lanes_send(a, "ping", 4, FW_LANES_BY_SIZE) == 0 &&
+         fw_lanes_send(a, big, sizeof big, FW_LANES_BY_SIZE) == 0 && fw_lanes_flush(a) == 0 &&
+         fw_lanes_recv(b, FW_LANE_BULK, 5000000000LL, got, sizeof got, &len) == 0 &&
+         len == sizeof big && memcmp(got, big, len) == 0 &&
+         fw_lanes_recv(b, FW_LANE_LATENCY, 5000000000LL, small, sizeof small, &len) == 0 &&
+         len == 4 && memcmp(small, "ping", 4) == 0;
+    check(ok, "lanes: a small and a large message, each whole on its lane", "");
+    struct fw_lanes_stats st;
+    check(fw_lanes_stats(a, FW_LANE_BULK, &st) == 0 && st.messages_sent == 1 &&
+              st.bytes_sent == sizeof big && st.chunked == 1,
+          "lanes: bulk stats", "");
+    ok = fw_lanes_send(a, "0123456789", 10, FW_LANE_LATENCY) == 0 &&
+         fw_lanes_recv(b, FW_LANE_LATENCY, 5000000000LL, small, 4, &len) == EMSGSIZE && len == 10;
+    check(ok, "lanes: a message over the buffer is EMSGSIZE with its length", "");
+    check(fw_lanes_recv(b, FW_LANE_LATENCY, 1000000, NULL, 0, NULL) == ETIMEDOUT, "lanes: timeout",
+          "expected ETIMEDOUT");
+    check(fw_lanes_send(a, "x", 1, 7) == EINVAL, "lanes: unknown lane is EINVAL", "");
+    fw_lanes_destroy(a);
+    check(fw_lanes_recv(b, FW_LANE_LATENCY, 5000000000LL, NULL, 0, NULL) == EPIPE,
+          "lanes: the peer's close is EPIPE", "");
+    fw_lanes_destroy(b);
+    fw_lanes_listener_destroy(l);
+    fw_lanes_destroy(NULL);
+    fw_lanes_listener_destroy(NULL);
 }
 
 /* Ping on ping_cpu, pong on pong_cpu (-1: anywhere), both in mode. */
@@ -1689,6 +1747,7 @@ int main(int argc, char **argv) {
     dispatcher_checks();
     prewake_checks();
     socket_checks();
+    lanes_checks();
     ring_checks();
     user_ring_checks();
     interruptible_checks();

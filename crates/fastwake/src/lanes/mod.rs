@@ -72,6 +72,7 @@ use std::time::Duration;
 
 pub use connect::{Listener, connect};
 pub use endpoint::{Endpoint, LaneStats, Sent};
+pub use send::SendCounters;
 
 /// Messages up to this many bytes go on the latency lane by default.
 ///
