@@ -27,7 +27,8 @@
 // makes, which the shim passes through), each send's completion read in a
 // start_poll/end_poll batch of one and checked (a SEND on this end's QP).
 // Exit 0 only when all N round trips were checked. Build: cc -O2 -pthread
-// channel-wait.c -libverbs (scripts/rxe/verbs-checks.sh does, in the guest).
+// channel-wait.c -libverbs (scripts/rxe/channel-checks.sh does, in the
+// guest; rc-common.h beside it).
 #include <errno.h>
 #include <fcntl.h>
 #include <arpa/inet.h>
@@ -46,6 +47,8 @@
 #define RECVS 16
 #define MSG 64
 #define WAIT_MS 10000
+#define PROG "channel-wait"
+#include "rc-common.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
@@ -70,11 +73,6 @@ struct end {
     uint64_t sum;
     long batches; // extended CQ: start_poll batches that returned a CQE
 };
-
-static void die(const char *what, const char *who) {
-    fprintf(stderr, "channel-wait: %s: %s failed: %s\n", who, what, strerror(errno));
-    exit(1);
-}
 
 static void post_recv(struct end *e, int slot) {
     struct ibv_sge sge = {(uintptr_t)(e->buf + slot * MSG), MSG, e->mr->lkey};
@@ -124,26 +122,7 @@ static void setup(struct end *e) {
 }
 
 static void connect_to(struct end *e, uint32_t qpn) {
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = qpn,
-        .rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
-        .ah_attr = {.is_global = 1, .port_num = 1, .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 1}}};
-    if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        die("ibv_modify_qp RTR", e->name);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.sq_psn = 0;
-    a.max_rd_atomic = 1;
-    if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-        die("ibv_modify_qp RTS", e->name);
-}
-
-static void fill(char *p, uint64_t seq) {
-    memcpy(p, &seq, 8);
-    for (int i = 8; i < MSG; i++) p[i] = (char)(seq * 31 + i);
+    rc_connect(e->qp, qpn, gid, gid_index, e->name);
 }
 
 // Start a batch on an extended CQ: 1 with w's wr_id and status filled from
@@ -220,10 +199,7 @@ static int poll_send(struct end *e, struct ibv_wc *wc) {
 
 static void check(struct end *e, const char *p, uint64_t seq) {
     uint64_t got;
-    memcpy(&got, p, 8);
-    int ok = got == seq;
-    for (int i = 8; ok && i < MSG; i++) ok = p[i] == (char)(seq * 31 + i);
-    if (!ok) {
+    if (!payload_ok(p, seq, &got)) {
         fprintf(stderr, "channel-wait: %s: message %llu arrived as %llu or corrupt\n", e->name,
                 (unsigned long long)seq, (unsigned long long)got);
         exit(1);
@@ -354,12 +330,6 @@ static void recv_msg(struct end *e, uint64_t seq) {
 }
 
 static struct end ends[2] = {{.name = "client"}, {.name = "server"}};
-
-static long long now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000LL + t.tv_nsec;
-}
 
 // The server's work before a reply: busy for us microseconds. Not a sleep:
 // under TCG the client's waits behind a 2 ms nanosleep fell in two modes,

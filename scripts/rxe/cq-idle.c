@@ -18,15 +18,16 @@
 // and so the checksum, depend only on the number of messages.
 //
 // usage: cq-idle DEV GID_INDEX BURSTS [SEED]
-// prints: "cq-idle ok bursts=B msgs=M sum=S cpu_s=C server_cpu_s=SC
+// prints: "cq-idle ok bursts=B msgs=M sum=S cpu_s=C sys_s=Y server_cpu_s=SC
 //          client_cpu_s=CC wall_s=W gap_ms=G empty_polls=E"
 // cpu_s: the process's CPU seconds (user + system, getrusage RUSAGE_SELF)
-// from just before the threads start to just after both are done;
+// from just before the threads start to just after both are done; sys_s:
+// the system part of it;
 // server_cpu_s/client_cpu_s: each thread's own (RUSAGE_THREAD); gap_ms:
 // the idle gaps' total; empty_polls: ibv_poll_cq calls that returned 0.
 // Exit 0 only when every message was checked.
 // Build: cc -O2 -pthread cq-idle.c -libverbs (scripts/rxe/pollers-checks.sh
-// does, in the guest).
+// does, in the guest; rc-common.h beside it).
 #define _GNU_SOURCE
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -47,6 +48,8 @@
 #define MAX_BURST 4
 // A run that makes no progress for this long has hung.
 #define STUCK_NS (20LL * 1000000000LL)
+#define PROG "cq-idle"
+#include "rc-common.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
@@ -65,22 +68,13 @@ struct end {
     double cpu_s;
 };
 
-static void die(const char *what, const char *who) {
-    fprintf(stderr, "cq-idle: %s: %s failed: %s\n", who, what, strerror(errno));
-    exit(1);
-}
-
-static long long now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
 static double tv_s(struct timeval t) { return t.tv_sec + t.tv_usec / 1e6; }
 
-static double cpu_of(int who) {
+// CPU seconds, user + system; *sys (if given): the system part.
+static double cpu_of(int who, double *sys) {
     struct rusage ru;
     if (getrusage(who, &ru)) die("getrusage", "main");
+    if (sys) *sys = tv_s(ru.ru_stime);
     return tv_s(ru.ru_utime) + tv_s(ru.ru_stime);
 }
 
@@ -109,35 +103,9 @@ static void setup(struct end *e) {
     for (int i = 0; i < RECVS; i++) post_recv(e, i);
 }
 
-static void connect_to(struct end *e, uint32_t qpn) {
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = qpn,
-        .rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
-        .ah_attr = {.is_global = 1, .port_num = 1, .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 1}}};
-    if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        die("ibv_modify_qp RTR", e->name);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.sq_psn = 0;
-    a.max_rd_atomic = 1;
-    if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-        die("ibv_modify_qp RTS", e->name);
-}
-
-static void fill(char *p, uint64_t seq) {
-    memcpy(p, &seq, 8);
-    for (int i = 8; i < MSG; i++) p[i] = (char)(seq * 31 + i);
-}
-
 static void check(struct end *e, const char *p, uint64_t seq) {
     uint64_t got;
-    memcpy(&got, p, 8);
-    int ok = got == seq;
-    for (int i = 8; ok && i < MSG; i++) ok = p[i] == (char)(seq * 31 + i);
-    if (!ok) {
+    if (!payload_ok(p, seq, &got)) {
         fprintf(stderr, "cq-idle: %s: message %llu arrived as %llu or corrupt\n", e->name,
                 (unsigned long long)seq, (unsigned long long)got);
         exit(1);
@@ -215,7 +183,7 @@ static void *server(void *arg) {
         if (e->received + e->send_done != before) last = now_ns();
         else if ((loops & 0xfff) == 0) stuck(e, last, "server");
     }
-    e->cpu_s = cpu_of(RUSAGE_THREAD);
+    e->cpu_s = cpu_of(RUSAGE_THREAD, NULL);
     return NULL;
 }
 
@@ -255,18 +223,18 @@ int main(int argc, char **argv) {
     if (ibv_query_gid(ctx, 1, gid_index, &gid)) die("ibv_query_gid", "main");
     setup(&ends[0]);
     setup(&ends[1]);
-    connect_to(&ends[0], ends[1].qp->qp_num);
-    connect_to(&ends[1], ends[0].qp->qp_num);
+    rc_connect(ends[0].qp, ends[1].qp->qp_num, gid, gid_index, ends[0].name);
+    rc_connect(ends[1].qp, ends[0].qp->qp_num, gid, gid_index, ends[1].name);
     int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK);
     if (tfd < 0) die("timerfd_create", "client");
 
-    double cpu0 = cpu_of(RUSAGE_SELF);
+    double sys0, sys1, cpu0 = cpu_of(RUSAGE_SELF, &sys0);
     long long t0 = now_ns();
     pthread_t t;
     if (pthread_create(&t, NULL, server, &ends[1])) die("pthread_create", "main");
     struct end *c = &ends[0];
     uint64_t next_in = 1;
-    double client_cpu0 = cpu_of(RUSAGE_THREAD);
+    double client_cpu0 = cpu_of(RUSAGE_THREAD, NULL);
     for (long b = 0; b < bursts; b++) {
         long want = c->received + size[b];
         for (int j = 0; j < size[b]; j++) send_msg(c, 2 * (uint64_t)c->sent);
@@ -295,9 +263,9 @@ int main(int argc, char **argv) {
             }
         }
     }
-    c->cpu_s = cpu_of(RUSAGE_THREAD) - client_cpu0;
+    c->cpu_s = cpu_of(RUSAGE_THREAD, NULL) - client_cpu0;
     pthread_join(t, NULL);
-    double cpu = cpu_of(RUSAGE_SELF) - cpu0;
+    double cpu = cpu_of(RUSAGE_SELF, &sys1) - cpu0;
     double wall = (now_ns() - t0) / 1e9;
     for (int i = 0; i < 2; i++) {
         struct end *e = &ends[i];
@@ -310,8 +278,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cq-idle: %ld/%ld messages\n", c->received, ends[1].received);
         return 1;
     }
-    printf("cq-idle ok bursts=%ld msgs=%ld sum=%016llx cpu_s=%.3f server_cpu_s=%.3f client_cpu_s=%.3f wall_s=%.3f gap_ms=%lld empty_polls=%ld\n",
-           bursts, total_msgs, (unsigned long long)(ends[0].sum ^ ends[1].sum), cpu, ends[1].cpu_s,
+    printf("cq-idle ok bursts=%ld msgs=%ld sum=%016llx cpu_s=%.3f sys_s=%.3f server_cpu_s=%.3f client_cpu_s=%.3f wall_s=%.3f gap_ms=%lld empty_polls=%ld\n",
+           bursts, total_msgs, (unsigned long long)(ends[0].sum ^ ends[1].sum), cpu, sys1 - sys0, ends[1].cpu_s,
            c->cpu_s, wall, gap_total / 1000, ends[0].empty_polls + ends[1].empty_polls);
     return 0;
 }

@@ -47,11 +47,12 @@ rxe_metric() { printf '%s\t%s\t%s\n' "$RXE_CUR_NAME" "$1" "$2" >>"$RXE_METRICS";
 rxe_fail() { rxe_reason "$*"; return 1; }
 
 # rxe_build_c NAME: build the C program $RXE_SELF_DIR/NAME.c into
-# $RXE_LOGDIR/NAME (once per guest run) with the host root's compiler and
-# rdma-core headers, and print its path; SKIPPED without them.
+# $RXE_LOGDIR/NAME (again only when it or rc-common.h changed) with the
+# host root's compiler and rdma-core headers, and print its path; SKIPPED
+# without them.
 rxe_build_c() {
     local exe="$RXE_LOGDIR/$1" src="$RXE_SELF_DIR/$1.c"
-    [ -x "$exe" ] && [ "$exe" -nt "$src" ] && { echo "$exe"; return 0; }
+    [ -x "$exe" ] && [ "$exe" -nt "$src" ] && [ "$exe" -nt "$RXE_SELF_DIR/rc-common.h" ] && { echo "$exe"; return 0; }
     command -v cc >/dev/null || { rxe_reason "no C compiler (cc) in the host root"; return $RXE_SKIP; }
     [ -f /usr/include/infiniband/verbs.h ] || { rxe_reason "no rdma-core headers (libibverbs-dev) in the host root"; return $RXE_SKIP; }
     cc -O2 -pthread -o "$exe" "$src" -libverbs >"$RXE_LOGDIR/$1.build.log" 2>&1 \
