@@ -272,7 +272,7 @@ RXE_PREWAKE_ITERS=${RXE_PREWAKE_ITERS:-500}
 #   "prewake ... not now" after 12 probes in 500 round trips, none in
 #   200), which is what the first form of this check ran into;
 # - FASTWAKE_BUDGET_US=2000 under adaptive: the ceiling bounds a
-#   pre-wake's spin too (docs/adaptive.md), and the learned margin (the
+#   pre-wake's spin too (docs/design/adaptive.md), and the learned margin (the
 #   timers' lateness p90, ~150-240 us here) is past the default 50 us, so
 #   with it the spin ended before the reply in most pre-wakes (384
 #   planned, 67 caught);

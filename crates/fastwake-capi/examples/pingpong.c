@@ -5,7 +5,7 @@
  *
  *   cc pingpong.c $(pkg-config --cflags --libs fastwake) -o pingpong
  *   cc pingpong.c $(pkg-config --static --cflags --libs fastwake) -static-libgcc -o pingpong
- *   ./pingpong [MODE [ROUND_TRIPS]]        MODE: docs/grammar.md, default hybrid
+ *   ./pingpong [MODE [ROUND_TRIPS]]        MODE: docs/reference/grammar.md, default hybrid
  *
  * Prints one line: the mode as the library read it, round trips, mean
  * round-trip time and how often the pinging thread slept. Exit 0 on

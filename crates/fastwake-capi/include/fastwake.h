@@ -194,7 +194,7 @@ int fw_receiver_ready(const fw_receiver *rx);
 int fw_receiver_fd(const fw_receiver *rx);
 void fw_receiver_destroy(fw_receiver *rx);
 
-/* A waiter in a mode, written in fastwake's one grammar (docs/grammar.md;
+/* A waiter in a mode, written in fastwake's one grammar (docs/reference/grammar.md;
  * the same strings as `fastwake run --mode`, `fastwake bench --mode` and
  * FASTWAKE_MODE):
  *   "poll", "interrupt", "hybrid" (50 us budget), "hybrid:<duration>"
@@ -487,7 +487,7 @@ void fw_verbs_cq_destroy(fw_verbs_cq *v);
  * interrupt is delivered to that CPU (mlx5: /proc/interrupts and the IRQ's
  * effective affinity), vector = CPU on providers without interrupts (rxe,
  * siw), else vector 0. The same choice fastwake makes for its own CQs
- * (docs/verbs.md, "Completion-vector affinity"). Create the CQ of a thread
+ * (docs/guide/rdma.md, "Completion-vector affinity"). Create the CQ of a thread
  * pinned to a CPU on that CPU's vector and its wake-ups stay on that CPU.
  * EINVAL: ctx or vector NULL, cpu < -1 or not a CPU of this host. */
 int fw_verbs_comp_vector_for_cpu(struct ibv_context *ctx, int cpu, int *vector);

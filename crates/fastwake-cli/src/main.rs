@@ -45,7 +45,7 @@ enum Cmd {
     /// memlock, completion vectors, busy polling, RFS/XPS, io_uring) and
     /// measures how fast a sleeping thread wakes up. Read-only.
     #[command(
-        after_long_help = "Every finding names its section of docs/tuning.md (the tuning guide): how to check it, what fastwake does about it, and what to change. Levels: ok (what fastwake wants), info (a fact), warn (costs latency or CPU), bad (part of fastwake cannot work here)."
+        after_long_help = "Every finding names its section of docs/guide/tuning.md (the tuning guide): how to check it, what fastwake does about it, and what to change. Levels: ok (what fastwake wants), info (a fact), warn (costs latency or CPU), bad (part of fastwake cannot work here)."
     )]
     Doctor(doctor::Args),
     /// Live counters of programs running under the shim

@@ -2,7 +2,7 @@
 //! run an unmodified program under the preload shim.
 //!
 //! It only prepares the environment (LD_PRELOAD plus the FASTWAKE_*
-//! variables documented in docs/preload.md) and execs the command, so the
+//! variables documented in docs/design/shim.md) and execs the command, so the
 //! command's exit status, signals and pid are its own.
 
 use fastwake::{Fail, Result};
@@ -17,13 +17,13 @@ pub const ENVIRONMENT: &str = "\
 Environment: run sets LD_PRELOAD and the shim's variables from its options: \
 FASTWAKE_MODE, FASTWAKE_PROFILE, FASTWAKE_BUDGET_US, FASTWAKE_CPU_CAP, \
 FASTWAKE_VERBOSE, FASTWAKE_POLLERS (the same variables work with LD_PRELOAD alone; see \
-docs/preload.md). FASTWAKE_PRELOAD names the shim to use instead of the one \
+docs/design/shim.md). FASTWAKE_PRELOAD names the shim to use instead of the one \
 found next to this binary or in PREFIX/lib/fastwake/. \
 An unknown FASTWAKE_* variable gets one line on stderr; a bad value one \
 line, and the program runs with every call passed through.";
 
 /// `--profile`: named settings, as OpenOnload's `--profile=latency`.
-/// The shim owns what each stands for (`FASTWAKE_PROFILE`, docs/preload.md
+/// The shim owns what each stands for (`FASTWAKE_PROFILE`, docs/design/shim.md
 /// "Profiles"); a test checks both lists of names agree.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {
@@ -40,7 +40,7 @@ pub enum Profile {
 pub struct Args {
     /// Wait mode: off, interrupt, poll, hybrid, adaptive or dispatch
     ///
-    /// Wait mode for the program's waits, in the one grammar (docs/grammar.md):
+    /// Wait mode for the program's waits, in the one grammar (docs/reference/grammar.md):
     /// off (every call passes through), interrupt (the kernel's blocking waits,
     /// no spinning), poll (spin up to the call's timeout), hybrid[:DURATION]
     /// (spin, then block; e.g. hybrid:30us), adaptive[:OPTIONS] (spin for a
@@ -76,7 +76,7 @@ pub struct Args {
     /// (default: left as they are) or sleep (after a learned window of empty
     /// polls, the next empty poll waits for the polled set through the mode's
     /// engine, for at most a bound; a thread found polling something the shim
-    /// cannot see is switched off; see docs/preload.md, "Busy-polling
+    /// cannot see is switched off; see docs/design/shim.md, "Busy-polling
     /// programs").
     #[arg(long, value_parser = ["off", "sleep"])]
     pub pollers: Option<String>,

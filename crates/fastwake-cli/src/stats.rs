@@ -1,7 +1,7 @@
 //! `fastwake stats [-p PID] [--watch SECS] [--json]`: the live counters of
 //! running shimmed processes, read from the shared-memory segment each one
 //! keeps (`<dir>/fastwake-<pid>`, layout `fastwake::preload_stats`,
-//! docs/preload.md "Live counters").
+//! docs/design/shim.md "Live counters").
 //!
 //! Read-only: segments are mapped `PROT_READ` and the process is never
 //! stopped or signalled. The one write is the removal of stale segments

@@ -1,6 +1,6 @@
 //! `fastwake doctor` as a program reads it: `--json` is one JSON document
 //! with the promised keys, and every finding, in JSON and in text, points
-//! at a section that exists in docs/tuning.md.
+//! at a section that exists in docs/guide/tuning.md.
 
 use serde_json::Value;
 use std::process::Command;
@@ -26,8 +26,8 @@ mod anchors;
 
 /// The anchors of the guide's sections.
 fn guide_anchors() -> Vec<String> {
-    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/tuning.md");
-    anchors::github_anchors(&std::fs::read_to_string(p).expect("read docs/tuning.md"))
+    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/guide/tuning.md");
+    anchors::github_anchors(&std::fs::read_to_string(p).expect("read docs/guide/tuning.md"))
 }
 
 fn is_rfc3339_utc(s: &str) -> bool {
@@ -111,9 +111,9 @@ fn json_is_one_document_with_the_schema_and_anchors_that_exist() {
         let a = f["anchor"].as_str().unwrap();
         assert!(
             anchors.iter().any(|h| h == a),
-            "#{a} is not a heading of docs/tuning.md ({anchors:?})"
+            "#{a} is not a heading of docs/guide/tuning.md ({anchors:?})"
         );
-        assert_eq!(f["doc"], format!("docs/tuning.md#{a}"));
+        assert_eq!(f["doc"], format!("docs/guide/tuning.md#{a}"));
         ids.push(f["id"].as_str().unwrap().to_string());
     }
     let mut unique = ids.clone();
@@ -197,11 +197,11 @@ fn text_warnings_give_advice_and_name_a_section_of_the_guide() {
         assert!(advice.starts_with("-> "), "no advice after {l:?}:\n{out}");
         let see = lines.get(i + 2).map(|s| s.trim()).unwrap_or("");
         let a = see
-            .strip_prefix("see docs/tuning.md#")
+            .strip_prefix("see docs/guide/tuning.md#")
             .unwrap_or_else(|| panic!("no guide section after {l:?}:\n{out}"));
         assert!(
             anchors.iter().any(|h| h == a),
-            "#{a} is not a heading of docs/tuning.md"
+            "#{a} is not a heading of docs/guide/tuning.md"
         );
     }
     // The summary ("N warning(s), M bad. ...") counts what was flagged.

@@ -1,6 +1,6 @@
 //! `FASTWAKE_MODE=dispatch`: serving any hooked wait, expressed as a
 //! library [`Source`], by the library's per-CPU dispatcher (FastWake
-//! approach 1 for kernel threads, docs/dispatch.md). The hooks' sources
+//! approach 1 for kernel threads, docs/design/dispatcher.md). The hooks' sources
 //! live with their hooks: `crate::fds` (`epoll_wait` and `poll` and
 //! `select` sets of any size, with their unmasked `epoll_pwait`,
 //! `epoll_pwait2`, `ppoll` and `pselect` forms) and `crate::verbs::dispatched`

@@ -24,7 +24,7 @@ type Handle = (Arc<FdsPeek>, Arc<dyn Peek>);
 /// Largest set peeked with one `ppoll` on a stack copy. A larger set is
 /// peeked in chunks of this size (a ppoll each, stopping at the first
 /// ready one), so a dispatcher's peek never allocates; its cost grows with
-/// the set, 35-64 ns per fd here (docs/preload.md).
+/// the set, 35-64 ns per fd here (docs/design/shim.md).
 const CHUNK: usize = 64;
 
 /// What a dispatcher peeks: a set of fds with the events waited for (one

@@ -13,7 +13,7 @@
 //! on CPU 1. Why it exists: `fastwake bench share --rotate` showed that
 //! requests landing on 16 connections cost more than one connection, for
 //! the task runtime and a hand-written loop alike; this splits that cost
-//! by direction (docs/dispatch.md).
+//! by direction (docs/design/dispatcher.md).
 
 use fastwake::dispatch::{Runtime, TaskConfig};
 use fastwake::source::channel::{self, Config, Msg, Receiver, Sender};

@@ -2,7 +2,7 @@
 //! parser, the C ABI (`fw_waiter_create`), `fastwake bench`, `fastwake run`
 //! and the shim's `FASTWAKE_*` variables all read durations and shares of a
 //! CPU through these two functions, so `hybrid:20us`, `--budget 20us` and
-//! `FASTWAKE_BUDGET_US=20us` cannot drift apart (docs/grammar.md lists the
+//! `FASTWAKE_BUDGET_US=20us` cannot drift apart (docs/reference/grammar.md lists the
 //! forms, and a test runs its examples through every front end).
 //!
 //! Both parsers return one-line [`Fail::invalid`] errors that name the

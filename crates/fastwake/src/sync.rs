@@ -136,7 +136,7 @@ impl FutexWord {
 /// announcing itself) and a small allocation next to it read on another
 /// CPU on every operation would pay a line transfer per operation,
 /// invisible in the code. The channel's payload buffer did this and cost
-/// `fastwake bench share` 10-25 % (docs/dispatch.md, "False sharing in the
+/// `fastwake bench share` 10-25 % (docs/design/dispatcher.md, "False sharing in the
 /// heap").
 pub(crate) struct LineArray<T, const PER: usize> {
     lines: Box<[LineOf<T, PER>]>,

@@ -122,7 +122,7 @@ fn mixed_wait_modes_share_one_queue() {
     // Hand-offs are not required: the hybrid and adaptive owners spin on
     // the dispatcher's CPU, so the SCHED_IDLE dispatcher is often starved
     // and dispatch-mode waits fall back to interrupt mode (measured: 9 to
-    // 264 hand-offs in two runs); docs/dispatch.md, "What is fragile".
+    // 264 hand-offs in two runs); docs/design/dispatcher.md, "What is fragile".
     let (_, _, st) = threads_through_one_queue(&modes, 12, 1_000, seed);
     assert!(st.rings > 0, "no sleeper was woken through its doorbell");
 }

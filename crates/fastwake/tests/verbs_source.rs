@@ -566,7 +566,7 @@ fn take_within(cq: &mut VerbsCq) -> fastwake::source::verbs::Wc {
     }
 }
 
-/// The stall monitor of the library's own verbs source (docs/stalls.md): a
+/// The stall monitor of the library's own verbs source (docs/design/stall-monitor.md): a
 /// SEND whose peer posts its receive 120 ms late (RNR NAKs, retried for
 /// ever: `rnr_retry` 7) while the sender polls its CQ is one stall, one
 /// episode, reported once with its QP and `wr_id`; a send on time ends

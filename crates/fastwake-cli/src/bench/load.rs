@@ -77,7 +77,7 @@ pub struct Args {
     /// Wait modes to compare, comma separated
     ///
     /// Wait modes to compare, comma separated, in the one grammar
-    /// (docs/grammar.md): poll, interrupt, hybrid[:DURATION], dispatch,
+    /// (docs/reference/grammar.md): poll, interrupt, hybrid[:DURATION], dispatch,
     /// adaptive[:OPTIONS] (e.g. hybrid:20us, adaptive:cap=20%).
     #[arg(
         long,

@@ -12,7 +12,7 @@ pub struct Args {
     /// Wait modes to compare, comma separated
     ///
     /// Wait modes to compare, comma separated, in the one grammar
-    /// (docs/grammar.md): poll, interrupt, hybrid[:DURATION] (e.g.
+    /// (docs/reference/grammar.md): poll, interrupt, hybrid[:DURATION] (e.g.
     /// hybrid:20us), adaptive[:OPTIONS] (e.g. adaptive:cap=20%), dispatch (no
     /// dispatcher runs in this benchmark, so its waits fall back to interrupt
     /// mode; bench share and bench load start one).
@@ -105,7 +105,7 @@ pub struct Args {
     ///
     /// `--source verbs`: the stall monitor's threshold in ms, or off (default
     /// 50): a SEND that completes later while its end looked is named at the
-    /// end of the run (docs/stalls.md).
+    /// end of the run (docs/design/stall-monitor.md).
     #[arg(long, value_name = "MS|off", value_parser = parse_stall_ms)]
     pub stall_ms: Option<StallMs>,
     #[command(flatten)]

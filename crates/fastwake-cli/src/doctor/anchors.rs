@@ -1,6 +1,6 @@
 //! The anchors GitHub derives from a Markdown file's headings (lower case,
 //! punctuation other than `-` and `_` dropped, spaces to `-`): what
-//! `docs/tuning.md#<anchor>` links resolve to. Used by the tests that
+//! `docs/guide/tuning.md#<anchor>` links resolve to. Used by the tests that
 //! check every anchor doctor prints is a section of the guide (the unit
 //! tests, and tests/doctor.rs through `#[path]`).
 

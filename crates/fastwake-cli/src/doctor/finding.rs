@@ -4,7 +4,7 @@
 use super::GUIDE;
 use serde::Serialize;
 
-/// The anchors of docs/tuning.md's sections, one per topic. A test checks
+/// The anchors of docs/guide/tuning.md's sections, one per topic. A test checks
 /// that each is a heading of the guide.
 pub mod anchor {
     pub const CPUS: &str = "cpus-and-virtualisation";
@@ -117,9 +117,9 @@ pub struct Finding {
     pub detail: String,
     /// What to do (always present for warn and bad).
     pub advice: Option<String>,
-    /// The section of docs/tuning.md.
+    /// The section of docs/guide/tuning.md.
     pub anchor: &'static str,
-    /// `docs/tuning.md#<anchor>`.
+    /// `docs/guide/tuning.md#<anchor>`.
     pub doc: String,
 }
 

@@ -6,10 +6,10 @@
 //! timed sleep costs, the pre-wake's sleep (~15 ms).
 //!
 //! Every check produces a [`Finding`] (a value: level, measured detail,
-//! advice, the section of docs/tuning.md that explains it); [`render_text`]
+//! advice, the section of docs/guide/tuning.md that explains it); [`render_text`]
 //! prints them for people, `--json` prints the whole [`Report`] as one JSON
 //! document. Each judgement's threshold is a named constant below and is
-//! stated in docs/tuning.md: an `ok` means the thing checked is what
+//! stated in docs/guide/tuning.md: an `ok` means the thing checked is what
 //! fastwake wants, `info` is a fact that needs no action by itself, `warn`
 //! costs latency or CPU, `bad` stops part of fastwake from working here.
 
@@ -17,7 +17,7 @@ use serde::Serialize;
 use std::fmt::Write as _;
 
 /// Where the findings are explained (relative to the repository).
-pub const GUIDE: &str = "docs/tuning.md";
+pub const GUIDE: &str = "docs/guide/tuning.md";
 
 /// `fastwake doctor [--json]`.
 #[derive(clap::Args, Debug)]

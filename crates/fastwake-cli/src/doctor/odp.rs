@@ -1,6 +1,6 @@
 //! RDMA stall checks (issue 18): each device's On-Demand-Paging
 //! capabilities, the ports' retransmission and RNR counters, and the RC QP
-//! timeout advice of the ODP study (docs/stalls.md).
+//! timeout advice of the ODP study (docs/design/stall-monitor.md).
 
 use super::finding::*;
 use fastwake::source::verbs::odp::OdpCaps;

@@ -183,15 +183,15 @@ fn warn_lines_carry_advice_and_a_guide_section() {
     assert!(t.contains("1 warning(s), 0 bad."), "{t}");
 }
 
-/// Every anchor doctor can print is a heading of docs/tuning.md.
+/// Every anchor doctor can print is a heading of docs/guide/tuning.md.
 #[test]
 fn every_anchor_is_a_section_of_the_guide() {
-    let guide = include_str!("../../../../docs/tuning.md");
+    let guide = include_str!("../../../../docs/guide/tuning.md");
     let anchors = super::anchors::github_anchors(guide);
     for a in anchor::ALL {
         assert!(
             anchors.iter().any(|h| h == a),
-            "no heading for #{a} in docs/tuning.md: {anchors:?}"
+            "no heading for #{a} in docs/guide/tuning.md: {anchors:?}"
         );
     }
 }

@@ -394,7 +394,7 @@ fn looks_from_another_thread_never_enter_a_batch() {
 /// monitor off and on (then the empty batch is also a look), and a CQ
 /// passed through that the monitor judges (a lookup and the look). Prints;
 /// asserts nothing about time (run with `--ignored --nocapture`;
-/// docs/verbs.md quotes it).
+/// docs/guide/rdma.md quotes it).
 #[test]
 #[ignore]
 fn cost_of_an_empty_start_poll() {

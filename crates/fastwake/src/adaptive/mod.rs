@@ -20,7 +20,7 @@
 //! [`WaitMode::Adaptive`] and the preload shim alike. A plan costs a
 //! histogram increment and, every [`learner::RECOMPUTE_EVERY`] waits, a scan
 //! of 85 buckets. Decisions are observable through [`AdaptiveStats`] and
-//! [`explain`]. Design notes and measurements: docs/adaptive.md.
+//! [`explain`]. Design notes and measurements: docs/design/adaptive.md.
 //!
 //! [`WaitMode::Adaptive`]: crate::WaitMode::Adaptive
 
@@ -70,7 +70,7 @@ pub struct Config {
     /// woken by the host) make the model spin through the ends of bursts,
     /// which on a 10k/s ON/OFF stream bought a lower p99 (138 against
     /// 213 µs) for 1.33-1.37x the CPU of a fixed hybrid at the same p50
-    /// (docs/adaptive.md, "Wake-up latency").
+    /// (docs/design/adaptive.md, "Wake-up latency").
     pub learn_wake: bool,
     /// Plan pre-wakes (`prewake=on`, the default): where the waits are
     /// concentrated, sleep on the source until shortly before the earliest

@@ -17,7 +17,7 @@
 //! Both scale to hundreds of sources with a readiness summary
 //! ([`crate::source::summary`]) and stop burning the core when idle (the
 //! idle policy: after `idle_after` without work, sleep until the first
-//! event). Measurements: `fastwake bench share` and `docs/dispatch.md`.
+//! event). Measurements: `fastwake bench share` and `docs/design/dispatcher.md`.
 //!
 //! Layout: `slot` (the lock-free hand-off protocol, loom-checked),
 //! `watch` (the watched-source set and one pass over it), [`threads`] (the
@@ -97,7 +97,7 @@ pub struct DispatchStats {
     /// Pre-wakes the learned idle policy planned ([`Config::learn_idle`]
     /// with `prewake=on`): the dispatcher slept at once after a hand-off
     /// and had its waiters come back shortly before the next completion
-    /// was due (see `docs/dispatch.md`). Read together with the three
+    /// was due (see `docs/design/dispatcher.md`). Read together with the three
     /// arrival counters below, whose sum never exceeds it (the pre-wake in
     /// progress has no arrival yet).
     pub prewakes: u64,

@@ -129,7 +129,7 @@ impl Slot {
     /// dispatcher is dead (wait in interrupt mode instead).
     ///
     /// Without a `deadline` the sleep has no timeout: arming a timer per
-    /// sleep costs more than a microsecond in a VM (docs/dispatch.md), a
+    /// sleep costs more than a microsecond in a VM (docs/design/dispatcher.md), a
     /// dispatcher that dies rings every slot, and one starved of CPU is
     /// only late (the watchdog covers it; new waits avoid it). With `interruptible`, a
     /// signal withdraws the wait unless a hand-off got there first.

@@ -17,7 +17,7 @@
 //! completion, which costs more than peeking a few dozen idle sources
 //! (their lines stay in the dispatcher's cache). So a watch peeks plainly
 //! while it holds at most `summary_above` sources and switches every
-//! source to the summary when it grows past that (see `docs/dispatch.md`
+//! source to the summary when it grows past that (see `docs/design/dispatcher.md`
 //! for the measurements behind the default).
 
 use super::kernel_list::{self, KernelList};

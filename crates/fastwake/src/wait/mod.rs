@@ -141,7 +141,7 @@ impl WaitMode {
                     (",", also)
                 };
                 Err(Fail::invalid(format!(
-                    "unknown wait mode '{s}': expected poll, interrupt, hybrid[:DURATION], dispatch{sep} adaptive[:OPTIONS]{last} (docs/grammar.md)"
+                    "unknown wait mode '{s}': expected poll, interrupt, hybrid[:DURATION], dispatch{sep} adaptive[:OPTIONS]{last} (docs/reference/grammar.md)"
                 )))
             }
         }

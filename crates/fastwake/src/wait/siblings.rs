@@ -5,7 +5,7 @@
 //! completion, it cannot run until the spin ends. With 16 connections'
 //! threads on one core, hybrid waits measured 1.9× interrupt mode's p50
 //! and adaptive waits a p99 of 265 µs against 12 (`fastwake bench share
-//! --mode interrupt,hybrid,adaptive`, docs/dispatch.md). So `hybrid` and
+//! --mode interrupt,hybrid,adaptive`, docs/design/dispatcher.md). So `hybrid` and
 //! `adaptive` waits do not spin while a sibling waits on their CPU
 //! (`adaptive` hands the wait to the CPU's dispatcher if there is one:
 //! that is the case dispatchers are for). `poll` spins by request.

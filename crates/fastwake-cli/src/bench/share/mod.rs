@@ -82,7 +82,7 @@ pub struct Args {
     /// Server arrangements to compare, comma separated
     ///
     /// interrupt, poll, hybrid[:DURATION], adaptive[:OPTIONS]: a thread per
-    /// connection waiting in that mode (docs/grammar.md);
+    /// connection waiting in that mode (docs/reference/grammar.md);
     ///
     /// tasks: a task per connection on a runtime per core. tasks:noprefetch
     /// turns off the prefetch of a ready source's next slot before the switch

@@ -141,7 +141,7 @@ impl Drop for VerbsEnd {
             eprintln!("verbs: {} end: {dropped} more re-placements", self.label);
         }
         // The library's stall monitor watched this end's SENDs
-        // (docs/stalls.md): name every episode it saw; nothing when none.
+        // (docs/design/stall-monitor.md): name every episode it saw; nothing when none.
         // (Late completions nobody looked at are no stall: this end reaps
         // its SENDs only when it sends again, so the last ones of a row
         // wait out the pause between rows.)

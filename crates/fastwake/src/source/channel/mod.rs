@@ -374,7 +374,7 @@ pub struct Msg {
 /// on every operation by the *other* CPU (the next channel's `Region`, the
 /// other end's buffer), so every take evicted a line from the other core.
 /// `fastwake bench share` (16 connections) paid this on every hop; see
-/// docs/dispatch.md, "False sharing in the heap".
+/// docs/design/dispatcher.md, "False sharing in the heap".
 struct PayloadBuf {
     lines: Box<[Line<[u8; 64]>]>,
     len: usize,

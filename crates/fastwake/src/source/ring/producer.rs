@@ -83,7 +83,7 @@
 //! here. A producer whose owner waits also reads the tail again, pays the
 //! compare-exchange (the request's line comes from the owner's core) and
 //! the push. `examples/ring_published.rs` measures both cases
-//! (docs/dispatch.md has the figures). Moving the barrier to the owner's
+//! (docs/design/dispatcher.md has the figures). Moving the barrier to the owner's
 //! side (an asymmetric fence, `membarrier`) would make it a syscall and
 //! an interrupt of every CPU running the process per wait: not for a
 //! wait per completion.
@@ -109,7 +109,7 @@ fn beyond(t: u32, h: u32) -> bool {
 /// Aligned to a cache line, so the `Arc` puts the word on a line of its
 /// own (its counts on the line before): the producer reads it on every
 /// publish, and a write to a neighbouring heap object must not take the
-/// line away (docs/dispatch.md, "False sharing in the heap").
+/// line away (docs/design/dispatcher.md, "False sharing in the heap").
 #[repr(C, align(64))]
 pub(crate) struct Requests {
     word: AtomicU64,

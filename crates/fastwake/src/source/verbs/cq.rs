@@ -662,7 +662,7 @@ impl VerbsCq {
     }
 
     /// The stall monitor's counters for this CQ's send completions
-    /// (`monitor`: docs/stalls.md).
+    /// (`monitor`: docs/design/stall-monitor.md).
     pub fn stall_stats(&self) -> StallStats {
         self.core
             .shared

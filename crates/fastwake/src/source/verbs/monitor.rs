@@ -1,5 +1,5 @@
 //! The completion-latency monitor for the library's own verbs source: what
-//! the preload shim does for unmodified programs (docs/stalls.md), for
+//! the preload shim does for unmodified programs (docs/design/stall-monitor.md), for
 //! programs that post with [`super::RcQp`] and take completions from a
 //! [`super::VerbsCq`] or a [`super::SharedCq`].
 //!

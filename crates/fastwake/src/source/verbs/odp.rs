@@ -3,7 +3,7 @@
 //! (applied to unmodified programs by the preload shim; `fastwake doctor`
 //! and `fastwake bench odp` report the capabilities).
 //!
-//! Why it matters (the ODP study, `docs/stalls.md`): a work request that
+//! Why it matters (the ODP study, `docs/design/stall-monitor.md`): a work request that
 //! meets a page fault on the NIC can lose a packet and wait out the QP's
 //! retransmission timeout (hundreds of ms in firmware) instead of µs.
 

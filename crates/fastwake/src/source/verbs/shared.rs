@@ -201,7 +201,7 @@ impl SharedCq {
     }
 
     /// The stall monitor's counters for the send completions of the QPs
-    /// on this CQ (zero on a caller's context: docs/stalls.md).
+    /// on this CQ (zero on a caller's context: docs/design/stall-monitor.md).
     pub fn stall_stats(&self) -> StallStats {
         self.stalls
             .as_ref()
