@@ -2,7 +2,7 @@
 //! run an unmodified program under the preload shim.
 //!
 //! It only prepares the environment (LD_PRELOAD plus the FASTWAKE_*
-//! variables documented in docs/design/shim.md) and execs the command, so the
+//! variables documented in docs/reference/environment.md) and execs the command, so the
 //! command's exit status, signals and pid are its own.
 
 use fastwake::{Fail, Result};
@@ -17,13 +17,13 @@ pub const ENVIRONMENT: &str = "\
 Environment: run sets LD_PRELOAD and the shim's variables from its options: \
 FASTWAKE_MODE, FASTWAKE_PROFILE, FASTWAKE_BUDGET_US, FASTWAKE_CPU_CAP, \
 FASTWAKE_VERBOSE, FASTWAKE_POLLERS (the same variables work with LD_PRELOAD alone; see \
-docs/design/shim.md). FASTWAKE_PRELOAD names the shim to use instead of the one \
+docs/reference/environment.md). FASTWAKE_PRELOAD names the shim to use instead of the one \
 found next to this binary or in PREFIX/lib/fastwake/. \
 An unknown FASTWAKE_* variable gets one line on stderr; a bad value one \
 line, and the program runs with every call passed through.";
 
 /// `--profile`: named settings, as OpenOnload's `--profile=latency`.
-/// The shim owns what each stands for (`FASTWAKE_PROFILE`, docs/design/shim.md
+/// The shim owns what each stands for (`FASTWAKE_PROFILE`, docs/reference/grammar.md
 /// "Profiles"); a test checks both lists of names agree.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {

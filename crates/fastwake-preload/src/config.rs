@@ -1,5 +1,5 @@
 //! The shim's configuration: `FASTWAKE_*` environment variables, read once
-//! when the library is loaded (see docs/design/shim.md for the list).
+//! when the library is loaded (see docs/reference/environment.md for the list).
 //!
 //! Parsing is pure (a function of a lookup closure) so it is testable; the
 //! result is published once, in a `OnceLock`, so hooks read it without locks, from any

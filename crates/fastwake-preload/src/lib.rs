@@ -2,7 +2,7 @@
 //!
 //! Loaded with `LD_PRELOAD` (usually through `fastwake run`), the library
 //! interposes the calls a program blocks in and applies the mode chosen by
-//! the `FASTWAKE_*` environment variables (docs/design/shim.md).
+//! the `FASTWAKE_*` environment variables (docs/reference/environment.md).
 //!
 //! Rules every module here follows, because a shim must never break its
 //! host:
