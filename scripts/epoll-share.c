@@ -13,7 +13,7 @@
  *
  * With LISTENER = 1, one more thread on SERVER_CPU blocks in epoll_wait
  * for the whole run on a socket nothing arrives on: the listener of a
- * server between connections (issue 14: such a sibling must not switch
+ * server between connections (such a sibling must not switch
  * the workers' spinning off).
  *
  * usage: epoll-share CONNS ITERS WARMUP SERVER_CPU CLIENT_CPU [LISTENER] */

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Issue 15, item 4: the two-process `fastwake bench pingpong --source verbs`
+# The two-process `fastwake bench pingpong --source verbs`
 # (server without HOST, client with HOST), against itself and with perftest's
 # ib_send_lat as the peer. Sourced by guest-checks.sh (helpers from
 # guest-lib.sh). TCG timings are not performance figures: these checks look
@@ -101,7 +101,7 @@ check_b2_fastwake() {
 }
 
 # Two devices: server on rxe_a, client on rxe_b, RDMA over the hub wire
-# (the issue-18 NICs), TCP over loopback.
+# (the stall checks' NICs), TCP over loopback.
 check_b2_two_devices() {
     rxe_need_fastwake || return
     declare -F stall_wire >/dev/null || . "$RXE_SELF_DIR/stall-checks.sh"

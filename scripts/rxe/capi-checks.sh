@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Issue 15, item 3: the C ABI for verbs, in the rxe-test guest (sourced by
+# The C ABI for verbs, in the rxe-test guest (sourced by
 # guest-checks.sh). crates/fastwake-capi/tests/abi.c's verbs part (`abi
 # verbs N`): a C program creates its own CQs and completion channels, has
 # fastwake wait on them (fw_verbs_cq_wait) in every mode, and ping-pongs
@@ -67,7 +67,7 @@ check_capi_verbs() {
     rxe_info "$CAPI_SUMMARY (abi.c's verbs part: $RXE_CAPI_ITERS data-checked round trips per mode, vector helper, channel rules, bad input, teardown)"
 }
 
-# Issue 19's per-core shared CQ from C (abi.c's `shared-cq` part): four RC
+# The per-core shared CQ from C (abi.c's `shared-cq` part): four RC
 # QPs on one CQ that fastwake made on the program's context, an owner
 # thread per QP on one CPU waiting on its inbox in each mode (the
 # dispatcher's hand-offs counted), every completion routed and none lost,

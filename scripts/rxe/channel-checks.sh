@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Issue 15 checks for the rxe-test guest (sourced by guest-checks.sh): RDMA
+# RDMA-as-really-written checks for the rxe-test guest (sourced by guest-checks.sh): RDMA
 # programs that wait for NON-BLOCKING completion channels in poll/epoll/select
 # sets, as UCX, rsockets' rpoll, libfabric and Ceph do. Each runs without
 # the shim and under several modes; results must be identical, and the
@@ -351,7 +351,7 @@ rxe_channel_checks() {
             rxe_check "shim-channel-stress-$how-$m" check_channel_wait "$how" "$m" "$seed"
         done
     done
-    # Sleep, then poll for blocking ibv_get_cq_event (issue 16).
+    # Sleep, then poll for blocking ibv_get_cq_event.
     rxe_check channel-prewake-none check_channel_prewake none
     for m in hybrid adaptive; do
         rxe_check "shim-channel-prewake-$m" check_channel_prewake "$m"

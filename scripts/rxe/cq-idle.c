@@ -1,5 +1,5 @@
 // cq-idle: a busy-polling RDMA program with idle gaps, for the preload
-// shim's FASTWAKE_POLLERS=sleep (issue 31). Two threads of one process
+// shim's FASTWAKE_POLLERS=sleep. Two threads of one process
 // talk over two RC QPs on one device, each with a send CQ and a receive CQ
 // created WITHOUT a completion channel (how polling programs make them:
 // perftest without -e), and neither ever calls a wait:

@@ -146,7 +146,7 @@ rxe_check fastwake-run-hybrid-rc-pingpong-events check_fastwake_run_rc_pingpong
 rxe_check shim-rc-pingpong-events check_shim_rc_pingpong -e
 rxe_check shim-rc-pingpong        check_shim_rc_pingpong
 rxe_verbs_checks
-# --- issue 15: RDMA as really written ---
+# --- RDMA as really written ---
 . "$RXE_SELF_DIR/channel-checks.sh"
 rxe_channel_checks
 . "$RXE_SELF_DIR/bench2-checks.sh"
@@ -154,11 +154,11 @@ rxe_bench2_checks
 . "$RXE_SELF_DIR/capi-checks.sh"
 rxe_check c-abi-verbs             check_capi_verbs
 rxe_check c-abi-shared-cq         check_capi_shared_cq
-# --- end issue 15 ---
-# --- issue 18: stall monitor, ODP guard ---
+# --- end of RDMA as really written ---
+# --- stall monitor, ODP guard ---
 . "$RXE_SELF_DIR/stall-checks.sh"
 rxe_stall_checks
-# --- issue 31: busy pollers sleep when idle ---
+# --- busy pollers sleep when idle ---
 . "$RXE_SELF_DIR/pollers-checks.sh"
 rxe_pollers_checks
 

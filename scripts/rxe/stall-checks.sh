@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Issue 18's rxe-test checks: the shim's stall monitor and ODP guard.
+# rxe-test checks: the shim's stall monitor and ODP guard.
 # Sourced by guest-checks.sh (helpers from guest-lib.sh).
 #
 # Loss needs a real wire: rxe hands traffic between two GIDs of one netdev

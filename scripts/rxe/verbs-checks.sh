@@ -165,7 +165,7 @@ check_shim_bad_env() {
 rxe_verbs_checks() {
     rxe_check verbs-tests check_verbs_tests
     rxe_check verbs-tests-under-shim-hybrid check_verbs_tests hybrid
-    # Issue 19 item 2: eight QPs on one per-core shared CQ, dispatch and
+    # Eight QPs on one per-core shared CQ, dispatch and
     # interrupt mode (also part of verbs-tests; here alone, with counters).
     rxe_check verbs-shared-cq check_verbs_tests "" shared_cq
     rxe_check verbs-bench-pingpong check_verbs_bench

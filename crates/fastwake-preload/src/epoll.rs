@@ -76,7 +76,7 @@ fn probe(epfd: c_int, ev: *mut epoll_event, max: c_int, mask: *const u64, ns: u6
             ) as c_int
         }
     };
-    // Completion channels registered in the set: their CQs too (issue 15).
+    // Completion channels registered in the set: their CQs too.
     crate::verbs::channel_fds::after_epoll(epfd, ev, max, n)
 }
 

@@ -111,14 +111,14 @@ fn ppoll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> c_int {
 impl Peek for FdsPeek {
     fn ready(&self) -> bool {
         // Completion channels in the set (or in an epoll fd of it): their
-        // armed CQs too, which signal before the fd does (issue 15).
+        // armed CQs too, which signal before the fd does.
         self.poll(0) != 0 || also_ready(&self.fds)
     }
 }
 
 /// A second readiness test for peeked sets, installed by a hook family
 /// that knows fds the kernel reports late: the verbs hooks' completion
-/// channels, whose CQs signal before their fd does (issue 15). A function
+/// channels, whose CQs signal before their fd does. A function
 /// pointer, so this module does not import theirs (which imports this).
 static ALSO_READY: std::sync::OnceLock<fn(&[libc::pollfd]) -> bool> = std::sync::OnceLock::new();
 

@@ -36,7 +36,7 @@ fn probe(fds: *mut pollfd, nfds: nfds_t, mask: *const u64, ns: u64) -> c_int {
     // SAFETY: the caller's fds as the real call would get them, and an
     // 8-byte kernel sigset or null.
     let n = unsafe { crate::sys::ppoll_ns(fds, nfds, ns, mask) };
-    // Completion channels in the set: their CQs too (issue 15).
+    // Completion channels in the set: their CQs too.
     crate::verbs::channel_fds::after_poll(fds, nfds, n)
 }
 

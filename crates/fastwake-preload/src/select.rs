@@ -137,7 +137,7 @@ fn probe(nfds: c_int, s: &Saved, mask: *const u64, ns: u64) -> c_int {
             sigp,
         ) as c_int
     };
-    // Completion channels in the read set: their CQs too (issue 15).
+    // Completion channels in the read set: their CQs too.
     crate::verbs::channel_fds::after_select(nfds, &s.copy[0][..s.words], s.sets[0], n)
 }
 

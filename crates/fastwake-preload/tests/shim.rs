@@ -824,7 +824,7 @@ fn no_spin_while_a_due_sibling_waits_on_the_cpu() {
     );
 }
 
-/// The listener case (issue 14): a thread asleep with no short waits
+/// The listener case: a thread asleep with no short waits
 /// behind it must not switch spinning off for its CPU.
 #[test]
 fn a_long_sleeping_sibling_does_not_stop_a_spin() {

@@ -1,5 +1,5 @@
 //! On-Demand Paging: the constants and `verbs_context` slots fastwake's ODP
-//! guard and doctor use (issue 18). `ibv_query_device_ex` and
+//! guard and doctor use. `ibv_query_device_ex` and
 //! `ibv_advise_mr` are `static inline` in verbs.h and call through
 //! `struct verbs_context`, which rdma-core lays out *before* the
 //! `ibv_context` it hands out, growing downwards; these are the byte offsets

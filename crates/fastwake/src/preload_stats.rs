@@ -110,7 +110,7 @@ pub struct Verbs {
     pub arms_skipped: AtomicU64,
     pub stash_delivered: AtomicU64,
     pub acks_absorbed: AtomicU64,
-    /// Completion channels seen created (issue 15: channels in fd sets).
+    /// Completion channels seen created (channels in fd sets).
     pub channels: AtomicU64,
     /// fd-set looks that reported a channel fd ready from a CQE (no
     /// kernel event yet).
@@ -127,7 +127,7 @@ pub struct Verbs {
 }
 
 /// The verbs completion-latency monitor and the ODP guard
-/// (`verbs/monitor.rs`, `verbs/odp.rs`; issue 18).
+/// (`verbs/monitor.rs`, `verbs/odp.rs`).
 #[repr(C)]
 #[derive(Default)]
 pub struct Stalls {

@@ -365,7 +365,7 @@ fn switches(name: &str) -> (u64, u64) {
     total
 }
 
-/// Issue 15: a program that computes between its waits must not be
+/// A program that computes between its waits must not be
 /// disturbed by the dispatcher's helper threads. After one dispatched
 /// wait, the waiter computes on the dispatcher's own CPU (the dispatcher,
 /// `SCHED_IDLE`, is starved there and stays POLLING until it gets a

@@ -1,5 +1,5 @@
-//! `fastwake bench odp`: the ODP study's two microbenchmarks (issue 18,
-//! docs/design/stall-monitor.md), on one device in one process (the READs go from client
+//! `fastwake bench odp`: the ODP study's two microbenchmarks
+//! (docs/design/stall-monitor.md), on one device in one process (the READs go from client
 //! QPs to server QPs on the same device).
 //!
 //! - **damming**: two 100-byte RDMA READs on one QP, the second posted an

@@ -195,7 +195,7 @@ pub fn inspect() -> Report {
         has_cap(CAP_IPC_LOCK),
     ));
     r.push(judge_vectors(&vectors, &online_cpus()));
-    // Stalls (issue 18): ODP, retry counters, the QP timeout.
+    // Stalls: ODP, retry counters, the QP timeout.
     r.push(judge_odp(&odp_caps(&rdma_devs)));
     r.push(judge_port_counters(&port_counters(&rdma_devs)));
     r.push(qp_timeout_advice(!rdma_devs.is_empty()));

@@ -1,4 +1,4 @@
-//! RDMA stall checks (issue 18): each device's On-Demand-Paging
+//! RDMA stall checks: each device's On-Demand-Paging
 //! capabilities, the ports' retransmission and RNR counters, and the RC QP
 //! timeout advice of the ODP study (docs/design/stall-monitor.md).
 

@@ -141,7 +141,7 @@ fn wrap(ctx: *mut ibv_context, dev: *mut ibv_device) {
     }
     ops.poll_cq = Some(ops::poll_cq);
     ops.req_notify_cq = Some(ops::req_notify_cq);
-    // Issue 18: the stall monitor (ops.post_send) and the ODP guard.
+    // The stall monitor (ops.post_send) and the ODP guard.
     monitor::wrap(ctx, &name);
     odp::wrap(ctx);
     // SAFETY: `understood` accepted the context's layout; the program has

@@ -1,4 +1,4 @@
-//! The completion-latency monitor for unmodified programs (issue 18): the
+//! The completion-latency monitor for unmodified programs: the
 //! shim wraps `ops.post_send` of every context it understands, dates each
 //! send-queue work request in [`fastwake::stall::Monitor`], and the wrapped
 //! `poll_cq` matches the completions. A completion later than

@@ -1,4 +1,4 @@
-//! The stall monitor end to end on the host (issue 18): a fake provider
+//! The stall monitor end to end on the host: a fake provider
 //! whose post_send queues completions that its poll_cq hands back in order,
 //! driven through the shim's wrapped ops, as a program's inline
 //! `ibv_post_send` / `ibv_poll_cq` would. A module of its own so that it

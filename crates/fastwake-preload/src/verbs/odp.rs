@@ -1,4 +1,4 @@
-//! The ODP guard (issue 18): `FASTWAKE_ODP=keep|prefetch|pin` for programs
+//! The ODP guard: `FASTWAKE_ODP=keep|prefetch|pin` for programs
 //! that register memory with `IBV_ACCESS_ON_DEMAND`, on contexts the shim
 //! wraps.
 //!

@@ -69,7 +69,7 @@ impl VSym {
             // scope, but RTLD_NEXT does not see its libibverbs: look in the
             // already loaded library itself (never loading one). Without
             // this every verbs call of such a program failed with ENOSYS
-            // under the shim: UCX found no RDMA device (issue 15).
+            // under the shim: UCX found no RDMA device.
             // SAFETY: NUL-terminated names; RTLD_NOLOAD only returns an
             // already loaded object, whose reference is dropped at once
             // (it stays loaded: its loader holds it).

@@ -203,7 +203,7 @@ fn handoff_is_never_lost() {
     });
 }
 
-/// The watchdog parks while no thread waits (issue 15: it must not wake
+/// The watchdog parks while no thread waits (it must not wake
 /// up while the program computes); a wait that starts meanwhile must wake
 /// it. Here the dispatcher never runs (starved of CPU, as next to a busy
 /// thread), so the watchdog's rescue is the waiter's only way out: a park

@@ -13,7 +13,7 @@ fn is_adaptive(r: &Row) -> bool {
     r.mode.starts_with("adaptive")
 }
 
-/// The acceptance ratios for one scenario, as printable lines.
+/// The verdict ratios for one scenario, as printable lines.
 fn verdict(rows: &[&Row], lowest_rate: bool) -> Vec<String> {
     let fixed: Vec<&&Row> = rows.iter().filter(|r| !is_adaptive(r)).collect();
     let Some(best) = fixed

@@ -1,5 +1,5 @@
 //! What `bench share` prints besides the perftest table: rates and
-//! counters, the ratios, and the `--sweep` table.
+//! counters, the verdict ratios, and the `--sweep` table.
 
 use super::futex_ring::futex_ring;
 use super::layout::Layout;
@@ -37,7 +37,7 @@ pub(super) fn print_rates(rows: &[Row]) {
     }
 }
 
-/// The ratios, from this run's p50s, and the kernel's floor for
+/// The verdict ratios, from this run's p50s, and the kernel's floor for
 /// waking threads on one core.
 pub(super) fn print_ratios(rows: &[Row], layout: &Layout, conns: usize) -> Result<()> {
     let p50 = |m: &str| rows.iter().find(|r| r.mode == m).map(|r| r.t_typical);

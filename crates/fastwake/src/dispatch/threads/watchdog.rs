@@ -34,7 +34,7 @@ const SAFETY_NET: Duration = Duration::from_secs(1);
 /// period while the dispatcher polls *and a thread waits*; nothing while
 /// the dispatcher sleeps (it sleeps too), while no thread waits (it parks
 /// until a wait starts: a program that computes must not be disturbed by
-/// it, issue 15) or once the dispatcher is dead (it exits).
+/// it) or once the dispatcher is dead (it exits).
 pub(super) fn watchdog(hub: &Hub) {
     // Not pinned with whoever started the dispatcher: it must be able to
     // run where the dispatcher cannot.

@@ -2,7 +2,7 @@
 //! completion is routed by a key (an RDMA QP number, part of a `wr_id`)
 //! into the *inbox* of its owner, and each inbox is a [`super::Source`] of its
 //! own, with the channel's notice protocol. This is the per-core shared
-//! CQ of issue 19: a dispatcher serving many connections polls one queue
+//! CQ: a dispatcher serving many connections polls one queue
 //! per pass, whatever their number, and pays for the completions it
 //! routes, not for the connections it watches.
 //!

@@ -23,7 +23,7 @@
 //!   so a dispatcher polls one CQ whatever the number of connections.
 //! - [`qp`]: RC QPs and registered memory, for SEND/RECV ping-pong.
 //! - [`odp`]: a device's On-Demand-Paging capabilities and the ODP guard's
-//!   policy (issue 18).
+//!   policy.
 
 pub mod caller;
 pub mod cq;

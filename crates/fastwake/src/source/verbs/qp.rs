@@ -13,7 +13,7 @@ use crate::stall::{Op, QpKey};
 use crate::{Fail, Result};
 use std::sync::Arc;
 
-// RDMA READ, access flags, ODP prefetch (issue 18).
+// RDMA READ, access flags, ODP prefetch.
 mod read;
 pub use read::IBV_ACCESS_REMOTE_READ;
 

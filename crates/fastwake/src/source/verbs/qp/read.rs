@@ -1,4 +1,4 @@
-//! RDMA READ and memory registered for it (issue 18's `fastwake bench
+//! RDMA READ and memory registered for it (`fastwake bench
 //! odp`): registration with chosen access flags (ON_DEMAND included), the
 //! remote key, letting the peer read, posting a READ, and the ODP prefetch
 //! (`ibv_advise_mr`).
