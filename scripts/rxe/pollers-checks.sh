@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Issue 31's rxe-test checks: busy-polling programs under the preload
+# rxe-test checks: busy-polling programs under the preload
 # shim's FASTWAKE_POLLERS=sleep (docs/design/shim.md; crates/fastwake-preload/
 # src/pollers/). Sourced by guest-checks.sh (helpers from guest-lib.sh).
 # Each check runs its program without the shim (the reference) and under
