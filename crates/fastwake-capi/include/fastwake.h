@@ -286,7 +286,7 @@ void fw_socket_destroy(fw_socket *s);
 
 /* Lanes: a message endpoint to one peer made of two TCP connections, a
  * latency lane for small messages and a bulk lane for the rest, so no
- * small message waits behind a bulk transfer (docs/lanes.md). Each lane
+ * small message waits behind a bulk transfer (docs/guide/lanes.md). Each lane
  * delivers whole messages in the order they were sent on it; nothing is
  * ordered between lanes. An endpoint may be used by several threads at
  * once: each lane sends one message at a time and receives one at a time.

@@ -206,6 +206,8 @@ fn lanes_bulk_goes_in_chunks_and_politely_while_latency_is_in_flight() {
     };
     let (a, b) = pair(config);
     let b = Arc::new(b);
+    // Politeness applies on the latency lane's CPU: keep this thread on one.
+    fastwake::cpu::pin(fastwake::cpu::current().unwrap_or(0)).unwrap();
     let big = vec![7u8; 1 << 20];
     let r = drain(b.clone(), Class::Bulk, 2);
     a.send(&big).unwrap();

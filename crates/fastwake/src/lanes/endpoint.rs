@@ -8,7 +8,7 @@ use crate::cpu::monotonic_ns;
 use crate::wait::WaitStats;
 use crate::{Fail, Result, Waiter};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -65,7 +65,9 @@ pub struct Endpoint {
     lanes: Vec<Lane>,
     latency_sent: AtomicU64,
     latency_received: AtomicU64,
-    latency_last_send_ns: AtomicU64,
+    latency_last_ns: AtomicU64,
+    /// The CPU of the last latency send or receive (`u32::MAX`: none yet).
+    latency_cpu: AtomicU32,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -128,7 +130,8 @@ impl Endpoint {
             lanes,
             latency_sent: AtomicU64::new(0),
             latency_received: AtomicU64::new(0),
-            latency_last_send_ns: AtomicU64::new(0),
+            latency_last_ns: AtomicU64::new(0),
+            latency_cpu: AtomicU32::new(u32::MAX),
         })
     }
 
@@ -164,13 +167,35 @@ impl Endpoint {
         self.lane(class).sock.as_fd()
     }
 
-    /// Has the latency lane a message in flight: sent within the last
-    /// millisecond and not yet matched by one received? (Request/answer
-    /// traffic; a one-way message counts for a millisecond.)
+    /// Has the latency lane a message in flight: one side of a
+    /// request/answer pair is ahead of the other (sent and not yet
+    /// answered, or received and not yet answered) and the last latency
+    /// message went within the last millisecond? (One-way messages count
+    /// for a millisecond each.)
     pub fn latency_in_flight(&self) -> bool {
-        self.latency_sent.load(Ordering::Relaxed) > self.latency_received.load(Ordering::Relaxed)
-            && monotonic_ns().saturating_sub(self.latency_last_send_ns.load(Ordering::Relaxed))
+        self.latency_sent.load(Ordering::Relaxed) != self.latency_received.load(Ordering::Relaxed)
+            && monotonic_ns().saturating_sub(self.latency_last_ns.load(Ordering::Relaxed))
                 < IN_FLIGHT_WINDOW_NS
+    }
+
+    /// Should bulk work of the calling thread go in polite chunks now: a
+    /// latency message is in flight and the latency lane last ran on this
+    /// CPU? Over loopback a `sendmsg` or `recv` does the peer's TCP work
+    /// too, in a stretch the kernel does not preempt, so bulk bytes delay
+    /// a latency message only where they share its CPU; bulk on a CPU of
+    /// its own (queue maps' alignment) keeps full chunks.
+    fn polite(&self) -> bool {
+        self.latency_in_flight()
+            && crate::cpu::current() == Some(self.latency_cpu.load(Ordering::Relaxed))
+    }
+
+    /// The latency lane is active on the calling thread's CPU.
+    fn latency_here(&self) {
+        self.latency_last_ns
+            .store(monotonic_ns(), Ordering::Relaxed);
+        if let Some(c) = crate::cpu::current() {
+            self.latency_cpu.store(c, Ordering::Relaxed);
+        }
     }
 
     fn pace<'a>(&self, class: Class, polite: &'a dyn Fn() -> bool) -> Pace<'a> {
@@ -200,12 +225,11 @@ impl Endpoint {
                 self.config.max_message
             )));
         }
-        let polite = || self.latency_in_flight();
+        let polite = || self.polite();
         let pace = self.pace(class, &polite);
         if class == Class::Latency {
             self.latency_sent.fetch_add(1, Ordering::Relaxed);
-            self.latency_last_send_ns
-                .store(monotonic_ns(), Ordering::Relaxed);
+            self.latency_here();
         }
         let done = self.lane(class).tx.send(msg, &pace)?;
         Ok(Sent {
@@ -218,7 +242,7 @@ impl Endpoint {
     /// Push every queued bulk byte to the kernel, waiting for room as long
     /// as that takes.
     pub fn flush(&self) -> Result<()> {
-        let polite = || self.latency_in_flight();
+        let polite = || self.polite();
         for (i, lane) in self.lanes.iter().enumerate() {
             let class = if i == 1 { Class::Bulk } else { Class::Latency };
             lane.tx.flush(&self.pace(class, &polite))?;
@@ -232,7 +256,7 @@ impl Endpoint {
         let Some(b) = self.config.batch else {
             return Ok(false);
         };
-        let polite = || self.latency_in_flight();
+        let polite = || self.polite();
         let mut left = false;
         for (i, lane) in self.lanes.iter().enumerate() {
             let class = if i == 1 { Class::Bulk } else { Class::Latency };
@@ -274,6 +298,8 @@ impl Endpoint {
     ) -> Result<Option<R>> {
         let mut rx = lock(&self.lane(class).rx);
         let rx = &mut *rx;
+        let polite = || self.polite();
+        rx.frames.set_cap(self.pace(class, &polite).chunk_now());
         let len = loop {
             // While bulk bytes wait in a batch queue, wait in slices of
             // the batch delay and push them between slices (no I/O
@@ -302,6 +328,7 @@ impl Endpoint {
         rx.bytes += len as u64;
         if class == Class::Latency || self.config.layout == Layout::Shared {
             self.latency_received.fetch_add(1, Ordering::Relaxed);
+            self.latency_here();
         }
         Ok(Some(f(rx.frames.message())))
     }

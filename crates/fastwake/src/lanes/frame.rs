@@ -36,6 +36,9 @@ fn epoll_on(sock: &OwnedFd, events: rustix::event::epoll::EventFlags) -> Result<
     Ok(ep)
 }
 
+/// Refresh the sender's CPU every this many messages.
+const PEER_SAMPLE: u64 = 16;
+
 /// Receive buffer to start with; it grows to the largest message seen.
 const FIRST_BUFFER: usize = 64 << 10;
 
@@ -52,6 +55,15 @@ pub(super) struct Frames {
     /// The message handed out last, dropped at the next take.
     held: std::ops::Range<usize>,
     max_message: usize,
+    /// Bytes per `recv` at most: a receive is a stretch the kernel does
+    /// not preempt (`PREEMPT_NONE`), so a bulk lane reads in chunks and a
+    /// latency message's thread gets the CPU between them.
+    cap: usize,
+    /// Messages taken, and the CPU that sent the last sampled one
+    /// (`SO_INCOMING_CPU`, every [`PEER_SAMPLE`] messages): a hybrid wait
+    /// must not spin against a sender on its own CPU.
+    taken: u64,
+    peer_cpu: u32,
     peek: Arc<SocketPeek>,
     handle: Arc<dyn Peek>,
 }
@@ -71,9 +83,17 @@ impl Frames {
             end: 0,
             held: 0..0,
             max_message,
+            cap: usize::MAX,
+            taken: 0,
+            peer_cpu: u32::MAX,
             handle: peek.clone(),
             peek,
         })
+    }
+
+    /// Read at most `cap` bytes per `recv` from now on.
+    pub(super) fn set_cap(&mut self, cap: usize) {
+        self.cap = cap.max(1);
     }
 
     /// The message taken last.
@@ -161,15 +181,21 @@ impl Source for Frames {
                 Some(len) if self.end - self.start >= HEADER + len => {
                     let at = self.start + HEADER;
                     self.held = at..at + len;
+                    if self.taken.is_multiple_of(PEER_SAMPLE) {
+                        self.peer_cpu = crate::source::socket::incoming_cpu(self.sock.as_fd())
+                            .unwrap_or(u32::MAX);
+                    }
+                    self.taken += 1;
                     return Ok(Some(len));
                 }
                 Some(len) => HEADER + len,
                 None => HEADER,
             };
             self.make_room(need);
+            let to = self.buf.len().min(self.end.saturating_add(self.cap));
             match rustix::net::recv(
                 &*self.sock,
-                &mut self.buf[self.end..],
+                &mut self.buf[self.end..to],
                 rustix::net::RecvFlags::DONTWAIT,
             ) {
                 Ok((0, _)) => {
@@ -206,6 +232,10 @@ impl Source for Frames {
 
     fn notify_fd(&self) -> Option<BorrowedFd<'_>> {
         Some(self.ep.as_fd())
+    }
+
+    fn hints(&self) -> crate::source::Hints {
+        crate::source::Hints::producer_on(self.peer_cpu)
     }
 
     fn peek(&self) -> Option<&Arc<dyn Peek>> {

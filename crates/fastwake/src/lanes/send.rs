@@ -3,6 +3,7 @@
 //! for the rules and their numbers).
 
 use super::Batch;
+use super::fifo::Fifo;
 use super::frame::{HEADER, Room, header};
 use crate::cpu::monotonic_ns;
 use crate::{Fail, Result, WaitMode, Waiter};
@@ -22,6 +23,11 @@ pub(super) struct Pace<'a> {
 }
 
 impl Pace<'_> {
+    /// The chunk a transfer starting now uses.
+    pub(super) fn chunk_now(&self) -> usize {
+        self.next().0
+    }
+
     /// The chunk for the next `sendmsg`, and whether it is the polite one.
     fn next(&self) -> (usize, bool) {
         if self.polite_chunk < self.chunk && (self.polite)() {
@@ -84,10 +90,14 @@ struct State {
 }
 
 /// A lane's sending side. One sender at a time holds it for a whole
-/// message, so messages never interleave on the wire.
+/// message, so messages never interleave on the wire, and senders take
+/// turns in the order they came ([`Fifo`]).
 pub(super) struct Tx {
     sock: Arc<OwnedFd>,
     batch: Option<Batch>,
+    turns: Fifo,
+    /// Locked only by the thread whose turn it is (and briefly by
+    /// [`Tx::counters`]).
     state: Mutex<State>,
 }
 
@@ -102,6 +112,7 @@ impl Tx {
     pub(super) fn new(sock: Arc<OwnedFd>, batch: Option<Batch>, mode: WaitMode) -> Result<Tx> {
         Ok(Tx {
             batch,
+            turns: Fifo::default(),
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 front_off: 0,
@@ -133,6 +144,7 @@ impl Tx {
     /// waiting for room in the lane's mode unless its tail fits the batch
     /// queue.
     pub(super) fn send(&self, msg: &[u8], pace: &Pace<'_>) -> Result<SendDone> {
+        let _turn = self.turns.enter();
         let mut st = self.lock();
         let before = st.syscalls();
         st.counters.messages += 1;
@@ -186,9 +198,10 @@ impl Tx {
     /// (without blocking, and without waiting for a sender that holds the
     /// lane: that one drains it). Returns whether bytes stay queued.
     pub(super) fn tick(&self, delay: Duration, pace: &Pace<'_>) -> Result<bool> {
-        let Ok(mut st) = self.state.try_lock() else {
+        let Some(_turn) = self.turns.try_enter() else {
             return Ok(false);
         };
+        let mut st = self.lock();
         if st.queued == 0 {
             return Ok(false);
         }
@@ -200,6 +213,7 @@ impl Tx {
 
     /// Send everything queued, waiting for room as long as it takes.
     pub(super) fn flush(&self, pace: &Pace<'_>) -> Result<()> {
+        let _turn = self.turns.enter();
         let mut st = self.lock();
         st.drain(&self.sock, self.batch, pace, true)
     }

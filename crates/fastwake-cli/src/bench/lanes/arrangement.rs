@@ -34,6 +34,14 @@ pub fn message(id: u32, kind: u32, len: usize) -> Vec<u8> {
     m
 }
 
+/// Where the work runs, as queue maps align it: reads on one CPU, bulk
+/// on another.
+#[derive(Debug, Clone, Copy)]
+pub struct Cpus {
+    pub latency: u32,
+    pub bulk: u32,
+}
+
 /// What one arrangement looks like.
 pub struct Plan {
     pub name: String,
@@ -91,8 +99,10 @@ fn serve(ep: Arc<Endpoint>, class: Class, reply: usize, bulk: Arc<AtomicU64>, cp
 
 impl Arrangement {
     /// Connect `plan`'s endpoints to a listener of `server`'s parameters
-    /// and start their servers on `server_cpu`.
-    pub fn new(plan: Plan, server: Config, reply: usize, server_cpu: u32) -> Result<Arrangement> {
+    /// and start their servers: a thread serving only reads on
+    /// `cpus.latency`, one serving bulk (alone or with reads) on
+    /// `cpus.bulk`.
+    pub fn new(plan: Plan, server: Config, reply: usize, cpus: Cpus) -> Result<Arrangement> {
         let listener = Arc::new(Listener::bind(
             "127.0.0.1:0".parse().expect("an address"),
             server,
@@ -111,13 +121,16 @@ impl Arrangement {
             .map_err(|_| Fail::new(libc::EIO, "accepting thread panicked"))??;
         let bulk_bytes = Arc::new(AtomicU64::new(0));
         let mut servers = Vec::new();
-        for ep in accepted {
+        for (i, ep) in accepted.into_iter().enumerate() {
             let ep = Arc::new(ep);
-            let mut classes = vec![Class::Latency];
-            if ep.connections() == 2 {
-                classes.push(Class::Bulk);
-            }
-            for class in classes {
+            let classes = if ep.connections() == 2 {
+                vec![(Class::Latency, cpus.latency), (Class::Bulk, cpus.bulk)]
+            } else if i == plan.writer {
+                vec![(Class::Latency, cpus.bulk)]
+            } else {
+                vec![(Class::Latency, cpus.latency)]
+            };
+            for (class, server_cpu) in classes {
                 let (ep, b) = (ep.clone(), bulk_bytes.clone());
                 servers.push(
                     std::thread::Builder::new()
@@ -145,22 +158,21 @@ impl Arrangement {
         self.eps.iter().map(|e| e.connections()).sum()
     }
 
-    /// Run the readers and the writer on `cpu` for `len` (after
-    /// [`SETTLE`]), measuring.
-    pub fn turn(&self, len: Duration, request: usize, cpu: u32) -> Result<Turn> {
+    /// Run the readers on `cpus.latency` and the writer on `cpus.bulk`
+    /// for `len` (after [`SETTLE`]), measuring.
+    pub fn turn(&self, len: Duration, request: usize, cpus: Cpus) -> Result<Turn> {
         let stop = Arc::new(AtomicBool::new(false));
         let measuring = Arc::new(AtomicBool::new(false));
         let mut readers = Vec::new();
-        for (i, &(e, slot)) in self.plan.readers.iter().enumerate() {
+        for &(e, slot) in &self.plan.readers {
             let ep = self.eps[e].clone();
             let replies = self.replies[e].clone();
             let (stop, measuring) = (stop.clone(), measuring.clone());
             readers.push(std::thread::spawn(move || -> Result<Histogram<u64>> {
-                fastwake::cpu::pin(cpu)?;
+                fastwake::cpu::pin(cpus.latency)?;
                 let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
                     .map_err(|e| Fail::invalid(format!("histogram: {e}")))?;
                 let req = message(slot as u32, REQUEST, request);
-                let _ = i;
                 while !stop.load(Ordering::Relaxed) {
                     let t0 = Instant::now();
                     ep.send_as(&req, Class::Latency)?;
@@ -178,7 +190,7 @@ impl Arrangement {
             let msg = message(u32::MAX, BULK, self.plan.bulk);
             let class = self.plan.bulk_class;
             std::thread::spawn(move || -> Result<(u64, u64)> {
-                fastwake::cpu::pin(cpu)?;
+                fastwake::cpu::pin(cpus.bulk)?;
                 let (mut bytes, mut calls) = (0, 0);
                 while !stop.load(Ordering::Relaxed) {
                     let s = ep.send_as(&msg, class)?;

@@ -40,8 +40,9 @@ pub struct Args {
     /// Interleaving rounds.
     #[arg(long, default_value_t = 3)]
     pub rounds: u64,
-    /// CPUs `CLIENT,SERVER`: readers and writer are pinned to the first,
-    /// every serving thread to the second.
+    /// CPUs `LATENCY,BULK`: the readers and the threads serving only
+    /// reads are pinned to the first; the writer and the threads serving
+    /// bulk (a shared connection's included) to the second.
     #[arg(long, default_value = "0,1", value_parser = parse_cpus)]
     pub cpus: (u32, u32),
     /// Largest message on the latency lane.
@@ -126,7 +127,10 @@ impl Args {
 
 pub fn run(a: Args) -> Result<()> {
     let config = a.config()?;
-    let (client, server) = a.cpus;
+    let cpus = arrangement::Cpus {
+        latency: a.cpus.0,
+        bulk: a.cpus.1,
+    };
     let mut plans = arrangement::experiment(a.readers, a.bulk, config);
     for o in &a.only {
         if !plans.iter().any(|p| &p.name == o) {
@@ -142,7 +146,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut arrs = Vec::with_capacity(plans.len());
     for p in plans {
-        arrs.push(Arrangement::new(p, config, a.reply, server)?);
+        arrs.push(Arrangement::new(p, config, a.reply, cpus)?);
     }
     let mut rows: Vec<Row> = arrs
         .iter()
@@ -159,15 +163,17 @@ pub fn run(a: Args) -> Result<()> {
             a.batch_seconds
         };
         let len = Duration::from_millis((total_ms(secs) / a.rounds).max(1));
-        let r = arrs[t.case].turn(len, a.request, client)?;
+        let r = arrs[t.case].turn(len, a.request, cpus)?;
         rows[t.case].add(&r)?;
     }
     for x in arrs {
         x.close();
     }
     let note = format!(
-        "threads pinned: {} readers and the writer on CPU {client}, every serving thread on CPU {server}; loopback TCP; latency lane {}, bulk lane {}; chunk {} (polite {}), batching {:?}; cpu/op = process CPU per read and bulk message",
+        "threads pinned: {} readers and the threads serving only reads on CPU {}, the writer and the threads serving bulk (a shared connection's too) on CPU {}; loopback TCP; latency lane {}, bulk lane {}; chunk {} (polite {}), batching {:?}; cpu/op = process CPU per read and bulk message",
         a.readers,
+        cpus.latency,
+        cpus.bulk,
         a.latency_mode,
         a.bulk_mode,
         report::bytes(config.chunk),
