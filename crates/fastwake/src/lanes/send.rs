@@ -152,14 +152,22 @@ impl Tx {
         let hdr = header(msg.len());
         let total = HEADER + msg.len();
         if st.queued > 0 {
-            st.drain(&self.sock, self.batch, pace, false)?;
-        }
-        if st.queued > 0 {
-            if let Some(b) = self.batch
-                && st.queued + total <= b.bytes
-            {
+            // Behind a batch: i10's delayed doorbell. Join it without a
+            // syscall while it has room and is young; ring (drain) once it
+            // is full or old, and wait for room only if it stays full.
+            let fits = self
+                .batch
+                .is_some_and(|b| st.queued + total <= b.bytes && st.queue.len() < b.messages);
+            let young = self.batch.is_some_and(|b| {
+                monotonic_ns().saturating_sub(st.oldest_ns) < b.delay.as_nanos() as u64
+            });
+            if fits && young {
                 st.enqueue(&hdr, msg, 0);
-                st.drain(&self.sock, self.batch, pace, false)?;
+                return Ok(st.done(before, true));
+            }
+            st.drain(&self.sock, self.batch, pace, false)?;
+            if st.queued > 0 && fits {
+                st.enqueue(&hdr, msg, 0);
                 return Ok(st.done(before, true));
             }
             st.drain(&self.sock, self.batch, pace, true)?;
@@ -283,12 +291,8 @@ impl State {
             };
             let last = end == total;
             let mut flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
-            if batching {
-                flags |= if last {
-                    rustix::net::SendFlags::EOR
-                } else {
-                    rustix::net::SendFlags::MORE
-                };
+            if batching && !last {
+                flags |= rustix::net::SendFlags::MORE;
             }
             self.counters.sendmsgs += 1;
             match rustix::net::sendmsg(sock, iovs, &mut Default::default(), flags) {
@@ -331,13 +335,10 @@ impl State {
                 bytes += take;
             }
             let more = bytes < self.queued;
-            let flags = rustix::net::SendFlags::DONTWAIT
-                | rustix::net::SendFlags::NOSIGNAL
-                | if more {
-                    rustix::net::SendFlags::MORE
-                } else {
-                    rustix::net::SendFlags::EOR
-                };
+            let mut flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+            if more {
+                flags |= rustix::net::SendFlags::MORE;
+            }
             let parts = iovs.len();
             self.counters.sendmsgs += 1;
             let r = rustix::net::sendmsg(sock, &iovs, &mut Default::default(), flags);

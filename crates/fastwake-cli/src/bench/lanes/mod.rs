@@ -170,7 +170,7 @@ pub fn run(a: Args) -> Result<()> {
         x.close();
     }
     let note = format!(
-        "threads pinned: {} readers and the threads serving only reads on CPU {}, the writer and the threads serving bulk (a shared connection's too) on CPU {}; loopback TCP; latency lane {}, bulk lane {}; chunk {} (polite {}), batching {:?}; cpu/op = process CPU per read and bulk message",
+        "threads pinned: {} readers and the threads serving only reads on CPU {}, the writer and the threads serving bulk (a shared connection's too) on CPU {}; loopback TCP; latency lane {}, bulk lane {}; chunk {} (polite {}), batching {}; cpu/op = process CPU per read and bulk message",
         a.readers,
         cpus.latency,
         cpus.bulk,
@@ -178,7 +178,12 @@ pub fn run(a: Args) -> Result<()> {
         a.bulk_mode,
         report::bytes(config.chunk),
         report::bytes(config.polite_chunk),
-        config.batch
+        config.batch.map_or("off".into(), |b| format!(
+            "{} messages, {}, {} us",
+            b.messages,
+            report::bytes(b.bytes),
+            b.delay.as_micros()
+        ))
     );
     if a.json {
         report::print_json(&rows, main, &note)?;

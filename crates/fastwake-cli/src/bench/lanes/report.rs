@@ -194,16 +194,46 @@ pub fn print_tables(rows: &[Row], main: usize, note: &str) {
     }
 }
 
+/// Print every row as one JSON array, each row with its `table`
+/// (`arrangements` or `batching`), the ratios that concern it, and `run`
+/// (version, host, date, command), as every bench's rows carry.
 pub fn print_json(rows: &[Row], main: usize, note: &str) -> Result<()> {
-    let v = serde_json::json!({
-        "note": note,
-        "arrangements": rows[..main].iter().map(Row::json).collect::<Vec<_>>(),
-        "ratios": ratios(&rows[..main]).into_iter().map(|(k, v)| serde_json::json!({"what": k, "ratio": v})).collect::<Vec<_>>(),
-        "batching": rows[main..].iter().map(Row::json).collect::<Vec<_>>(),
-    });
+    let run = serde_json::to_value(crate::meta::RunMeta::now())
+        .map_err(|e| Fail::new(libc::EIO, e.to_string()))?;
+    let ratios = ratios(&rows[..main]);
+    let out: Vec<serde_json::Value> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut v = r.json();
+            if let Some(o) = v.as_object_mut() {
+                let table = if i < main { "arrangements" } else { "batching" };
+                o.insert("table".into(), table.into());
+                o.insert("placement".into(), note.into());
+                if r.name == "lanes" {
+                    for (k, x) in &ratios {
+                        o.insert(ratio_key(k), serde_json::json!(x));
+                    }
+                }
+                o.insert("run".into(), run.clone());
+            }
+            v
+        })
+        .collect();
     println!(
         "{}",
-        serde_json::to_string_pretty(&v).map_err(|e| Fail::new(libc::EIO, e.to_string()))?
+        serde_json::to_string_pretty(&out).map_err(|e| Fail::new(libc::EIO, e.to_string()))?
     );
     Ok(())
+}
+
+/// `lanes/shared read p99.99` -> `ratio_vs_shared_read_p99_99`.
+fn ratio_key(label: &str) -> String {
+    let rest = label.trim_start_matches("lanes/");
+    let (other, what) = rest.split_once(' ').unwrap_or((rest, ""));
+    format!(
+        "ratio_vs_{}_{}",
+        other.replace('-', "_"),
+        what.replace([' ', '.'], "_")
+    )
 }
