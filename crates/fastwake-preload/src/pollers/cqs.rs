@@ -13,24 +13,36 @@
 //!
 //! A fixed table (no allocation on hook paths); a CQ beyond it simply has
 //! no channel, and a thread that polls it is never put to sleep.
+//!
+//! An armed CQ stays armed until its event comes: a sleep that its bound
+//! ended leaves the arm in place, and the next one does not arm again
+//! ([`arm`] skips the provider while the slot says armed; [`drain`]
+//! clears that with each event it reads). Under TCG a syscall costs tens
+//! of microseconds, and an idle poller's bound-ended sleeps were mostly
+//! re-arms and empty event reads.
 
 use crate::verbs::real;
 use crate::verbs::table;
 use fastwake_verbs_sys::{ibv_comp_channel, ibv_context, ibv_cq};
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 const MAX: usize = table::MAX_CQ;
 
 struct Slot {
     cq: AtomicUsize,
     channel: AtomicUsize,
+    /// Armed, and no event of that arm has been read yet. Set before the
+    /// provider's arm, so that a drain meanwhile can only leave it false
+    /// (one arm too many, harmless), never true over a spent arm.
+    armed: AtomicBool,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
 const EMPTY: Slot = Slot {
     cq: AtomicUsize::new(0),
     channel: AtomicUsize::new(0),
+    armed: AtomicBool::new(false),
 };
 static SLOTS: [Slot; MAX] = [EMPTY; MAX];
 
@@ -83,6 +95,7 @@ pub fn add(cq: *mut ibv_cq, ch: *mut ibv_comp_channel) -> bool {
             .compare_exchange(0, cq as usize, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
+            s.armed.store(false, Ordering::Relaxed);
             s.channel.store(ch as usize, Ordering::Release);
             return true;
         }
@@ -118,15 +131,23 @@ pub fn channel_of(cq: *mut ibv_cq) -> Option<*mut ibv_comp_channel> {
 }
 
 /// Arm `cq` for its next completion (the provider's own `req_notify_cq`,
-/// so the program's arm accounting is untouched). False: it could not be.
+/// so the program's arm accounting is untouched), unless its last arm is
+/// still pending. False: it could not be.
 pub fn arm(cq: *mut ibv_cq) -> bool {
+    let s = slot(cq);
+    if s.is_some_and(|s| s.armed.swap(true, Ordering::AcqRel)) {
+        return true;
+    }
     // SAFETY: a live CQ (the program just polled it).
     let ctx = unsafe { (*cq).context };
-    let Some((_, notify)) = table::real_ops(ctx) else {
-        return false;
-    };
-    // SAFETY: the provider's req_notify_cq on a live CQ of its context.
-    unsafe { notify(cq, 0) == 0 }
+    let ok = table::real_ops(ctx).is_some_and(|(_, notify)| {
+        // SAFETY: the provider's req_notify_cq on a live CQ of its context.
+        unsafe { notify(cq, 0) == 0 }
+    });
+    if !ok && let Some(s) = s {
+        s.armed.store(false, Ordering::Release);
+    }
+    ok
 }
 
 /// Read and ack every event waiting on `ch` (non-blocking).
@@ -146,6 +167,10 @@ pub fn drain(ch: *mut ibv_comp_channel) -> u32 {
         let r: c_int = unsafe { get(ch, &mut cq, &mut ctx) };
         if r != 0 || cq.is_null() {
             return n;
+        }
+        // That arm is spent: the next sleep arms again.
+        if let Some(s) = slot(cq) {
+            s.armed.store(false, Ordering::Release);
         }
         // SAFETY: the event's CQ is live (it cannot be destroyed before
         // its events are acked: `destroying` drains first).
@@ -170,6 +195,7 @@ pub fn destroyed(cq: *mut ibv_cq, ch: *mut ibv_comp_channel, ok: bool) {
     }
     if let Some(s) = slot(cq) {
         s.channel.store(0, Ordering::Release);
+        s.armed.store(false, Ordering::Relaxed);
         s.cq.store(0, Ordering::Release);
     }
     destroy_channel(ch);

@@ -222,6 +222,10 @@ fn sleep(t: &mut Thread, g: &mut fastwake::wait::Governor, peer: Option<u32>, bo
         n += 1;
     }
     let set = &fds[..n];
+    // The channels any look saw readable (bit i: chans[i]): only those
+    // hold events to read.
+    let first_ch = n - nch;
+    let ready = std::cell::Cell::new(0u32);
     let look = |mask: *const u64, ns: u64| -> c_int {
         let mut copy = [libc::pollfd {
             fd: -1,
@@ -231,7 +235,15 @@ fn sleep(t: &mut Thread, g: &mut fastwake::wait::Governor, peer: Option<u32>, bo
         copy[..set.len()].copy_from_slice(set);
         // SAFETY: a live stack array of set.len() pollfds; mask null or the
         // engine's live sigset.
-        unsafe { crate::sys::ppoll_ns(copy.as_mut_ptr(), set.len() as _, ns, mask) }
+        let r = unsafe { crate::sys::ppoll_ns(copy.as_mut_ptr(), set.len() as _, ns, mask) };
+        if r > 0 {
+            for (i, p) in copy[first_ch..set.len()].iter().enumerate() {
+                if p.revents != 0 {
+                    ready.set(ready.get() | 1 << i);
+                }
+            }
+        }
+        r
     };
     let t0 = fastwake::cpu::monotonic_ns();
     crate::stats::add(|s| &s.pollers.polling_ns, t0.saturating_sub(t.run_t0));
@@ -250,8 +262,13 @@ fn sleep(t: &mut Thread, g: &mut fastwake::wait::Governor, peer: Option<u32>, bo
             |left| look(std::ptr::null(), left.unwrap_or(bound).max(1)),
         )
     };
-    for &ch in &chans[..nch] {
-        cqs::drain(ch);
+    // A channel no look saw readable has no event: not read (its CQ stays
+    // armed for the next sleep, `cqs::arm`). After a signal, all are.
+    let ready = if r < 0 { u32::MAX } else { ready.get() };
+    for (i, &ch) in chans[..nch].iter().enumerate() {
+        if ready & 1 << i != 0 {
+            cqs::drain(ch);
+        }
     }
     let t1 = fastwake::cpu::monotonic_ns();
     let slept = t1.saturating_sub(t0);
