@@ -158,12 +158,14 @@ pollers_cq_idle_run() {
 # the client's gaps timed by a timerfd it polls with zero-timeout poll())
 # on rxe0: $RXE_POLLERS_ROUNDS rounds, each a run without the shim then
 # one under pollers=sleep. The CPU seconds are the whole process's (both
-# threads: getrusage RUSAGE_SELF over the traffic). A round's ratio is its
-# pollers=sleep run's CPU seconds over its reference run's; the median
-# round's must be at most 0.2. (Under TCG the CPU seconds of the kernel
-# work, almost all of a sleeping run's, swing with the host's load: one
-# run on a loaded host measured 1.5 s where the next took 0.65 s. The
-# reference spins its two threads, 2x its wall time whatever the load.)
+# threads: getrusage RUSAGE_SELF over the traffic). The least of the
+# pollers=sleep runs' CPU seconds must be at most 0.2x the least of the
+# reference runs'. Why the least: the program's work is the same in every
+# run, and under TCG the host's load only ever adds to it, most to a
+# sleeping run's (nearly all kernel work, charged to whatever the vCPU
+# ran while the host held it off): one round measured 0.85 s and 1.15 s
+# under load and 0.25 s without, for the same run. Each round's ratio is
+# shown too.
 # Every run must give the same checksum, and in each run under the shim
 # it must have slept (sleeps > 0), been woken by completions
 # (woke_by_completion > 0) and switched no thread off (it polls only its
@@ -171,7 +173,7 @@ pollers_cq_idle_run() {
 check_pollers_cq_idle() {
     rxe_need_preload || return
     CQ_EXE=$(rxe_build_c cq-idle) || return
-    local round mode out sum="" a b ratios=() pl sl wc haz
+    local round mode out sum="" a b ratios=() cpu_none=() cpu_sleep=() pl sl wc haz
     for ((round = 1; round <= RXE_POLLERS_ROUNDS; round++)); do
         for mode in none sleep; do
             out="$RXE_LOGDIR/$RXE_CUR_NAME.$mode$round.out"
@@ -181,11 +183,11 @@ check_pollers_cq_idle() {
                 { rxe_fail "cq-idle ($mode, round $round): checksum $s, the first run's $sum"; return 1; }
             sum=$s
             if [ "$mode" = none ]; then
-                a=$(channel_field_any "$CQ_LINE" cpu_s)
+                a=$(channel_field_any "$CQ_LINE" cpu_s); cpu_none+=("$a")
                 rxe_info "round $round without the shim: $CQ_LINE"
                 continue
             fi
-            b=$(channel_field_any "$CQ_LINE" cpu_s)
+            b=$(channel_field_any "$CQ_LINE" cpu_s); cpu_sleep+=("$b")
             pl=$(pollers_line "$out") || return 1
             [ -n "$pl" ] || { rxe_fail "round $round: no pollers line under pollers=sleep (no empty poll seen)"; return 1; }
             ratios+=("$(awk -v a="$a" -v b="$b" 'BEGIN { if (a > 0) printf "%.3f", b / a; else print "inf" }')")
@@ -196,11 +198,17 @@ check_pollers_cq_idle() {
             [ "${haz:-x}" = 0 ] || { rxe_fail "round $round: $haz thread(s) switched off by the hazard rule, but cq-idle polls only its CQs and its timerfd: $pl"; return 1; }
         done
     done
-    local median; median=$(printf '%s\n' "${ratios[@]}" | sort -g | awk '{ r[NR] = $1 } END { print r[int((NR + 1) / 2)] }')
-    rxe_info "process CPU seconds (both threads) under pollers=sleep over those without the shim, per round: ${ratios[*]}; median $median (want <= 0.2); checksum $sum in all $((2 * RXE_POLLERS_ROUNDS)) runs"
-    rxe_metric cq_idle.cpu_ratio.median "$median"
-    awk -v r="$median" 'BEGIN { exit !(r != "inf" && r + 0 <= 0.2) }' ||
-        { rxe_fail "CPU seconds under pollers=sleep over those without, per round: ${ratios[*]}: median $median > 0.2"; return 1; }
+    local least; least=$(awk -v a="${cpu_none[*]}" -v b="${cpu_sleep[*]}" 'BEGIN {
+        n = split(a, x, " "); split(b, y, " "); ma = x[1]; mb = y[1]
+        for (i = 2; i <= n; i++) { if (x[i] < ma) ma = x[i]; if (y[i] < mb) mb = y[i] }
+        if (ma > 0) printf "%.3f %.3f %.3f", mb, ma, mb / ma; else printf "%.3f %.3f inf", mb, ma }')
+    local cb ca ratio; read -r cb ca ratio <<<"$least"
+    rxe_info "process CPU seconds (both threads): pollers=sleep ${cpu_sleep[*]}, without the shim ${cpu_none[*]}; least $cb vs $ca: ratio $ratio (want <= 0.2); per round ${ratios[*]}; checksum $sum in all $((2 * RXE_POLLERS_ROUNDS)) runs"
+    rxe_metric cq_idle.cpu_s.sleep "$cb"
+    rxe_metric cq_idle.cpu_s.none "$ca"
+    rxe_metric cq_idle.cpu_ratio "$ratio"
+    awk -v r="$ratio" 'BEGIN { exit !(r != "inf" && r + 0 <= 0.2) }' ||
+        { rxe_fail "CPU seconds under pollers=sleep ${cpu_sleep[*]}, without the shim ${cpu_none[*]}: least $cb over least $ca = $ratio > 0.2"; return 1; }
 }
 
 # channel_field_any LINE KEY: the value of KEY=... in LINE (any characters).
