@@ -415,3 +415,51 @@ fn lanes_bad_parameters_are_one_line() {
         .is_ok()
     );
 }
+
+#[test]
+fn lanes_senders_take_turns_in_order_so_a_streaming_writer_starves_no_one() {
+    // One shared connection: a writer streams 1 MiB messages while this
+    // thread sends small ones. Turns go first come, first served, so each
+    // small send waits behind at most the message being sent (a plain
+    // mutex let the writer take the lane back for hundreds of ms).
+    let (a, b) = pair(quiet(Layout::Shared));
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            let mut small = 0;
+            while small < 50 {
+                if b.recv_with(Class::Latency, |m| m.len()).unwrap() < 100 {
+                    small += 1;
+                }
+            }
+            // Drain the writer's tail until it closes.
+            while b.recv_with(Class::Latency, |_| ()).is_ok() {}
+        })
+    };
+    let writer = {
+        let (a, stop) = (a.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let big = vec![3u8; 1 << 20];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                a.send_as(&big, Class::Bulk).unwrap();
+            }
+            a.flush().unwrap();
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    let t0 = Instant::now();
+    for _ in 0..50 {
+        a.send(b"small").unwrap();
+    }
+    let took = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    drop(a);
+    reader.join().unwrap();
+    assert!(
+        took < Duration::from_secs(2),
+        "50 small sends beside a streaming writer took {took:?}"
+    );
+}
