@@ -155,6 +155,8 @@ rxe_bench2_checks
 rxe_check c-abi-verbs             check_capi_verbs
 rxe_check c-abi-shared-cq         check_capi_shared_cq
 # --- end of RDMA as really written ---
+. "$RXE_SELF_DIR/lanes-checks.sh"
+rxe_check lanes-rdma              check_lanes_rdma
 # --- stall monitor, ODP guard ---
 . "$RXE_SELF_DIR/stall-checks.sh"
 rxe_stall_checks

@@ -3,7 +3,7 @@
 
 use super::frame::Frames;
 use super::send::{Pace, SendCounters, Tx};
-use super::{Class, Config, Layout};
+use super::{Class, Config, IN_FLIGHT_WINDOW_NS, Layout};
 use crate::cpu::monotonic_ns;
 use crate::wait::WaitStats;
 use crate::{Fail, Result, Waiter};
@@ -11,11 +11,6 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-/// A latency message sent this long ago without an answer no longer makes
-/// the bulk lane polite: past it, it is a one-way message, not a request
-/// waiting behind bulk bytes.
-const IN_FLIGHT_WINDOW_NS: u64 = 1_000_000;
 
 /// What one send did, as a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -70,6 +70,7 @@ pub mod connect;
 mod endpoint;
 mod fifo;
 mod frame;
+pub mod rdma;
 mod send;
 
 use crate::{Fail, Result, WaitMode};
@@ -245,6 +246,11 @@ impl Config {
         Ok(())
     }
 }
+
+/// A latency message sent (or received) this long ago without an answer
+/// no longer makes the bulk lane polite: past it, it is a one-way
+/// message, not a request waiting behind bulk bytes.
+pub(crate) const IN_FLIGHT_WINDOW_NS: u64 = 1_000_000;
 
 /// Messages one batched `sendmsg` may carry: two iovecs each (header and
 /// payload), well under the kernel's 1024.

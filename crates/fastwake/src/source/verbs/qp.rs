@@ -97,6 +97,11 @@ const RNR_RETRY: u8 = 7;
 // SAFETY: the QP is owned by this value; verbs objects may be used from any
 // thread (providers lock the work queues).
 unsafe impl Send for RcQp {}
+// SAFETY: every method takes `&self` and makes provider calls that lock the
+// work queue they post to (`post_send` one thread's sends and `post_recv`
+// another's receives at once is what rdma-core supports); nothing here is
+// mutated outside the provider.
+unsafe impl Sync for RcQp {}
 
 impl RcQp {
     /// Create an RC QP on `send_cq` / `recv_cq` with room for `depth`
@@ -349,6 +354,74 @@ impl RcQp {
         });
         if rc != 0 {
             return Err(Fail::new(rc, format!("ibv_post_send failed (errno {rc})")));
+        }
+        Ok(())
+    }
+
+    /// Post SENDs with immediate data of `parts` (offset in `mr`, length,
+    /// immediate data) as one chain: one `ibv_post_send`, one doorbell for
+    /// them all. Work request `i` has id `first_wr_id + i`; every one is
+    /// signaled (its completion frees its buffer).
+    pub fn post_send_chain(
+        &self,
+        first_wr_id: u64,
+        mr: &Mr,
+        parts: &[(usize, usize, u32)],
+    ) -> Result<()> {
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let mut sges: Vec<ibv_sge> = parts
+            .iter()
+            .map(|&(off, len, _)| ibv_sge {
+                addr: mr.addr(off),
+                length: len as u32,
+                lkey: mr.lkey(),
+            })
+            .collect();
+        let mut wrs: Vec<ibv_send_wr> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, len, imm))| {
+                let mut flags = IBV_SEND_SIGNALED;
+                if len as u32 <= self.max_inline {
+                    flags |= IBV_SEND_INLINE;
+                }
+                ibv_send_wr {
+                    wr_id: first_wr_id + i as u64,
+                    next: std::ptr::null_mut(),
+                    sg_list: std::ptr::null_mut(),
+                    num_sge: 1,
+                    opcode: IBV_WR_SEND_WITH_IMM,
+                    send_flags: flags,
+                    imm_data: imm,
+                    _unions: [0; 11],
+                }
+            })
+            .collect();
+        // Link after both vectors stop moving: each WR points at its SGE
+        // and at the next WR.
+        let n = wrs.len();
+        for i in 0..n {
+            wrs[i].sg_list = &mut sges[i];
+            if i + 1 < n {
+                let next: *mut ibv_send_wr = &mut wrs[i + 1];
+                wrs[i].next = next;
+            }
+        }
+        let mut bad = std::ptr::null_mut();
+        let head: *mut ibv_send_wr = &mut wrs[0];
+        let rc = self.dated_post(first_wr_id, Op::Send, mr.odp, || {
+            // SAFETY: qp is live; the chain's WRs and SGEs live in `wrs`
+            // and `sges` for the call (the provider copies them into the
+            // queue); the buffers are registered in mr (or copied inline).
+            unsafe { (self.post_send)(self.qp, head, &mut bad) }
+        });
+        if rc != 0 {
+            return Err(Fail::new(
+                rc,
+                format!("ibv_post_send of a {n}-WR chain failed (errno {rc})"),
+            ));
         }
         Ok(())
     }
