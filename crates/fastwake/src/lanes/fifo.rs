@@ -4,9 +4,8 @@
 //! behind every one a faster thread sends after it. A plain mutex lets the
 //! thread that just unlocked take it again before the woken waiter runs,
 //! so a writer streaming 1 MiB messages kept a shared connection to itself
-//! for hundreds of milliseconds while readers waited (measured: 677 read
-//! IOPS, p99 0.5 s). Here the leaving thread hands the turn to the oldest
-//! waiter.
+//! for hundreds of milliseconds while readers waited. Here the leaving
+//! thread hands the turn to the oldest waiter.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};

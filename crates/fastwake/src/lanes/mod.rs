@@ -32,9 +32,8 @@
 //! syscall (`PREEMPT_NONE`), and over loopback a `sendmsg` does the
 //! receiver's TCP work too, so a chunk is a stretch a latency message's
 //! thread waits behind when it shares the CPU. Bulk work on a CPU of its
-//! own (what the talk's queue maps arrange) keeps full chunks: there,
-//! small chunks only cost throughput (measured: 16 KiB chunks moved
-//! ~400 MiB/s where 64 KiB moved ~3 GiB/s, reads unchanged).
+//! own (what Linux's NVMe/TCP queue maps arrange) keeps full chunks: there,
+//! small chunks only cost throughput.
 //!
 //! With [`Config::batch`] set (the default, i10's numbers), a bulk message
 //! that finds the socket full is queued (copied) when it fits the batch's
@@ -82,11 +81,13 @@ pub use send::SendCounters;
 
 /// Messages up to this many bytes go on the latency lane by default.
 ///
-/// Why 16 KiB: a 16 KiB message crosses loopback in one `sendmsg` and one
-/// `recv` (a 64 KiB loopback segment holds it), so it costs what a small
-/// one does, while from 16 KiB up the copy starts to dominate the wake-up
-/// (`fastwake bench lanes` prints the round trip of both sizes); and a
-/// storage stack's small I/O (4-16 KiB) stays on the latency lane.
+/// Why 16 KiB: up to it a message crosses loopback for about what a small
+/// one costs (hybrid one-way p50 6.3 µs at 4 KiB, 7.6 µs at 16 KiB), and
+/// from there the copy counts (15.7 µs at 64 KiB, 33 µs at 256 KiB;
+/// docs/results, record `2026-11-28-tcp-message-size`); it equals the
+/// polite chunk, so no latency message costs its lane-mates more than a
+/// polite bulk chunk would; and a storage stack's small I/O (4-16 KiB)
+/// stays on the latency lane.
 pub const THRESHOLD: usize = 16 << 10;
 
 /// Bytes per bulk `sendmsg` by default: four loopback segments, few

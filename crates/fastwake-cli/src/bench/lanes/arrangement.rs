@@ -252,7 +252,7 @@ fn process_cpu() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
-/// The three arrangements of the talk's experiment, for `readers`
+/// The three arrangements of the NVMe/TCP experiment, for `readers`
 /// readers and a writer of `bulk`-byte messages.
 pub fn experiment(readers: usize, bulk: usize, lanes: Config) -> Vec<Plan> {
     let shared = Config {

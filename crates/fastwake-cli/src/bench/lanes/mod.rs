@@ -1,4 +1,4 @@
-//! `fastwake bench lanes`: the NVMe/TCP talk's experiment on loopback TCP.
+//! `fastwake bench lanes`: the NVMe/TCP host's read-beside-write experiment on loopback TCP.
 //! N synchronous readers (one small request outstanding each, answered
 //! with a 4 KiB reply) and one writer streaming 1 MiB messages without
 //! bound, in three arrangements interleaved over rounds: one shared

@@ -1,5 +1,5 @@
 //! Replies for synchronous readers sharing one connection, taken by the
-//! readers themselves (no I/O thread): the talk's "complete in the
+//! readers themselves (no I/O thread): NVMe/TCP's "complete in the
 //! polling application's context".
 //!
 //! A reader whose reply has not come leads: it receives from the
