@@ -294,9 +294,10 @@ void fw_socket_destroy(fw_socket *s);
  * all defaults. */
 #define FW_LANES_LAYOUT_LANES 0  /* one connection per lane */
 #define FW_LANES_LAYOUT_SHARED 1 /* one connection for both (for comparison) */
-#define FW_LANES_BY_SIZE (-1)    /* fw_lanes_send: the lane by size (threshold) */
 #define FW_LANE_LATENCY 0
 #define FW_LANE_BULK 1
+#define FW_LANES_BY_SIZE 2       /* fw_lanes_send: the lane by size (threshold) */
+#define FW_LANES_MORE 0x100      /* fw_lanes_send, OR'ed in: more messages follow */
 typedef struct fw_lanes_config {
     uint32_t layout;          /* FW_LANES_LAYOUT_* */
     uint32_t no_batching;     /* 1: every bulk message goes out on its own, no MSG_MORE */
@@ -338,10 +339,13 @@ void fw_lanes_listener_destroy(fw_lanes_listener *l);
 /* Open an endpoint to a listener at address. */
 int fw_lanes_connect(const char *address, const fw_lanes_config *c, fw_lanes **out);
 /* Send len bytes as one message on lane (FW_LANE_* or FW_LANES_BY_SIZE),
- * from the calling thread. A bulk message that finds the socket full may
- * be queued (copied) and pushed by the next send, by a thread waiting in
- * fw_lanes_recv, or by fw_lanes_flush. EINVAL: over max_message; EPIPE:
- * the peer is gone. */
+ * from the calling thread. With FW_LANES_MORE OR'ed in, more messages
+ * follow: it may wait in the lane's batch (up to 16 messages, 64 KiB or
+ * 50 us, i10's rule) to go out in one sendmsg with them. A bulk message
+ * that finds the socket full may be queued (copied) too. Queued bytes are
+ * pushed by the next send without FW_LANES_MORE, by a thread waiting in
+ * fw_lanes_recv once they are 50 us old, or by fw_lanes_flush. EINVAL:
+ * over max_message, or an unknown lane; EPIPE: the peer is gone. */
 int fw_lanes_send(const fw_lanes *e, const void *data, size_t len, int lane);
 /* Wait for the next whole message on lane; copies min(length, cap) bytes
  * to buf (may be NULL) and stores its length in *len (may be NULL).

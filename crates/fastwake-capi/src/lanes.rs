@@ -47,9 +47,10 @@ pub struct fw_lanes_stats {
 
 const LAYOUT_LANES: u32 = 0;
 const LAYOUT_SHARED: u32 = 1;
-const BY_SIZE: c_int = -1;
 const LATENCY: c_int = 0;
 const BULK: c_int = 1;
+const BY_SIZE: c_int = 2;
+const MORE: c_int = 0x100;
 
 fn text<'a>(p: *const c_char, what: &str) -> Result<Option<&'a str>, Fail> {
     if p.is_null() {
@@ -207,12 +208,18 @@ pub unsafe extern "C" fn fw_lanes_send(
         let e = obj_ref(e)?;
         // SAFETY: readable for len bytes per the header.
         let d = unsafe { bytes_arg(data, len) }?;
+        let more = lane & MORE != 0;
+        let lane = lane & !MORE;
         let class = if lane == BY_SIZE {
             e.0.class_of(len)
         } else {
             class(lane)?
         };
-        e.0.send_as(d, class).map(drop)
+        if more {
+            e.0.send_more_as(d, class).map(drop)
+        } else {
+            e.0.send_as(d, class).map(drop)
+        }
     })
 }
 

@@ -215,14 +215,18 @@ static void lanes_checks(void) {
     size_t len = 0;
     char small[8];
     ok = fw_lanes_send(a, "ping", 4, FW_LANES_BY_SIZE) == 0 &&
-         fw_lanes_send(a, big, sizeof big, FW_LANES_BY_SIZE) == 0 && fw_lanes_flush(a) == 0 &&
+         fw_lanes_send(a, big, 20000, FW_LANE_BULK | FW_LANES_MORE) == 0 &&
+         fw_lanes_send(a, big + 20000, sizeof big - 20000, FW_LANE_BULK | FW_LANES_MORE) == 0 &&
+         fw_lanes_flush(a) == 0 &&
+         fw_lanes_recv(b, FW_LANE_BULK, 5000000000LL, got, sizeof got, &len) == 0 && len == 20000 &&
+         memcmp(got, big, len) == 0 &&
          fw_lanes_recv(b, FW_LANE_BULK, 5000000000LL, got, sizeof got, &len) == 0 &&
-         len == sizeof big && memcmp(got, big, len) == 0 &&
+         len == sizeof big - 20000 && memcmp(got, big + 20000, len) == 0 &&
          fw_lanes_recv(b, FW_LANE_LATENCY, 5000000000LL, small, sizeof small, &len) == 0 &&
          len == 4 && memcmp(small, "ping", 4) == 0;
-    check(ok, "lanes: a small and a large message, each whole on its lane", "");
+    check(ok, "lanes: a small message and two batched bulk ones, each whole on its lane", "");
     struct fw_lanes_stats st;
-    check(fw_lanes_stats(a, FW_LANE_BULK, &st) == 0 && st.messages_sent == 1 &&
+    check(fw_lanes_stats(a, FW_LANE_BULK, &st) == 0 && st.messages_sent == 2 &&
               st.bytes_sent == sizeof big && st.chunked == 1,
           "lanes: bulk stats", "");
     ok = fw_lanes_send(a, "0123456789", 10, FW_LANE_LATENCY) == 0 &&

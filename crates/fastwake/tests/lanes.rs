@@ -95,7 +95,12 @@ fn randomized(config: Config, per_sender: u64, seed: u64) {
                 let lane = if shared { 0 } else { class as usize };
                 let seq = next[lane];
                 next[lane] += 1;
-                let s = a.send_as(&message(from, seq, len), class).unwrap();
+                let m = message(from, seq, len);
+                let s = if rng.random_range(0..3) == 0 {
+                    a.send_more_as(&m, class).unwrap()
+                } else {
+                    a.send_as(&m, class).unwrap()
+                };
                 assert_eq!(s.class, class);
                 sent.push(lane);
                 if rng.random_range(0..50) == 0 {
@@ -462,4 +467,45 @@ fn lanes_senders_take_turns_in_order_so_a_streaming_writer_starves_no_one() {
         took < Duration::from_secs(2),
         "50 small sends beside a streaming writer took {took:?}"
     );
+}
+
+#[test]
+fn lanes_send_more_batches_by_i10s_rule() {
+    for batch in [Some(Batch::I10), None] {
+        let (a, b) = pair(Config {
+            batch,
+            ..quiet(Layout::Lanes)
+        });
+        let b = Arc::new(b);
+        let n = 200u64;
+        let r = drain(b.clone(), Class::Bulk, n);
+        let msg = vec![9u8; 16 << 10];
+        for _ in 0..n {
+            a.send_more_as(&msg, Class::Bulk).unwrap();
+        }
+        a.flush().unwrap();
+        assert_eq!(r.join().unwrap(), n * (16 << 10));
+        let s = a.stats(Class::Bulk).send;
+        assert_eq!(s.queued_bytes, 0);
+        match batch {
+            // 16 KiB messages, 64 KiB batches: three a sendmsg.
+            Some(_) => assert!(
+                s.batched > 0 && s.sendmsgs <= n / 2,
+                "{} sendmsgs for {n} messages, {} batched",
+                s.sendmsgs,
+                s.batched
+            ),
+            None => assert!(s.sendmsgs >= n && s.batched == 0, "{s:?}"),
+        }
+    }
+    // A batch waits at most its delay for a thread waiting on the
+    // endpoint: one message, then only a receive on the other lane.
+    let (a, b) = pair(quiet(Layout::Lanes));
+    a.send_more_as(b"held a moment", Class::Bulk).unwrap();
+    assert!(a.stats(Class::Bulk).send.queued_bytes > 0);
+    let _ = a
+        .recv_timeout_with(Class::Latency, Duration::from_millis(5), |_| ())
+        .unwrap();
+    assert_eq!(a.stats(Class::Bulk).send.queued_bytes, 0);
+    assert_eq!(b.recv(Class::Bulk).unwrap(), b"held a moment");
 }

@@ -213,6 +213,10 @@ impl Endpoint {
 
     /// Send `msg` on `class`'s lane, whatever its size.
     pub fn send_as(&self, msg: &[u8], class: Class) -> Result<Sent> {
+        self.send_with(msg, class, false)
+    }
+
+    fn send_with(&self, msg: &[u8], class: Class, more: bool) -> Result<Sent> {
         if msg.len() > self.config.max_message {
             return Err(Fail::invalid(format!(
                 "lanes: a {}-byte message exceeds the {}-byte max message",
@@ -226,12 +230,35 @@ impl Endpoint {
             self.latency_sent.fetch_add(1, Ordering::Relaxed);
             self.latency_here();
         }
-        let done = self.lane(class).tx.send(msg, &pace)?;
+        let tx = &self.lane(class).tx;
+        let done = if more {
+            tx.send_more(msg, &pace)?
+        } else {
+            tx.send(msg, &pace)?
+        };
         Ok(Sent {
             class,
             syscalls: done.syscalls,
             queued: done.queued,
         })
+    }
+
+    /// Send `msg` on the lane its size picks, saying more messages follow
+    /// (see [`Endpoint::send_more_as`]).
+    pub fn send_more(&self, msg: &[u8]) -> Result<Sent> {
+        self.send_more_as(msg, self.class_of(msg.len()))
+    }
+
+    /// Send `msg` on `class`'s lane, saying more messages follow: it may
+    /// wait in the lane's batch (i10's delayed doorbell: up to
+    /// [`super::Batch::messages`] messages, [`super::Batch::bytes`] bytes
+    /// or [`super::Batch::delay`]) to go out in one `sendmsg` with the
+    /// next ones. The batch is pushed by the next plain send, by a thread
+    /// waiting in a receive once the delay has passed, or by
+    /// [`Endpoint::flush`]: end a run of these with one of them. Without
+    /// batching the same as [`Endpoint::send_as`].
+    pub fn send_more_as(&self, msg: &[u8], class: Class) -> Result<Sent> {
+        self.send_with(msg, class, true)
     }
 
     /// Push every queued bulk byte to the kernel, waiting for room as long

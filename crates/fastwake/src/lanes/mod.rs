@@ -35,18 +35,22 @@
 //! own (what Linux's NVMe/TCP queue maps arrange) keeps full chunks: there,
 //! small chunks only cost throughput.
 //!
-//! With [`Config::batch`] set (the default, i10's numbers), a bulk message
-//! that finds the socket full is queued (copied) when it fits the batch's
-//! bytes, and the queue goes out in `sendmsg` calls of up to
-//! [`Batch::messages`] messages and [`Batch::bytes`] bytes, each flagged
-//! `MSG_MORE` while more of the queue follows it and the last one without
-//! it (which pushes the segment out). A message too big for the batch waits
-//! for room in the calling thread, through the bulk lane's wait mode. The
-//! queue is flushed by the next send, by any thread waiting in
-//! [`Endpoint::recv`] once the oldest queued byte is [`Batch::delay`] old
-//! (the waiting thread itself takes the socket's writability: there is no
-//! I/O thread), and by [`Endpoint::flush`], which a program that stops
-//! sending and does not receive must call.
+//! With [`Config::batch`] set (the default, i10's numbers), bulk sends
+//! batch in two cases. A sender that says more messages follow
+//! ([`Endpoint::send_more`], `MSG_MORE` at the level of messages) leaves
+//! its message in the lane's batch without a syscall while the batch has
+//! room ([`Batch::messages`], [`Batch::bytes`]) and is younger than
+//! [`Batch::delay`] (i10's delayed doorbell); a full or old batch goes out
+//! in one `sendmsg`. And a message that finds the socket full is queued
+//! (copied) when it fits the batch. The queue goes out in `sendmsg`s of
+//! at most a batch each, flagged `MSG_MORE` while more of it follows; a
+//! message's own chunks carry `MSG_MORE` but the last. A message too big
+//! for the batch waits for room in the calling thread, through the bulk
+//! lane's wait mode. Queued bytes are pushed by the next plain send, by
+//! any thread waiting in [`Endpoint::recv`] once they are
+//! [`Batch::delay`] old (the waiting thread itself takes the socket's
+//! room: there is no I/O thread), and by [`Endpoint::flush`], which a
+//! program that stops sending and does not receive must call.
 //!
 //! # No needless context switch
 //!

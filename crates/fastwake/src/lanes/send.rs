@@ -152,25 +152,21 @@ impl Tx {
         let hdr = header(msg.len());
         let total = HEADER + msg.len();
         if st.queued > 0 {
-            // Behind a batch: i10's delayed doorbell. Join it without a
-            // syscall while it has room and is young; ring (drain) once it
-            // is full or old, and wait for room only if it stays full.
-            let fits = self
-                .batch
-                .is_some_and(|b| st.queued + total <= b.bytes && st.queue.len() < b.messages);
-            let young = self.batch.is_some_and(|b| {
-                monotonic_ns().saturating_sub(st.oldest_ns) < b.delay.as_nanos() as u64
-            });
-            if fits && young {
-                st.enqueue(&hdr, msg, 0);
-                return Ok(st.done(before, true));
-            }
+            // Behind a batch: push it first (this message ends it); if the
+            // socket stays full, join the queue when it fits, else wait
+            // for room.
             st.drain(&self.sock, self.batch, pace, false)?;
-            if st.queued > 0 && fits {
-                st.enqueue(&hdr, msg, 0);
-                return Ok(st.done(before, true));
+            if st.queued > 0 {
+                if self
+                    .batch
+                    .is_some_and(|b| st.queued + total <= b.bytes && st.queue.len() < b.messages)
+                {
+                    st.enqueue(&hdr, msg, 0);
+                    st.drain(&self.sock, self.batch, pace, false)?;
+                    return Ok(st.done(before, st.queued > 0));
+                }
+                st.drain(&self.sock, self.batch, pace, true)?;
             }
-            st.drain(&self.sock, self.batch, pace, true)?;
         }
         let mut off = 0;
         let mut calls = 0;
@@ -200,6 +196,41 @@ impl Tx {
         }
         let queued = st.queued > 0;
         Ok(st.done(before, queued))
+    }
+
+    /// Send one message that more will follow: i10's delayed doorbell. It
+    /// joins the batch without a syscall while the batch has room (its
+    /// messages and bytes) and is younger than its delay; a batch that is
+    /// full or old is rung (one `sendmsg` for all of it) first, and a full
+    /// one at once. Without batching, or for a message bigger than a
+    /// batch, the same as [`Tx::send`].
+    pub(super) fn send_more(&self, msg: &[u8], pace: &Pace<'_>) -> Result<SendDone> {
+        let Some(b) = self.batch else {
+            return self.send(msg, pace);
+        };
+        let total = HEADER + msg.len();
+        if total > b.bytes {
+            return self.send(msg, pace);
+        }
+        let _turn = self.turns.enter();
+        let mut st = self.lock();
+        let before = st.syscalls();
+        st.counters.messages += 1;
+        st.counters.bytes += msg.len() as u64;
+        let room = |st: &State| st.queued + total <= b.bytes && st.queue.len() < b.messages;
+        let old = st.queued > 0
+            && monotonic_ns().saturating_sub(st.oldest_ns) >= b.delay.as_nanos() as u64;
+        if !room(&st) || old {
+            st.drain(&self.sock, self.batch, pace, false)?;
+            if !room(&st) {
+                st.drain(&self.sock, self.batch, pace, true)?;
+            }
+        }
+        st.enqueue(&header(msg.len()), msg, 0);
+        if st.queued >= b.bytes || st.queue.len() >= b.messages {
+            st.drain(&self.sock, self.batch, pace, false)?;
+        }
+        Ok(st.done(before, st.queued > 0))
     }
 
     /// Push what the queue holds if its oldest byte has waited `delay`
