@@ -100,10 +100,17 @@ impl Replies {
                 return Ok(());
             }
             let mut lead = self.lock();
-            let slot = &self.slots[id];
-            slot.word.store(ARRIVED, Ordering::Release);
-            if let Some(p) = lead.waiting.iter().position(|w| w.0 == id) {
-                lead.waiting.swap_remove(p).1.unpark();
+            self.slots[id].word.store(ARRIVED, Ordering::Release);
+            let parked = lead
+                .waiting
+                .iter()
+                .position(|w| w.0 == id)
+                .map(|p| lead.waiting.swap_remove(p).1);
+            // Unpark outside the lock: the woken reader may take the CPU
+            // at once, and must not leave the others queued on the lock.
+            drop(lead);
+            if let Some(t) = parked {
+                t.unpark();
             }
         }
     }
@@ -111,12 +118,14 @@ impl Replies {
     /// The leader is done: pass the lead to a waiting reader, if any.
     fn hand_on(&self) {
         let mut lead = self.lock();
-        match lead.waiting.pop() {
-            Some((w, thread)) => {
-                self.slots[w].word.store(LEAD, Ordering::Release);
-                thread.unpark();
-            }
+        let next = lead.waiting.pop();
+        match &next {
+            Some((w, _)) => self.slots[*w].word.store(LEAD, Ordering::Release),
             None => lead.active = false,
+        }
+        drop(lead);
+        if let Some((_, thread)) = next {
+            thread.unpark();
         }
     }
 }
