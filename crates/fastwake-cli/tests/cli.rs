@@ -537,6 +537,7 @@ fn short_help_is_one_phrase_per_option() {
         &["bench", "share"],
         &["bench", "load"],
         &["bench", "odp"],
+        &["bench", "lanes"],
     ] {
         let short = String::from_utf8(fastwake(&[cmd, &["-h"]].concat()).stdout).unwrap();
         let long = String::from_utf8(fastwake(&[cmd, &["--help"]].concat()).stdout).unwrap();
@@ -643,4 +644,48 @@ fn out_json_writes_run_metadata_and_rows() {
     }
     assert_eq!(doc["rows"].as_array().unwrap().len(), 1, "{doc}");
     assert_eq!(doc["rows"][0]["iters"], 50);
+}
+
+/// `bench lanes`: bad parameters are one line; a short run prints every
+/// arrangement and batching row with its keys, and the lanes row its
+/// ratios.
+#[test]
+fn lanes_bench_rows_and_bad_parameters() {
+    assert_one_line_error(&["bench", "lanes", "--readers", "0"], "--readers");
+    assert_one_line_error(
+        &["bench", "lanes", "--polite-chunk", "999999"],
+        "polite chunk",
+    );
+    assert_one_line_error(&["bench", "lanes", "--only", "nope"], "unknown arrangement");
+    assert_one_line_error(&["bench", "lanes", "--bulk-mode", "poll"], "bulk lane");
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let rows = json_rows(
+        "bench lanes --readers 2 --seconds 0.2 --batch-seconds 0.1 --rounds 1 --batch-sizes 16384",
+    );
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["arrangement"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert_eq!(&names[..3], ["shared", "lanes", "per-reader"]);
+    for r in &rows {
+        for k in [
+            "read_iops",
+            "write_mib_s",
+            "cpu_us_per_op",
+            "bulk_syscalls_per_mib",
+            "run",
+            "table",
+        ] {
+            assert!(r.get(k).is_some(), "{k} missing: {r}");
+        }
+    }
+    assert_eq!(rows[1]["connections"], 2);
+    assert_eq!(rows[2]["connections"], 3);
+    assert!(
+        rows[1].get("ratio_vs_shared_read_IOPS").is_some(),
+        "{}",
+        rows[1]
+    );
+    assert!(rows[0]["reads"].as_u64().unwrap() > 0 && rows[1]["reads"].as_u64().unwrap() > 0);
 }

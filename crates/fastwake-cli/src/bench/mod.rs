@@ -51,6 +51,8 @@ pub enum Bench {
     /// (damming) and READs on N QPs at once (flood), pinned vs ODP vs ODP
     /// prefetched (pinned only on a device without ODP).
     Odp(odp::Args),
+    /// Readers and a streaming writer: one connection, lanes, or one each.
+    ///
     /// Latency and bulk lanes against one shared connection and against
     /// one connection per reader: N synchronous readers and a writer
     /// streaming 1 MiB messages, interleaved; then the bulk lane alone

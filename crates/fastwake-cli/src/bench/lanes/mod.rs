@@ -40,9 +40,12 @@ pub struct Args {
     /// Interleaving rounds.
     #[arg(long, default_value_t = 3)]
     pub rounds: u64,
-    /// CPUs `LATENCY,BULK`: the readers and the threads serving only
-    /// reads are pinned to the first; the writer and the threads serving
-    /// bulk (a shared connection's included) to the second.
+    /// CPUs `LATENCY,BULK`: reads on the first, bulk on the second.
+    ///
+    /// The readers and the threads serving only reads are pinned to the
+    /// first; the writer and the threads serving bulk (a shared
+    /// connection's included) to the second, as queue maps align queues.
+    /// With no readers (the bulk lane alone) the writer takes the first.
     #[arg(long, default_value = "0,1", value_parser = parse_cpus)]
     pub cpus: (u32, u32),
     /// Largest message on the latency lane.
@@ -61,6 +64,9 @@ pub struct Args {
     #[arg(long, default_value = "interrupt")]
     pub bulk_mode: WaitMode,
     /// Message sizes of the batching comparison (bulk lane alone).
+    ///
+    /// The writer says it has more (`send_more`); batching on, its
+    /// messages share `sendmsg`s by i10's rule; off, each goes alone.
     #[arg(long, value_delimiter = ',', default_value = "16384,1048576")]
     pub batch_sizes: Vec<usize>,
     /// Skip the batching comparison.
@@ -69,8 +75,7 @@ pub struct Args {
     /// Measured seconds per batching row, over all rounds.
     #[arg(long, default_value_t = 1.0)]
     pub batch_seconds: f64,
-    /// Arrangements to run (comma separated): shared, lanes, per-reader;
-    /// default all three.
+    /// Arrangements to run: shared, lanes, per-reader (default all).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Print JSON instead of tables.
