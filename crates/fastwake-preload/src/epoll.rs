@@ -6,7 +6,7 @@
 //! dispatcher's futex sleep cannot give atomically; it spins as in
 //! `hybrid`.
 
-use crate::pollers::Key;
+use crate::pollset::Key;
 use crate::real::Sym;
 use crate::{peer, wait};
 use fastwake::preload_stats::{Call, Pass};
@@ -125,7 +125,7 @@ pub unsafe extern "C" fn epoll_wait(
             crate::stats::served(Call::EpollWait);
             return n;
         }
-        wait::wait(
+        crate::fdwait::wait(
             Call::EpollWait,
             (Key::Fd(KIND_EPOLL, epfd), &|s| s.add_fd(epfd, libc::POLLIN)),
             wait::ms_to_ns(timeout),
@@ -174,7 +174,7 @@ pub unsafe extern "C" fn epoll_pwait(
             crate::stats::served(Call::EpollPwait);
             return n;
         }
-        wait::wait(
+        crate::fdwait::wait(
             Call::EpollPwait,
             (Key::Fd(KIND_EPOLL, epfd), &|s| s.add_fd(epfd, libc::POLLIN)),
             wait::ms_to_ns(timeout),
@@ -266,7 +266,7 @@ pub unsafe extern "C" fn epoll_pwait2(
             crate::stats::served(Call::EpollPwait2);
             return n;
         }
-        wait::wait(
+        crate::fdwait::wait(
             Call::EpollPwait2,
             (Key::Fd(KIND_EPOLL, epfd), &|s| s.add_fd(epfd, libc::POLLIN)),
             timeout_ns,

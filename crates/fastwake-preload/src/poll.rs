@@ -41,15 +41,15 @@ fn probe(fds: *mut pollfd, nfds: nfds_t, mask: *const u64, ns: u64) -> c_int {
 }
 
 /// `crate::pollers`' key of a poll set: its first fd and its size.
-fn key(fds: *mut pollfd, nfds: nfds_t) -> crate::pollers::Key {
+fn key(fds: *mut pollfd, nfds: nfds_t) -> crate::pollset::Key {
     // SAFETY: the caller passed at least one pollfd at `fds` (checked
     // non-null, nfds > 0).
     let first = unsafe { (*fds).fd };
-    crate::pollers::Key::Fd(2 + (nfds.min(200) as u8), first)
+    crate::pollset::Key::Fd(2 + (nfds.min(200) as u8), first)
 }
 
 /// Add a poll set's fds to a polling thread's set.
-fn watch(s: &mut crate::pollers::set::Set, fds: *mut pollfd, nfds: nfds_t) {
+fn watch(s: &mut crate::pollset::Set, fds: *mut pollfd, nfds: nfds_t) {
     // SAFETY: the caller passed `nfds` pollfds at `fds` (checked non-null).
     let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
     for p in set {
@@ -82,7 +82,7 @@ fn intercept(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, real: PollFn) -> c_
             crate::stats::served(Call::Poll);
             return n;
         }
-        wait::wait(
+        crate::fdwait::wait(
             Call::Poll,
             (key(fds, nfds), &|s| watch(s, fds, nfds)),
             wait::ms_to_ns(timeout),
@@ -186,7 +186,7 @@ pub unsafe extern "C" fn ppoll(
             crate::stats::served(Call::Ppoll);
             return n;
         }
-        wait::wait(
+        crate::fdwait::wait(
             Call::Ppoll,
             (key(fds, nfds), &|s| watch(s, fds, nfds)),
             timeout_ns,

@@ -258,9 +258,9 @@ fn intercept(
         }
         r
     } else {
-        wait::wait(
+        crate::fdwait::wait(
             call,
-            (crate::pollers::Key::Fd(250, nfds), &|s| {
+            (crate::pollset::Key::Fd(250, nfds), &|s| {
                 for p in saved.as_pollfds() {
                     s.add_fd(p.fd, p.events);
                 }

@@ -150,7 +150,7 @@ fn blocking(
         return r;
     }
     // A non-blocking socket had nothing: an empty poll.
-    match crate::pollers::empty(crate::pollers::Key::Fd(0, fd), |s| {
+    match crate::pollers::empty(crate::pollset::Key::Fd(0, fd), |s| {
         s.add_fd(fd, libc::POLLIN)
     }) {
         crate::pollers::Next::Empty => {

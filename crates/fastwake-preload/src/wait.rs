@@ -234,35 +234,14 @@ pub(crate) fn set_errno(e: c_int) {
 /// - `ready_fd()`: after a wait returned events, an fd among them that may
 ///   be a socket (for the peer-CPU sample).
 /// - `user_mask`: the sigmask the caller passed (epoll_pwait), or null.
-/// - `watch`: what a zero-timeout call looks at, for a thread that
-///   busy-polls with it (`crate::pollers`): the key of the call and how to
-///   add its fds to the thread's polled set.
-#[allow(clippy::too_many_arguments)]
 pub fn wait(
     call: Call,
-    watch: (crate::pollers::Key, &dyn Fn(&mut crate::pollers::set::Set)),
     timeout: Option<u64>,
     user_mask: *const u64,
     mut probe: impl FnMut(*const u64, u64) -> c_int,
-    real: impl Fn(Option<u64>) -> c_int,
+    real: impl FnOnce(Option<u64>) -> c_int,
     ready_fd: impl FnOnce() -> Option<c_int>,
 ) -> c_int {
-    if timeout == Some(0) && crate::pollers::on() {
-        // A look, and maybe a busy-polling thread's: it may sleep.
-        let n = real(None);
-        let (key, add) = watch;
-        let mut slept = false;
-        let n = crate::pollers::after_fd_call(n, key, add, || {
-            slept = true;
-            real(None)
-        });
-        if slept {
-            crate::stats::served(call);
-        } else {
-            crate::stats::passed(call, Pass::ZeroTimeout);
-        }
-        return n;
-    }
     // Interrupt mode is the kernel's own wait, and a zero timeout a look.
     let pass = match config::mode() {
         None => Some(Pass::ModeOff),
@@ -353,7 +332,7 @@ fn spin_looking(
 
 /// The engine's wait: a first look, then what the governor plans (spin,
 /// pre-wake or block) for at most `timeout_ns`. Also the sleep of a
-/// busy-polling thread on its polled set (`crate::pollers`).
+/// busy-polling thread on its polled set (the pollers').
 pub(crate) fn engine(
     gov: &mut Governor,
     peer_cpu: Option<u32>,

@@ -11,7 +11,7 @@
 //! run of empty polls has lasted long enough; then:
 //!
 //! 1. **Arm**: the CQs of the thread's set are armed (their shim-owned
-//!    channels, [`cqs`]) and the poll returns empty as it would have. The
+//!    channels, owned by the verbs hooks) and the poll returns empty as it would have. The
 //!    program's loop then polls its sources once more: that is the re-check
 //!    of the sleep rule, made by the program itself, so a CQE that came
 //!    before the arm is found by the program, never taken by the shim.
@@ -38,14 +38,10 @@
 //! the program's own channel (its events are the program's) or none the
 //! shim made, or with more sources than [`set`] holds.
 
-pub(crate) mod cqs;
-pub mod sends;
-pub mod set;
-
+use crate::pollset::{self, Key, Set};
 use crate::wait;
 use fastwake::wait::idle::Verdict;
 use fastwake_verbs_sys::ibv_cq;
-use set::Set;
 use std::cell::RefCell;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,7 +55,6 @@ pub fn init() {
     if std::env::var("FASTWAKE_TEST_POLLERS_NO_HAZARD").is_ok_and(|v| v == "1") {
         NO_HAZARD.store(true, Ordering::Relaxed);
     }
-    sends::resolve();
 }
 
 /// Are busy-polling threads put to sleep?
@@ -68,14 +63,26 @@ pub fn on() -> bool {
     crate::config::pollers()
 }
 
-/// Which poll armed the set ([`Thread::armed`]): a kind and a number.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Key {
-    /// An fd call (`epoll_wait` on this epoll fd, `poll`/`select` whose
-    /// first fd this is, a socket's `recv`).
-    Fd(u8, c_int),
-    /// An `ibv_poll_cq` of this CQ.
-    Cq(usize),
+/// What the pollers need of a CQ they may sleep on: its shim-owned
+/// channel's fd, arming it, reading its events. The verbs hooks own those
+/// channels and hand these over at init ([`set_cq_ops`]): the pollers sit
+/// below the hooks that report polls to them.
+#[derive(Clone, Copy)]
+pub struct CqOps {
+    pub channel_fd: fn(usize) -> Option<c_int>,
+    pub arm: fn(usize) -> bool,
+    pub drain: fn(usize),
+}
+
+static CQ_OPS: std::sync::OnceLock<CqOps> = std::sync::OnceLock::new();
+
+/// Hand over the CQ operations (once, from the verbs hooks' init).
+pub fn set_cq_ops(ops: CqOps) {
+    let _ = CQ_OPS.set(ops);
+}
+
+fn cq_fd(cq: *mut ibv_cq) -> Option<c_int> {
+    CQ_OPS.get().and_then(|o| (o.channel_fd)(cq as usize))
 }
 
 struct Thread {
@@ -171,7 +178,7 @@ fn empty_in(
     let Verdict::Sleep(bound) = g.idle().empty(fastwake::cpu::monotonic_ns) else {
         return Next::Empty;
     };
-    if t.set.overflow || !t.set.cqs().all(|cq| cqs::channel_of(cq).is_some()) {
+    if t.set.overflow || !t.set.cqs().all(|cq| cq_fd(cq).is_some()) {
         count(|p| &p.unsleepable);
         // Start the run again: asked once per window, not per poll.
         g.idle().completion();
@@ -180,7 +187,7 @@ fn empty_in(
         return Next::Empty;
     }
     for cq in t.set.cqs() {
-        if !cqs::arm(cq) {
+        if !CQ_OPS.get().is_some_and(|o| (o.arm)(cq as usize)) {
             count(|p| &p.unsleepable);
             g.idle().completion();
             return Next::Empty;
@@ -192,7 +199,7 @@ fn empty_in(
 
 /// Largest pollfd array a sleep builds (the set's fds and its CQs'
 /// channel fds).
-const MAX_POLL: usize = set::MAX_FDS + set::MAX_CQS;
+const MAX_POLL: usize = pollset::MAX_FDS + pollset::MAX_CQS;
 
 /// Wait for the thread's set through the engine, for at most `bound` ns.
 fn sleep(t: &mut Thread, g: &mut fastwake::wait::Governor, peer: Option<u32>, bound: u64) -> Next {
@@ -206,16 +213,16 @@ fn sleep(t: &mut Thread, g: &mut fastwake::wait::Governor, peer: Option<u32>, bo
         fds[n] = *p;
         n += 1;
     }
-    let mut chans = [std::ptr::null_mut(); set::MAX_CQS];
+    let mut chans = [0usize; pollset::MAX_CQS];
     let mut nch = 0;
     for cq in t.set.cqs() {
-        let Some(ch) = cqs::channel_of(cq) else {
+        let Some(fd) = cq_fd(cq) else {
             continue;
         };
-        chans[nch] = ch;
+        chans[nch] = cq as usize;
         nch += 1;
         fds[n] = libc::pollfd {
-            fd: cqs::fd(ch),
+            fd,
             events: libc::POLLIN,
             revents: 0,
         };
@@ -263,11 +270,13 @@ fn sleep(t: &mut Thread, g: &mut fastwake::wait::Governor, peer: Option<u32>, bo
         )
     };
     // A channel no look saw readable has no event: not read (its CQ stays
-    // armed for the next sleep, `cqs::arm`). After a signal, all are.
+    // armed for the next sleep). After a signal, all are.
     let ready = if r < 0 { u32::MAX } else { ready.get() };
-    for (i, &ch) in chans[..nch].iter().enumerate() {
-        if ready & 1 << i != 0 {
-            cqs::drain(ch);
+    if let Some(ops) = CQ_OPS.get() {
+        for (i, &cq) in chans[..nch].iter().enumerate() {
+            if ready & 1 << i != 0 {
+                (ops.drain)(cq);
+            }
         }
     }
     let t1 = fastwake::cpu::monotonic_ns();

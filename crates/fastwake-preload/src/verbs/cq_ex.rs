@@ -555,7 +555,7 @@ unsafe fn judge_only(cq: *mut ibv_cq_ex) -> bool {
     let judged = super::monitor::on() && c.read_opcode.is_some() && c.read_qp_num.is_some();
     // A busy-polling thread's empty start_poll may sleep on the CQ's
     // shim-owned channel (`crate::pollers`).
-    let polled = crate::pollers::cqs::channel_of(cq.cast()).is_some();
+    let polled = super::owned::channel_of(cq.cast()).is_some();
     if !(judged || polled) || c.start_poll.is_none() || c.next_poll.is_none() {
         return false;
     }
@@ -586,7 +586,7 @@ unsafe extern "C" fn judged_start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_c
             crate::pollers::completion();
         } else if r == libc::ENOENT
             && let crate::pollers::Next::Again =
-                crate::pollers::empty(crate::pollers::Key::Cq(base as usize), |s| s.add_cq(base))
+                crate::pollers::empty(crate::pollset::Key::Cq(base as usize), |s| s.add_cq(base))
         {
             // SAFETY: as above: the thread slept outside any batch; the
             // caller's start_poll, made again.
@@ -708,7 +708,7 @@ unsafe extern "C" fn create_cq_ex(ctx: *mut ibv_context, attr: *mut c_void) -> *
         let ch = unsafe { std::ptr::addr_of_mut!((*attr.cast::<ibv_cq_init_attr_ex>()).channel) };
         // SAFETY: as above.
         if unsafe { ch.read() }.is_null() {
-            let own = crate::pollers::cqs::create(ctx);
+            let own = super::owned::create(ctx);
             // SAFETY: as above, the caller's own memory for the call.
             unsafe { ch.write(own) };
             Some((ch, own)).filter(|(_, o)| !o.is_null())
@@ -725,11 +725,11 @@ unsafe extern "C" fn create_cq_ex(ctx: *mut ibv_context, attr: *mut c_void) -> *
         // SAFETY: put the caller's null back.
         unsafe { ch.write(std::ptr::null_mut()) };
         if cq.is_null() {
-            crate::pollers::cqs::abandon(own);
+            super::owned::abandon(own);
             // SAFETY: exactly the caller's call.
             cq = unsafe { real(ctx, attr) };
         } else {
-            let _ = crate::pollers::cqs::add(cq.cast(), own);
+            let _ = super::owned::add(cq.cast(), own);
         }
     }
     if cq.is_null() || attr.is_null() {

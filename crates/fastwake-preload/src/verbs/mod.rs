@@ -39,6 +39,7 @@ pub mod monitor;
 mod monitor_tests;
 pub mod odp;
 mod ops;
+pub(crate) mod owned;
 mod prewake;
 pub mod real;
 mod stats;
@@ -77,6 +78,7 @@ pub fn init() {
     monitor::init();
     odp::init();
     crate::fds::set_also_ready(channel_fds::set_ready);
+    crate::pollers::set_cq_ops(owned::OPS);
     match parse_vector(std::env::var("FASTWAKE_VERBS_VECTOR").ok().as_deref()) {
         Ok(v) => VECTOR.store(v, Ordering::Relaxed),
         Err(line) => {
@@ -229,7 +231,7 @@ pub unsafe extern "C" fn ibv_create_cq(
     // A CQ made without a channel gets one of the shim's when polling
     // threads may sleep: a channel cannot be added later.
     let own = if channel.is_null() && crate::pollers::on() {
-        crate::pollers::cqs::create(ctx)
+        owned::create(ctx)
     } else {
         std::ptr::null_mut()
     };
@@ -243,13 +245,13 @@ pub unsafe extern "C" fn ibv_create_cq(
         cq = unsafe { real(ctx, cqe, cq_context, given, comp_vector) };
     }
     if cq.is_null() && !own.is_null() {
-        crate::pollers::cqs::abandon(own);
+        owned::abandon(own);
         // SAFETY: exactly the caller's call.
         cq = unsafe { real(ctx, cqe, cq_context, channel, comp_vector) };
     } else if !own.is_null() {
         // No room to remember the channel (false): the CQ keeps it,
         // unused, and is never armed (a poller on it does not sleep).
-        let _ = crate::pollers::cqs::add(cq, own);
+        let _ = owned::add(cq, own);
     }
     if !cq.is_null() && !channel.is_null() && table::add_cq(cq, channel, ctx) {
         stats::add(|s| &s.cqs, 1);
@@ -271,13 +273,13 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     // poll a CQ being destroyed.
     let saved = table::cq_slot(cq).map(table::remove_cq);
     // The shim's own channel of a polled CQ: its events acked first.
-    let own = crate::pollers::cqs::destroying(cq);
+    let own = owned::destroying(cq);
     // SAFETY: forwarding unchanged. Every real event the shim read was
     // either delivered to the program (which must ack it, as without the
     // shim) or acked by the shim, so the real destroy's wait is balanced.
     let rc = unsafe { real(cq) };
     if let Some(ch) = own {
-        crate::pollers::cqs::destroyed(cq, ch, rc == 0);
+        owned::destroyed(cq, ch, rc == 0);
     }
     if rc == 0 {
         monitor::cq_destroyed(cq);

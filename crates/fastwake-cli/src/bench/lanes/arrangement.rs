@@ -313,10 +313,7 @@ pub fn batching(size: usize, lanes: Config) -> Vec<Plan> {
     ]
     .into_iter()
     .map(|(name, batch)| Plan {
-        name: format!(
-            "bulk alone, batching {name}, {}",
-            super::report::bytes(size)
-        ),
+        name: format!("bulk alone, batching {name}, {}", super::bytes(size)),
         readers: Vec::new(),
         writer: 0,
         bulk: size,

@@ -181,12 +181,12 @@ pub fn run(a: Args) -> Result<()> {
         cpus.bulk,
         a.latency_mode,
         a.bulk_mode,
-        report::bytes(config.chunk),
-        report::bytes(config.polite_chunk),
+        bytes(config.chunk),
+        bytes(config.polite_chunk),
         config.batch.map_or("off".into(), |b| format!(
             "{} messages, {}, {} us",
             b.messages,
-            report::bytes(b.bytes),
+            bytes(b.bytes),
             b.delay.as_micros()
         ))
     );
@@ -200,4 +200,15 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("plot: {}", paths.join(" "));
     }
     Ok(())
+}
+
+/// `16 KiB`, `1 MiB`, `100 B`.
+pub fn bytes(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} B")
+    }
 }

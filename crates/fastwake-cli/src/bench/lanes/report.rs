@@ -5,17 +5,6 @@ use fastwake::{Fail, Result};
 use hdrhistogram::Histogram;
 use std::time::Duration;
 
-/// `16 KiB`, `1 MiB`, `100 B`.
-pub fn bytes(n: usize) -> String {
-    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
-        format!("{} MiB", n >> 20)
-    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
-        format!("{} KiB", n >> 10)
-    } else {
-        format!("{n} B")
-    }
-}
-
 /// One arrangement, summed over its turns.
 pub struct Row {
     pub name: String,

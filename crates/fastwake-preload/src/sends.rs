@@ -1,5 +1,5 @@
 //! The send-side calls, hooked only to see a polling thread's progress
-//! (the hazard rule, [`super::progress`]): `send`, `sendto`, `sendmsg`,
+//! (the hazard rule, [`crate::pollers::progress`]): `send`, `sendto`, `sendmsg`,
 //! and `write`/`writev` on sockets. Each forwards its arguments unchanged
 //! and returns the real call's result; with `FASTWAKE_POLLERS` off the
 //! hook costs one load before the real call.
@@ -41,8 +41,11 @@ fn enosys() -> isize {
 /// A send on a socket is progress, for a thread under suspicion.
 #[inline]
 fn sent(fd: c_int, socket_known: bool) {
-    if super::on() && super::suspect() && (socket_known || crate::sockets::is_socket(fd)) {
-        super::progress();
+    if crate::pollers::on()
+        && crate::pollers::suspect()
+        && (socket_known || crate::sockets::is_socket(fd))
+    {
+        crate::pollers::progress();
     }
 }
 

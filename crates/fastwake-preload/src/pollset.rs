@@ -1,8 +1,21 @@
-//! The sources one thread polled in its current run of empty polls: what
-//! its sleep waits for. Fixed arrays, no heap: it lives in a
-//! const-initialised thread-local that every polling hook touches.
+//! What a busy-polling thread polled (`crate::pollers`): the key of one
+//! polling call, and the set of sources the thread polled in its current
+//! run of empty polls, which its sleep waits for. Fixed arrays, no heap:
+//! the set lives in a const-initialised thread-local that every polling
+//! hook touches. A leaf module: the hooks and the pollers both use it.
 
 use fastwake_verbs_sys::ibv_cq;
+use std::ffi::c_int;
+
+/// Which poll armed a thread's set: a kind and a number.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Key {
+    /// An fd call (`epoll_wait` on this epoll fd, `poll`/`select` whose
+    /// first fd this is, a socket's `recv`).
+    Fd(u8, c_int),
+    /// An `ibv_poll_cq` of this CQ.
+    Cq(usize),
+}
 
 /// fds one set holds (a poll set, an epoll fd, sockets). A thread that
 /// polls more in one run is not put to sleep ([`Set::overflow`]).

@@ -21,8 +21,8 @@
 //! of microseconds, and an idle poller's bound-ended sleeps were mostly
 //! re-arms and empty event reads.
 
-use crate::verbs::real;
-use crate::verbs::table;
+use super::real;
+use super::table;
 use fastwake_verbs_sys::{ibv_comp_channel, ibv_context, ibv_cq};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -206,3 +206,15 @@ pub fn fd(ch: *mut ibv_comp_channel) -> c_int {
     // SAFETY: a live channel this module made.
     unsafe { (*ch).fd }
 }
+
+/// The operations `crate::pollers` needs of a CQ it may sleep on (it sits
+/// below the verbs hooks, so they are handed to it at init).
+pub(super) const OPS: crate::pollers::CqOps = crate::pollers::CqOps {
+    channel_fd: |cq| channel_of(cq as *mut ibv_cq).map(fd),
+    arm: |cq| arm(cq as *mut ibv_cq),
+    drain: |cq| {
+        if let Some(ch) = channel_of(cq as *mut ibv_cq) {
+            drain(ch);
+        }
+    },
+};
