@@ -307,18 +307,25 @@ pub fn experiment(readers: usize, bulk: usize, lanes: Config) -> Vec<Plan> {
 
 /// The bulk lane alone, batching on and off, for messages of `size`.
 pub fn batching(size: usize, lanes: Config) -> Vec<Plan> {
-    [
-        ("on", lanes.batch.or(Some(fastwake::lanes::Batch::I10))),
-        ("off", None),
-    ]
-    .into_iter()
-    .map(|(name, batch)| Plan {
-        name: format!("bulk alone, batching {name}, {}", super::bytes(size)),
-        readers: Vec::new(),
-        writer: 0,
-        bulk: size,
-        bulk_class: Class::Bulk,
-        configs: vec![Config { batch, ..lanes }],
-    })
-    .collect()
+    let on = lanes.batch.unwrap_or(fastwake::lanes::Batch::I10);
+    let rule = format!(
+        "on ({} msgs, {}, {} us)",
+        on.messages,
+        super::bytes(on.bytes),
+        on.delay.as_micros()
+    );
+    [(rule, Some(on)), ("off".to_string(), None)]
+        .into_iter()
+        .map(|(name, batch)| Plan {
+            name: format!(
+                "bulk alone, {} messages, batching {name}",
+                super::bytes(size)
+            ),
+            readers: Vec::new(),
+            writer: 0,
+            bulk: size,
+            bulk_class: Class::Bulk,
+            configs: vec![Config { batch, ..lanes }],
+        })
+        .collect()
 }

@@ -12,6 +12,10 @@ mod replies;
 pub mod report;
 
 use super::parse_cpus;
+
+fn parse_duration(s: &str) -> std::result::Result<std::time::Duration, String> {
+    fastwake::grammar::duration(s).map_err(|e| e.to_string())
+}
 use super::rounds::Rounds;
 use arrangement::Arrangement;
 use clap::Args as ClapArgs;
@@ -57,6 +61,15 @@ pub struct Args {
     /// Bytes per bulk sendmsg while a read is in flight.
     #[arg(long, default_value_t = lanes::POLITE_CHUNK)]
     pub polite_chunk: usize,
+    /// Messages per batched sendmsg at most (i10: 16).
+    #[arg(long, default_value_t = lanes::Batch::I10.messages)]
+    pub batch_messages: usize,
+    /// Bytes per batch at most (i10: 64 KiB).
+    #[arg(long, default_value_t = lanes::Batch::I10.bytes)]
+    pub batch_bytes: usize,
+    /// How long a batch may wait for more (i10: 50us).
+    #[arg(long, default_value = "50us", value_parser = parse_duration)]
+    pub batch_delay: std::time::Duration,
     /// How the latency lane (and a shared connection) waits.
     #[arg(long, default_value = "hybrid")]
     pub latency_mode: WaitMode,
@@ -97,6 +110,11 @@ impl Args {
             max_message: lanes::MAX_MESSAGE
                 .max(self.bulk)
                 .max(self.batch_sizes.iter().copied().max().unwrap_or(0)),
+            batch: Some(lanes::Batch {
+                messages: self.batch_messages,
+                bytes: self.batch_bytes,
+                delay: self.batch_delay,
+            }),
             ..Config::default()
         };
         c.validate()?;

@@ -168,12 +168,12 @@ pub fn print_tables(rows: &[Row], main: usize, note: &str) {
     if rows.len() > main {
         println!();
         println!(
-            "{:<36} {:>11} {:>12} {:>9}",
+            "{:<64} {:>11} {:>12} {:>9}",
             "bulk lane alone", "write MiB/s", "syscalls/MiB", "cpu us/op"
         );
         for r in &rows[main..] {
             println!(
-                "{:<36} {:>11.0} {:>12.1} {:>9.2}",
+                "{:<64} {:>11.0} {:>12.1} {:>9.2}",
                 r.name,
                 r.write_mib_s(),
                 r.syscalls_per_mib(),
