@@ -74,6 +74,7 @@ mod endpoint;
 mod fifo;
 mod frame;
 pub mod rdma;
+mod room;
 mod send;
 
 use crate::{Fail, Result, WaitMode};

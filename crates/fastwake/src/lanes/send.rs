@@ -4,7 +4,8 @@
 
 use super::Batch;
 use super::fifo::Fifo;
-use super::frame::{HEADER, Room, header};
+use super::frame::{HEADER, header};
+use super::room::Room;
 use crate::cpu::monotonic_ns;
 use crate::{Fail, Result, WaitMode, Waiter};
 use std::collections::VecDeque;
