@@ -509,3 +509,58 @@ fn lanes_send_more_batches_by_i10s_rule() {
     assert_eq!(a.stats(Class::Bulk).send.queued_bytes, 0);
     assert_eq!(b.recv(Class::Bulk).unwrap(), b"held a moment");
 }
+
+#[test]
+fn lanes_listener_pairs_the_lanes_of_endpoints_that_connect_at_once() {
+    let config = quiet(Layout::Lanes);
+    let l = Arc::new(Listener::bind("127.0.0.1:0".parse().unwrap(), config).unwrap());
+    let addr = l.local_addr().unwrap();
+    let acceptor = {
+        let l = l.clone();
+        std::thread::spawn(move || (0..6).map(|_| l.accept().unwrap()).collect::<Vec<_>>())
+    };
+    // Six endpoints connecting from six threads: their lanes interleave.
+    let clients: Vec<_> = (0..6u8)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let e = connect(addr, config).unwrap();
+                e.send_as(&[i; 3], Class::Latency).unwrap();
+                e.send_as(&vec![i; 40_000], Class::Bulk).unwrap();
+                e.flush().unwrap();
+                e
+            })
+        })
+        .collect();
+    let clients: Vec<Endpoint> = clients.into_iter().map(|t| t.join().unwrap()).collect();
+    let servers = acceptor.join().unwrap();
+    for s in &servers {
+        // Both lanes of one accepted endpoint come from the same client.
+        let small = s.recv(Class::Latency).unwrap();
+        let big = s.recv(Class::Bulk).unwrap();
+        assert_eq!(small, vec![small[0]; 3]);
+        assert_eq!(big, vec![small[0]; 40_000], "lanes of two endpoints paired");
+    }
+    drop(clients);
+    // A second hello for a lane already waiting is refused, in one line.
+    let mut s1 = TcpStream::connect(addr).unwrap();
+    s1.write_all(
+        &Hello {
+            id: 77,
+            role: Role::Bulk,
+        }
+        .encode(),
+    )
+    .unwrap();
+    let mut s2 = TcpStream::connect(addr).unwrap();
+    s2.write_all(
+        &Hello {
+            id: 77,
+            role: Role::Bulk,
+        }
+        .encode(),
+    )
+    .unwrap();
+    let e = l.accept().unwrap_err();
+    assert_eq!(e.errno(), libc::EPROTO, "{e}");
+    assert!(e.to_string().contains("twice"), "{e}");
+}
