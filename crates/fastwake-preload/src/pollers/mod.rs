@@ -36,7 +36,7 @@
 //!
 //! Not put to sleep (counted as `unsleepable`): a set with a CQ that has
 //! the program's own channel (its events are the program's) or none the
-//! shim made, or with more sources than [`set`] holds.
+//! shim made, or with more sources than a [`Set`] holds.
 
 use crate::pollset::{self, Key, Set};
 use crate::wait;
