@@ -77,3 +77,43 @@ impl Drop for Turn<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Fifo;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    /// Threads get their turns in the order they asked, and the thread
+    /// that leaves cannot take the next turn back before them (a plain
+    /// mutex would let it).
+    #[test]
+    fn turns_go_in_arrival_order_and_the_leaver_queues_behind() {
+        let fifo = Arc::new(Fifo::default());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let first = fifo.enter();
+        let mut threads = Vec::new();
+        for name in ['a', 'b', 'c'] {
+            let (fifo, order) = (fifo.clone(), order.clone());
+            threads.push(std::thread::spawn(move || {
+                let _turn = fifo.enter();
+                order.lock().unwrap().push(name);
+            }));
+            // Long enough for the thread to queue.
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        drop(first);
+        {
+            let _again = fifo.enter();
+            order.lock().unwrap().push('m');
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ['a', 'b', 'c', 'm']);
+        assert!(
+            fifo.try_enter().is_some(),
+            "a free fifo gives a turn at once"
+        );
+    }
+}
