@@ -94,14 +94,12 @@ struct Thread {
     /// The last sleep ended by its bound and no completion came since (the
     /// rule's suspicion, mirrored so a completion's fast path can see it).
     suspect: bool,
-    /// When the run began (ns), for the polling time counter.
-    run_t0: u64,
 }
 
 thread_local! {
     // Const-initialised, no destructor: safe from any hook at any time.
     static THREAD: RefCell<Thread> = const {
-        RefCell::new(Thread { set: Set::EMPTY, armed: None, running: false, suspect: false, run_t0: 0 })
+        RefCell::new(Thread { set: Set::EMPTY, armed: None, running: false, suspect: false })
     };
 }
 
@@ -162,10 +160,8 @@ fn empty_in(
     if g.idle().off().is_some() {
         return Next::Empty;
     }
-    if !t.running {
-        t.running = true;
-        t.run_t0 = fastwake::cpu::monotonic_ns();
-    }
+    // The run's start is dated by the rule (its first empty poll).
+    t.running = true;
     add(&mut t.set);
     if let Some((k, bound)) = t.armed
         && k == key
@@ -178,20 +174,17 @@ fn empty_in(
     let Verdict::Sleep(bound) = g.idle().empty(fastwake::cpu::monotonic_ns) else {
         return Next::Empty;
     };
-    if t.set.overflow || !t.set.cqs().all(|cq| cq_fd(cq).is_some()) {
+    let armed = !t.set.overflow
+        && t.set.cqs().all(|cq| cq_fd(cq).is_some())
+        && t.set
+            .cqs()
+            .all(|cq| CQ_OPS.get().is_some_and(|o| (o.arm)(cq as usize)));
+    if !armed {
         count(|p| &p.unsleepable);
         // Start the run again: asked once per window, not per poll.
         g.idle().completion();
         t.set.clear();
-        t.run_t0 = fastwake::cpu::monotonic_ns();
         return Next::Empty;
-    }
-    for cq in t.set.cqs() {
-        if !CQ_OPS.get().is_some_and(|o| (o.arm)(cq as usize)) {
-            count(|p| &p.unsleepable);
-            g.idle().completion();
-            return Next::Empty;
-        }
     }
     t.armed = Some((key, bound));
     Next::Empty
@@ -253,7 +246,8 @@ fn sleep(t: &mut Thread, g: &mut fastwake::wait::Governor, peer: Option<u32>, bo
         r
     };
     let t0 = fastwake::cpu::monotonic_ns();
-    crate::stats::add(|s| &s.pollers.polling_ns, t0.saturating_sub(t.run_t0));
+    let run_t0 = g.idle().run_start().unwrap_or(t0);
+    crate::stats::add(|s| &s.pollers.polling_ns, t0.saturating_sub(run_t0));
     count(|p| &p.sleeps);
     let r = if t.suspect {
         // The last sleep ended by its bound and nothing came since: the
@@ -375,8 +369,8 @@ pub fn after_poll_cq(cq: *mut ibv_cq, n: c_int, again: impl FnOnce() -> c_int) -
 /// The call made again after a sleep returned `n`: what it found is a
 /// completion (the sleep's own end does not clear a bound's suspicion).
 #[inline]
-pub fn found<N: Into<i64> + Copy>(n: N) -> N {
-    if n.into() > 0 {
+pub fn found(n: c_int) -> c_int {
+    if n > 0 {
         completion();
     }
     n

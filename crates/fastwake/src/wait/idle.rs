@@ -125,6 +125,12 @@ impl IdleRule {
         self.off
     }
 
+    /// When the current run of empty polls began (`None`: no run), in the
+    /// clock the polls were dated with.
+    pub fn run_start(&self) -> Option<u64> {
+        self.run_start
+    }
+
     /// The last sleep ended by the bound, and no completion came since.
     pub fn suspect(&self) -> bool {
         self.suspect
