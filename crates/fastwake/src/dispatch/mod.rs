@@ -70,6 +70,10 @@ pub struct DispatchStats {
     /// Threads woken by another waiting thread's relay pass instead of by
     /// the dispatcher ([`Config::relay`]).
     pub relayed: u64,
+    /// Times a thread that kept finding its own source ready at every
+    /// wait gave its core to a thread of the core that was handed its
+    /// completion (the fair turn, see `docs/design/dispatcher.md`).
+    pub fair_yields: u64,
     /// Passes over the waiting sources (updated every few hundred passes).
     pub passes: u64,
     /// Hand-offs (by the dispatcher or a relay) found through a ready

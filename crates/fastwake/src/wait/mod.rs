@@ -284,6 +284,10 @@ impl Waiter {
             self.stats.completions += 1;
             self.stats.without_sleep += 1;
             self.governor.found_ready();
+            // A dispatch-mode thread that keeps finding its source ready
+            // holds its core: now and then it lets the core's other
+            // ready waiters run (`dispatch::waiter`, the fair turn).
+            self.stats.relays += self.link.unslept_wait();
             return Ok(Some(c));
         }
         if self.governor.spins_regardless() {

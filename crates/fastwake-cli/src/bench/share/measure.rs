@@ -108,6 +108,7 @@ pub(super) fn measure<W: Wire>(
             row.extra.insert("relays".into(), c.relays.into());
             row.extra.insert("notices".into(), c.notices.into());
             row.extra.insert("scan_found".into(), c.scan_found.into());
+            row.extra.insert("fair_yields".into(), c.fair_yields.into());
             row.extra
                 .insert("late_notices".into(), c.late_notices.into());
             row.extra.insert("round_p50".into(), rp.into());

@@ -9,7 +9,7 @@ use fastwake::Result;
 
 pub(super) fn print_rates(rows: &[Row]) {
     println!(
-        " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11}",
         "mode",
         "conns",
         "cores",
@@ -18,12 +18,13 @@ pub(super) fn print_rates(rows: &[Row]) {
         "relays",
         "fallbacks",
         "notices",
-        "scan_found"
+        "scan_found",
+        "fair_yields"
     );
     let get = |r: &Row, k: &str| r.extra.get(k).map(|v| v.to_string()).unwrap_or_default();
     for r in rows {
         println!(
-            " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            " {:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11}",
             r.mode,
             get(r, "conns"),
             get(r, "cores"),
@@ -32,7 +33,8 @@ pub(super) fn print_rates(rows: &[Row]) {
             get(r, "relays"),
             get(r, "dispatch_fallbacks"),
             get(r, "notices"),
-            get(r, "scan_found")
+            get(r, "scan_found"),
+            get(r, "fair_yields")
         );
     }
 }

@@ -26,6 +26,8 @@ pub(super) struct Counts {
     pub(super) scan_found: u64,
     /// Of those, notices that came late rather than never.
     pub(super) late_notices: u64,
+    /// Fair turns that gave the core to a woken thread (threads modes).
+    pub(super) fair_yields: u64,
     /// The dispatchers' or runtimes' kernel ready lists (sockets), as
     /// last published.
     pub(super) kernel: KernelListStats,
@@ -48,6 +50,7 @@ impl Counts {
         self.notices += o.notices;
         self.scan_found += o.scan_found;
         self.late_notices += o.late_notices;
+        self.fair_yields += o.fair_yields;
         self.kernel += o.kernel;
     }
 }
@@ -92,6 +95,7 @@ impl Servers {
             c.notices += s.notices;
             c.scan_found += s.scan_found;
             c.late_notices += s.late_notices;
+            c.fair_yields += s.fair_yields;
             c.kernel += s.kernel_list;
         }
         first.map(|_| c)

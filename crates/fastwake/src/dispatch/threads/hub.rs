@@ -74,6 +74,7 @@ pub(crate) struct Hub {
     pub(super) wd_parked: AtomicU32,
     pub(super) rescued: AtomicU64,
     pub(super) relayed: AtomicU64,
+    pub(super) fair_yields: AtomicU64,
     /// `crate::fork::generation` when made: in a forked child, which has
     /// none of its threads, the hub is dead.
     generation: u32,
@@ -135,6 +136,7 @@ impl Hub {
             wd_parked: AtomicU32::new(0),
             rescued: AtomicU64::new(0),
             relayed: AtomicU64::new(0),
+            fair_yields: AtomicU64::new(0),
             generation: crate::fork::generation(),
             notices: cfg.notices.then(|| NoticeRing::new(cfg.capacity)),
             noticed: LineWords::new(cfg.capacity.div_ceil(64), || AtomicU64::new(0)),
@@ -315,6 +317,7 @@ impl Hub {
             handoffs: self.handoffs.load(Ordering::Relaxed),
             rescued: self.rescued.load(Ordering::Relaxed),
             relayed: self.relayed.load(Ordering::Relaxed),
+            fair_yields: self.fair_yields.load(Ordering::Relaxed),
             passes: self.passes.load(Ordering::Relaxed),
             notices: self.notice_handoffs.load(Ordering::Relaxed),
             scan_found: self.scan_found.load(Ordering::Relaxed),

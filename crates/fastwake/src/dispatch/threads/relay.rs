@@ -4,6 +4,7 @@
 
 use super::hub::{Hub, MODE_POLLING};
 use super::read;
+use crate::dispatch::sched::yield_now;
 use crate::dispatch::slot::{HANDED, WAITING};
 use crate::sync::Ordering;
 use std::time::Duration;
@@ -88,5 +89,42 @@ impl Hub {
             }
             _ => false,
         }
+    }
+
+    /// The fair turn of the thread that owns slot `me`, which has been
+    /// finding its own source ready at every wait (so it never sleeps):
+    /// hand off every other waiting thread of the core whose source is
+    /// ready, and if any thread of the core was handed its completion and
+    /// has not run yet (just now, or earlier by the dispatcher), give it
+    /// the core. Returns the hand-offs made.
+    ///
+    /// Why: such a thread keeps its core for a whole scheduler slice. The
+    /// `SCHED_IDLE` dispatcher does not run meanwhile, so no one else's
+    /// ready source is handed off, and a woken thread does not preempt a
+    /// running one of equal weight before the slice ends (EEVDF runs the
+    /// current task to parity): under a throughput load the other
+    /// connections of the core waited 1-3 ms, a slice, while one thread
+    /// served its own at 0.4 µs (measured with 16 connections on a core).
+    pub(crate) fn fair_turn(&self, me: usize) -> u64 {
+        let mut handed = 0;
+        // At most one pass's worth: the set cannot hold more waiters.
+        while handed < self.slots.len() as u64 && self.relay_pass(me) {
+            handed += 1;
+        }
+        self.beat(std::time::Instant::now());
+        // Only when someone of the core is known to wait for it: a yield
+        // with others runnable is a switch, and a thread preempted between
+        // two waits of its own (in no slot state) gets its turn from the
+        // scheduler as in any other mode.
+        let woken = handed > 0
+            || self
+                .waitset
+                .marked()
+                .any(|i| i != me && self.slots[i].state() == HANDED);
+        if woken {
+            self.fair_yields.fetch_add(1, Ordering::Relaxed);
+            yield_now();
+        }
+        handed
     }
 }
