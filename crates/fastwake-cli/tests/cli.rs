@@ -143,6 +143,28 @@ fn pingpong_runs_every_mode_its_help_names() {
     let got: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
     assert_eq!(got, modes);
     assert!(rows.iter().all(|r| r["iters"] == 60), "{rows:?}");
+    // Dispatch ran with dispatchers: their CPU is in its row, and each
+    // end's waits went through one (hand-offs, relays or waits caught in
+    // the relay; a fallback is a wait no dispatcher served).
+    let d = &rows[4];
+    assert!(d["dispatcher_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{d}");
+    for end in ["ping", "pong"] {
+        assert!(d.get(format!("{end}_handoffs")).is_some(), "{d}");
+        assert!(
+            d.get(format!(
+                "dispatcher{}_handoffs",
+                if end == "ping" { 0 } else { 1 }
+            ))
+            .is_some(),
+            "{d}"
+        );
+    }
+    assert!(
+        rows[..4]
+            .iter()
+            .all(|r| r.get("dispatcher_cpu_us_per_op").is_none()),
+        "{rows:?}"
+    );
 }
 
 /// `bench share --json` carries pingpong's keys plus the sharing ones,

@@ -9,6 +9,7 @@
 
 use super::rounds::Rounds;
 use super::stats::{Row, Sample};
+use fastwake::wait::WaitStats;
 use fastwake::{Fail, Result};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,6 +21,10 @@ pub trait End: Send {
     fn send(&mut self) -> Result<()>;
     /// Wait for one message from the other end.
     fn recv(&mut self) -> Result<()>;
+    /// The end's waiter's counters, for the report (`None`: it has none).
+    fn wait_stats(&self) -> Option<WaitStats> {
+        None
+    }
 }
 
 impl<T: End + ?Sized> End for Box<T> {
@@ -28,6 +33,9 @@ impl<T: End + ?Sized> End for Box<T> {
     }
     fn recv(&mut self) -> Result<()> {
         (**self).recv()
+    }
+    fn wait_stats(&self) -> Option<WaitStats> {
+        (**self).wait_stats()
     }
 }
 
@@ -109,17 +117,17 @@ pub fn run(cases: Vec<Case>, plan: Plan, progress: &Progress) -> Result<Vec<Row>
 
     let pong = std::thread::Builder::new()
         .name("fw-pong".into())
-        .spawn(move || pong_loop(&mut pongs, &places2, plan, false))
+        .spawn(move || (pong_loop(&mut pongs, &places2, plan, false), pongs))
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn pong thread: {e}")))?;
     let prog = progress.clone();
     let ping = std::thread::Builder::new()
         .name("fw-ping".into())
-        .spawn(move || ping_loop(&mut pings, &places, plan, &prog))
+        .spawn(move || (ping_loop(&mut pings, &places, plan, &prog), pings))
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn ping thread: {e}")))?;
-    let ping_r = ping
+    let (ping_r, pings) = ping
         .join()
         .map_err(|_| Fail::new(libc::EIO, "ping thread panicked"))?;
-    let pong_r = pong
+    let (pong_r, pongs) = pong
         .join()
         .map_err(|_| Fail::new(libc::EIO, "pong thread panicked"))?;
     let (samples, ping_cpu) = ping_r?;
@@ -129,7 +137,7 @@ pub fn run(cases: Vec<Case>, plan: Plan, progress: &Progress) -> Result<Vec<Row>
         .zip(samples)
         .enumerate()
         .map(|(i, (l, s))| {
-            Row::from_sample(
+            let mut row = Row::from_sample(
                 &l.source,
                 &l.mode,
                 l.placement.label(),
@@ -137,9 +145,31 @@ pub fn run(cases: Vec<Case>, plan: Plan, progress: &Progress) -> Result<Vec<Row>
                 &s,
                 ping_cpu[i],
                 pong_cpu[i],
-            )
+            );
+            for (end, stats) in [
+                ("ping", pings[i].wait_stats()),
+                ("pong", pongs[i].wait_stats()),
+            ] {
+                if let Some(st) = stats.filter(|st| l.mode == "dispatch" || dispatched(st)) {
+                    for (k, v) in [
+                        ("without_sleep", st.without_sleep),
+                        ("handoffs", st.handoffs),
+                        ("relays", st.relays),
+                        ("fallbacks", st.dispatch_fallbacks),
+                        ("paused", st.dispatch_paused),
+                    ] {
+                        row.extra.insert(format!("{end}_{k}"), v.into());
+                    }
+                }
+            }
+            row
         })
         .collect())
+}
+
+/// Did these waits go through a dispatcher (or try to)?
+fn dispatched(s: &WaitStats) -> bool {
+    s.handoffs + s.relays + s.dispatch_fallbacks + s.dispatch_paused > 0
 }
 
 fn place(cpu: u32, current: &mut Option<u32>) -> Result<()> {

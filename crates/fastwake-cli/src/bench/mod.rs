@@ -6,6 +6,7 @@ pub mod lanes;
 pub mod load;
 pub mod odp;
 pub mod pingpong;
+mod pingpong_dispatch;
 pub mod plotting;
 pub mod remote;
 pub mod rounds;

@@ -13,9 +13,10 @@ pub struct Args {
     ///
     /// Wait modes to compare, comma separated, in the one grammar
     /// (docs/reference/grammar.md): poll, interrupt, hybrid[:DURATION] (e.g.
-    /// hybrid:20us), adaptive[:OPTIONS] (e.g. adaptive:cap=20%), dispatch (no
-    /// dispatcher runs in this benchmark, so its waits fall back to interrupt
-    /// mode; bench share and bench load start one).
+    /// hybrid:20us), adaptive[:OPTIONS] (e.g. adaptive:cap=20%), dispatch (the
+    /// run then starts a dispatcher on each end's CPU, counts their CPU in
+    /// dispatch's cpu/op and prints each end's hand-offs; adaptive waits in
+    /// the same run may use them too).
     #[arg(long, default_value = "poll,interrupt,hybrid", value_parser = super::parse_modes)]
     pub mode: super::ModeList,
     /// Interrupt mode only (perftest's -e)
@@ -299,7 +300,11 @@ pub fn run(a: Args) -> Result<()> {
             pong,
         });
     }
-    let rows = measure(cases, &a.common)?;
+    let dispatchers = super::pingpong_dispatch::Dispatchers::start(&modes, a.common.cpus)?;
+    let measured = measure(cases, &a.common);
+    let dispatched = dispatchers.stop();
+    let mut rows = measured?;
+    dispatched.charge(&mut rows);
     if let Some(path) = &a.out_json {
         let mut run = serde_json::to_value(crate::meta::RunMeta::now()).expect("meta serialises");
         if a.source == "verbs" {
@@ -328,6 +333,7 @@ pub fn run(a: Args) -> Result<()> {
             ),
             &rows,
         );
+        dispatched.print(&rows);
     }
     Ok(())
 }

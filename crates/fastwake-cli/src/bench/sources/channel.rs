@@ -15,6 +15,10 @@ pub struct ChannelEnd {
 }
 
 impl End for ChannelEnd {
+    fn wait_stats(&self) -> Option<fastwake::wait::WaitStats> {
+        Some(self.waiter.stats())
+    }
+
     fn send(&mut self) -> Result<()> {
         self.tx.send(self.sent, &self.payload)?;
         self.sent += 1;

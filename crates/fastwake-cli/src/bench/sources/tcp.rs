@@ -16,6 +16,10 @@ pub struct TcpEnd {
 }
 
 impl End for TcpEnd {
+    fn wait_stats(&self) -> Option<fastwake::wait::WaitStats> {
+        Some(self.waiter.stats())
+    }
+
     fn send(&mut self) -> Result<()> {
         self.src.send(&self.payload)
     }

@@ -51,6 +51,10 @@ impl UringEnd {
 }
 
 impl End for UringEnd {
+    fn wait_stats(&self) -> Option<fastwake::wait::WaitStats> {
+        Some(self.waiter.stats())
+    }
+
     fn send(&mut self) -> Result<()> {
         let mut off = 0;
         while off < self.payload.len() {

@@ -78,6 +78,10 @@ impl VerbsEnd {
 }
 
 impl End for VerbsEnd {
+    fn wait_stats(&self) -> Option<fastwake::wait::WaitStats> {
+        Some(self.waiter.stats())
+    }
+
     fn send(&mut self) -> Result<()> {
         self.reap_sends(true)?;
         let n = self.size.min(8);
