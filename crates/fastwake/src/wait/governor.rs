@@ -567,6 +567,18 @@ impl Governor {
         }
     }
 
+    /// How long a dispatch-mode waiter alone on its core spins before it
+    /// sleeps (`crate::dispatch::wait`): hybrid's budget (the ceiling, when
+    /// one is set) in dispatch mode; nothing more than the relay for an
+    /// adaptive wait, whose plan already chose not to spin.
+    pub fn lone_dispatch_spin(&self) -> Duration {
+        match (self.mode, self.ceiling_ns) {
+            (WaitMode::Dispatch, u64::MAX) => DEFAULT_BUDGET,
+            (WaitMode::Dispatch, c) => Duration::from_nanos(c),
+            _ => Duration::ZERO,
+        }
+    }
+
     /// Does [`Governor::end`] read the ending's `now_ns` for the wait in
     /// flight? Not for a wait of a fixed mode that neither slept nor spun:
     /// such a caller (a dispatch-mode wait served by its own relay, say)

@@ -384,7 +384,8 @@ impl Waiter {
     ) -> Result<Option<S::Completion>> {
         let mut rep = crate::dispatch::DispatchReport::default();
         let asleep = self.governor.blocking(cpu, now_ns);
-        let (r, slept) = crate::dispatch::wait(src, deadline, &mut self.link, &mut rep);
+        let lone = self.governor.lone_dispatch_spin();
+        let (r, slept) = crate::dispatch::wait(src, deadline, &mut self.link, &mut rep, lone);
         drop(asleep);
         let s = &mut self.stats;
         s.sleeps += rep.sleeps;

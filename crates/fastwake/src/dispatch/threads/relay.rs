@@ -18,6 +18,11 @@ impl Hub {
             .filter(|_| self.mode.load(Ordering::Relaxed) == MODE_POLLING)
     }
 
+    /// Is one thread registered with this core's dispatcher, the caller?
+    pub(crate) fn lone(&self) -> bool {
+        self.registered.load(Ordering::Relaxed) == 1
+    }
+
     /// One relay pass by the waiting thread that owns slot `me`: hand off
     /// to the first other waiting thread whose source is ready. True when
     /// it handed one.
