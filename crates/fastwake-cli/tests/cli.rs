@@ -71,6 +71,14 @@ fn bad_load_and_share_options_are_one_line() {
         &["bench", "share", "--load", "throughput", "--rotate", "1"],
         "--rotate applies to --load latency only",
     );
+    assert_one_line_error(
+        &["bench", "share", "--clients", "0"],
+        "--clients must be between 1 and",
+    );
+    assert_one_line_error(
+        &["bench", "share", "--clients", "4096"],
+        "--clients must be between 1 and",
+    );
 }
 
 /// Run `fastwake <cmd> --json` (words split on spaces), which must

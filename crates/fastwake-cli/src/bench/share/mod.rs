@@ -73,6 +73,17 @@ pub struct Args {
     /// Server cores (the last K CPUs); the client runs on the first CPU.
     #[arg(long, default_value_t = 1)]
     pub cores: usize,
+    /// Client threads, one per CPU from the first
+    ///
+    /// Client threads, each pinned to its own CPU from the first on and each
+    /// driving every M-th connection (with the `latency` load, one request
+    /// outstanding per client thread), so that K server cores can be loaded:
+    /// one busy-polling client drives about one server core. With --cores K
+    /// above 1 the run then also measures each mode on one core, with one
+    /// client and N/K connections, and prints round trips per second per
+    /// server core and the scaling against that one core (1.0 = linear).
+    #[arg(long, default_value_t = 1, value_name = "M")]
+    pub clients: usize,
     /// One request in flight in all (latency) or per connection
     ///
     /// `latency` (one request outstanding in total) or `throughput` (one per
@@ -199,7 +210,10 @@ pub fn run(a: Args) -> Result<()> {
     if a.size > 1 << 16 {
         return Err(Fail::invalid("--size must be at most 65536"));
     }
-    let layout = Layout::new(a.cores)?;
+    let layout = Layout::new(a.cores, a.clients)?;
+    if a.clients > a.conns {
+        return Err(Fail::invalid("--clients must be at most --conns"));
+    }
     let modes = a
         .mode
         .iter()
@@ -298,8 +312,15 @@ fn report_all<W: Wire>(
     let source = wire.name();
     let sockets = source != "channel";
     let note = format!(
-        "client thread pinned to CPU {} (busy-polling); server ends on CPU(s) {:?}; {what}; one-way latency = RTT/2; cpu/op = CPU µs per round trip, client+servers (incl. dispatchers){}",
-        layout.client_cpu,
+        "{}; server ends on CPU(s) {:?}; {what}; one-way latency = RTT/2; cpu/op = CPU µs per round trip, client+servers (incl. dispatchers){}",
+        match layout.client_cpus.as_slice() {
+            [one] => format!("client thread pinned to CPU {one} (busy-polling)"),
+            many => format!(
+                "{} client threads pinned to CPUs {many:?} (busy-polling; thread c drives connections c, c+{}, ...)",
+                many.len(),
+                many.len()
+            ),
+        },
         layout.server_cpus,
         super::idle_note()
     );
@@ -308,7 +329,24 @@ fn report_all<W: Wire>(
         None => note,
     };
     if !a.sweep {
-        let rows = measure_apart(wire, modes, plan, layout)?;
+        let rows = measure_apart(wire.clone(), modes.clone(), plan, layout)?;
+        // More than one server core: the same modes on one core, with one
+        // client and the per-core share of the connections, for scaling.
+        let one_core = if layout.server_cpus.len() > 1 {
+            let k = layout.server_cpus.len();
+            let one = Layout::new(1, 1)?;
+            let plan1 = Plan {
+                conns: (plan.conns / k).max(1),
+                ..plan
+            };
+            Some(measure_apart(wire, modes, plan1, &one)?)
+        } else {
+            None
+        };
+        let rows = match &one_core {
+            Some(base) => report::with_scaling(rows, base, layout.server_cpus.len()),
+            None => rows,
+        };
         if a.json {
             stats::print_json(&rows);
         } else {
@@ -322,6 +360,9 @@ fn report_all<W: Wire>(
                 &rows,
             );
             report::print_rates(&rows);
+            if one_core.is_some() {
+                report::print_scaling(&rows, layout.server_cpus.len());
+            }
             if sockets {
                 report::print_kernel_lists(&rows, plan.iters + plan.warmup * plan.rounds);
             }

@@ -39,6 +39,53 @@ pub(super) fn print_rates(rows: &[Row]) {
     }
 }
 
+/// `rows` with each mode's round trips per second per server core, and
+/// the scaling against the same mode on one core (`base`, measured in the
+/// same run with one client and N/K connections): per-core rate over the
+/// one core's rate, 1.0 for linear.
+pub(super) fn with_scaling(mut rows: Vec<Row>, base: &[Row], cores: usize) -> Vec<Row> {
+    let rate = |r: &Row| r.extra.get("rtt_per_s").and_then(|v| v.as_f64());
+    for r in rows.iter_mut() {
+        let Some(k) = rate(r) else { continue };
+        let per_core = k / cores as f64;
+        r.extra
+            .insert("rtt_per_s_per_core".into(), per_core.round().into());
+        if let Some(one) = base.iter().find(|b| b.mode == r.mode).and_then(rate)
+            && one > 0.0
+        {
+            r.extra
+                .insert("rtt_per_s_one_core".into(), one.round().into());
+            r.extra.insert(
+                "scaling".into(),
+                ((per_core / one * 1000.0).round() / 1000.0).into(),
+            );
+        }
+    }
+    rows
+}
+
+/// The scaling table (see [`with_scaling`]).
+pub(super) fn print_scaling(rows: &[Row], cores: usize) {
+    println!(
+        " {:<16} {:>14} {:>14} {:>14} {:>10}",
+        "mode", "rtt/s", "rtt/s per core", "rtt/s 1 core", "scaling"
+    );
+    let get = |r: &Row, k: &str| r.extra.get(k).map(|v| v.to_string()).unwrap_or_default();
+    for r in rows {
+        println!(
+            " {:<16} {:>14} {:>14} {:>14} {:>10}",
+            r.mode,
+            get(r, "rtt_per_s"),
+            get(r, "rtt_per_s_per_core"),
+            get(r, "rtt_per_s_one_core"),
+            get(r, "scaling"),
+        );
+    }
+    println!(
+        " scaling = (rtt/s on {cores} cores / {cores}) / rtt/s on 1 core with 1 client and 1/{cores} of the connections, measured after the main run; 1.0 = linear"
+    );
+}
+
 /// The verdict ratios, from this run's p50s, and the kernel's floor for
 /// waking threads on one core.
 pub(super) fn print_ratios(rows: &[Row], layout: &Layout, conns: usize) -> Result<()> {

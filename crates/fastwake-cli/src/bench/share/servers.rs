@@ -171,7 +171,7 @@ pub(super) fn start<E: ServerEnd>(
                     }
                     cfg.idle_after = idle_after;
                     if cross {
-                        cfg.run_on = Some(layout.client_cpu);
+                        cfg.run_on = Some(layout.client_cpu());
                     }
                     dispatchers.push(Dispatcher::start(cfg)?);
                 }
