@@ -719,3 +719,50 @@ fn lanes_bench_rows_and_bad_parameters() {
     );
     assert!(rows[0]["reads"].as_u64().unwrap() > 0 && rows[1]["reads"].as_u64().unwrap() > 0);
 }
+
+/// A mode the host refuses (here `threads:fifo` without CAP_SYS_NICE) is
+/// reported in one line and left out; the other modes are measured.
+#[test]
+fn share_goes_on_past_a_refused_mode() {
+    let setpriv = std::path::Path::new("/usr/bin/setpriv");
+    // SAFETY: geteuid has no preconditions.
+    if !setpriv.exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "SKIPPED share_goes_on_past_a_refused_mode: needs root and setpriv to drop CAP_SYS_NICE"
+        );
+        return;
+    }
+    let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
+    let out = std::process::Command::new(setpriv)
+        .args([
+            "--bounding-set",
+            "-sys_nice",
+            "--inh-caps",
+            "-sys_nice",
+            "--",
+        ])
+        .arg(common::exe())
+        .args([
+            "bench",
+            "share",
+            "--conns",
+            "4",
+            "--mode",
+            "threads:fifo,tasks",
+        ])
+        .args(["--iters", "500", "--rounds", "2", "--json"])
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run fastwake under setpriv");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.contains("threads:fifo left out") && l.contains("Operation not permitted")),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let rows = v.as_array().expect("an array of rows");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["mode"], "tasks");
+}

@@ -42,8 +42,14 @@ pub(super) fn measure<W: Wire>(
     // so per-round ratios show how steady a ratio is on a host whose
     // speed drifts between minutes.
     let mut round_p50: Vec<Vec<f64>> = modes.iter().map(|_| Vec::new()).collect();
+    // A mode whose servers cannot start (a policy the host refuses, say)
+    // is reported and left out; the others go on.
+    let mut refused: Vec<Option<fastwake::Fail>> = modes.iter().map(|_| None).collect();
     for turn in Rounds::new(modes.len(), plan.rounds, plan.iters).turns() {
         let (i, n, mode) = (turn.case, turn.amount, modes[turn.case]);
+        if refused[i].is_some() {
+            continue;
+        }
         let conns = if mode == Mode::Reference {
             1
         } else {
@@ -56,7 +62,17 @@ pub(super) fn measure<W: Wire>(
             .unzip();
         let active = plan.rotate.unwrap_or(conns).min(conns);
         let idle = clients.split_off(active);
-        let servers = start(mode, ends, layout, plan.idle_after, active)?;
+        let servers = match start(mode, ends, layout, plan.idle_after, active) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!(
+                    "fastwake: bench share: {} left out: {e}; the other modes go on",
+                    mode.label()
+                );
+                refused[i] = Some(e);
+                continue;
+            }
+        };
         let mut this_round = Sample::new();
         let r = drive_all(
             plan.load,
@@ -86,12 +102,19 @@ pub(super) fn measure<W: Wire>(
         t.wall += s.wall;
         t.n += s.n;
     }
+    if let Some(e) = refused.iter().flatten().next()
+        && refused.iter().all(Option::is_some)
+    {
+        return Err(e.clone());
+    }
     Ok(modes
         .iter()
         .zip(samples.iter().zip(totals))
         .zip(counts)
         .zip(round_p50)
-        .map(|(((m, (s, t)), c), rp)| {
+        .zip(refused)
+        .filter(|(_, refused)| refused.is_none())
+        .map(|((((m, (s, t)), c), rp), _)| {
             let conns = if *m == Mode::Reference { 1 } else { plan.conns };
             let mut row = Row::from_sample(
                 wire.name(),
