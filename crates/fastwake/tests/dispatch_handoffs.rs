@@ -471,8 +471,9 @@ fn a_waiter_that_computes_between_waits_is_still_handed_off() {
     const N: u64 = 150;
     let (mut req_tx, mut req_rx) = chan();
     let (mut rep_tx, mut rep_rx) = chan();
-    // The server: polls for each request (bounded by WAIT), replies 30 µs
-    // later, so the reply lands while the client waits.
+    // The server: polls for each request (bounded by WAIT), replies 100
+    // µs later, so the reply lands while the client waits, after the 50
+    // µs a lone waiter spins in place before it sleeps.
     let server = std::thread::spawn(move || {
         fastwake::cpu::pin(pcpu).unwrap();
         let mut w = Waiter::new(WaitMode::Poll);
@@ -480,7 +481,7 @@ fn a_waiter_that_computes_between_waits_is_still_handed_off() {
             let m = w.wait_timeout(&mut req_rx, WAIT).unwrap().expect("request");
             assert_eq!(m.tag, i, "lost or duplicated request");
             let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_micros(30) {
+            while t0.elapsed() < Duration::from_micros(100) {
                 std::hint::spin_loop();
             }
             rep_tx.send(i, b"r").unwrap();

@@ -50,6 +50,14 @@ pub struct Config {
     /// owner of the first ready one itself; `None` = never. See
     /// the `dispatch::waiter` module for why this halves the switches per hand-off.
     pub relay: Option<Duration>,
+    /// A waiter alone on this core (the only one registered) relays for
+    /// its mode's spin budget (hybrid's 50 µs, or the ceiling) instead of
+    /// `relay`: the dispatcher would only poll the same source on the same
+    /// core, and its hand-off adds a same-core wake-up. Never with
+    /// `learn_idle`, whose dispatcher decides when the core is polled.
+    /// Off: every waiter relays for `relay` only (to measure the hand-off
+    /// path itself).
+    pub lone_spin: bool,
 }
 
 /// Default relay spin: about the time a reply takes to come back as the
@@ -61,7 +69,7 @@ pub const DEFAULT_RELAY: Duration = Duration::from_micros(5);
 impl Config {
     /// Defaults for `cpu`: same core, `SCHED_IDLE`, sleep after 2 ms idle,
     /// 1024 threads, notices, summaries and the kernel ready list on,
-    /// relay 5 µs.
+    /// relay 5 µs, a lone waiter's spin on.
     pub fn new(cpu: u32) -> Config {
         Config {
             cpu,
@@ -74,6 +82,7 @@ impl Config {
             notices: true,
             kernel_list: true,
             relay: Some(DEFAULT_RELAY),
+            lone_spin: true,
             learn_idle: None,
         }
     }

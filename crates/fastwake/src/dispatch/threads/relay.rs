@@ -18,9 +18,15 @@ impl Hub {
             .filter(|_| self.mode.load(Ordering::Relaxed) == MODE_POLLING)
     }
 
-    /// Is one thread registered with this core's dispatcher, the caller?
+    /// Is one thread registered with this core's dispatcher, the caller,
+    /// and may it spin in place ([`super::Config::lone_spin`])? Not under
+    /// a learned idle policy: that dispatcher decides when its core is
+    /// polled (its pre-wakes), and a waiter spinning on its own after each
+    /// resume would take the decision from it.
     pub(crate) fn lone(&self) -> bool {
-        self.registered.load(Ordering::Relaxed) == 1
+        self.cfg.lone_spin
+            && self.cfg.learn_idle.is_none()
+            && self.registered.load(Ordering::Relaxed) == 1
     }
 
     /// One relay pass by the waiting thread that owns slot `me`: hand off
