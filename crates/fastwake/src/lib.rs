@@ -45,6 +45,7 @@ pub mod affinity;
 pub mod cpu;
 pub mod dispatch;
 mod error;
+pub mod fetch;
 mod fork;
 pub mod grammar;
 pub mod lanes;
