@@ -144,6 +144,10 @@ pub struct Load {
 
 /// Busy share (‰) from which the server counts as busy.
 pub const BUSY_PERMILLE: u16 = 500;
+/// Share of the time (‰) the RPC thread waited for its CPU from which
+/// the server counts as busy: a hog on its core (a VM's vCPU waking from
+/// halt makes a few %).
+pub const DELAYED_PERMILLE: u16 = 200;
 /// Queue depth from which the server counts as busy.
 pub const BUSY_DEPTH: u16 = 4;
 
@@ -168,7 +172,11 @@ impl Load {
 
     /// 0 = idle, 1 = busy: which RPC estimate applies.
     pub fn class(self) -> usize {
-        usize::from(self.busy >= BUSY_PERMILLE || self.depth >= BUSY_DEPTH)
+        usize::from(
+            self.busy >= BUSY_PERMILLE
+                || self.delayed >= DELAYED_PERMILLE
+                || self.depth >= BUSY_DEPTH,
+        )
     }
 }
 

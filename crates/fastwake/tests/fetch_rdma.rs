@@ -1,0 +1,409 @@
+//! The fetch path against a real device (Soft-RoCE in the rxe-test guest):
+//! every fetched object is one the server held, whole, on every path,
+//! while the server rewrites the objects; missing keys are not-found on
+//! every path; a silent or vanished server is an error within the bound;
+//! and with a CPU hog on the server's RPC core, adaptive leaves RPC where
+//! READ-2 is cheaper in that run and comes back once the hog stops.
+//! Without libibverbs or a device each test prints `SKIPPED <name>: <why>`.
+//!
+//! `FASTWAKE_TEST_VERBS_DEV` picks the device (default: the first one).
+
+use fastwake::WaitMode;
+use fastwake::fetch::{self, Client, ClientConfig, Path, Policy, Server, ServerConfig};
+use fastwake::source::verbs::Device;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+fn device(test: &str) -> Option<Arc<Device>> {
+    let want = std::env::var("FASTWAKE_TEST_VERBS_DEV").ok();
+    match Device::open(want.as_deref(), None) {
+        Ok(d) => Some(Arc::new(d)),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: {e}");
+            None
+        }
+    }
+}
+
+/// Object `generation` of `key`: its first 8 bytes (fewer for a shorter object)
+/// say which, the rest follow from them.
+fn object(key: u64, generation: u64, len: usize) -> Vec<u8> {
+    let tag = (generation << 20 | key).to_le_bytes();
+    (0..len)
+        .map(|i| {
+            if i < 8 {
+                tag[i]
+            } else {
+                (key as usize * 31 + generation as usize * 7 + i) as u8
+            }
+        })
+        .collect()
+}
+
+/// Which generation `got` is, if it is one of `key`'s objects at all
+/// (objects are 8 bytes or more).
+fn generation_of(key: u64, got: &[u8]) -> Option<u64> {
+    let t = u64::from_le_bytes(got.get(..8)?.try_into().ok()?);
+    let generation = t >> 20;
+    (t & 0xfffff == key && object(key, generation, got.len()) == got).then_some(generation)
+}
+
+const SIZES: [usize; 8] = [8, 24, 64, 200, 1024, 4096, 16384, 65536];
+
+fn server_config() -> ServerConfig {
+    ServerConfig {
+        buckets: 1024,
+        capacity: 4 << 20,
+        max_object: 65536,
+        mode: WaitMode::Hybrid {
+            budget: Duration::from_micros(50),
+        },
+        cpu: None,
+    }
+}
+
+fn client_config(policy: Policy) -> ClientConfig {
+    ClientConfig {
+        policy,
+        timeout: Duration::from_secs(5),
+        ..ClientConfig::default()
+    }
+}
+
+#[test]
+fn every_path_returns_the_servers_bytes_while_they_are_rewritten() {
+    let test = "fetch_rdma_rewrites";
+    let Some(dev) = device(test) else { return };
+    let (server, mut client) =
+        fetch::pair(&dev, server_config(), client_config(Policy::default())).expect("pair");
+    let server = Arc::new(server);
+    let keys: Vec<(u64, usize)> = (0..32u64)
+        .map(|k| (k + 1, SIZES[k as usize % SIZES.len()]))
+        .collect();
+    let gens: Arc<Vec<AtomicU64>> = Arc::new((0..=keys.len()).map(|_| AtomicU64::new(0)).collect());
+    for &(k, len) in &keys {
+        server.put(k, &object(k, 0, len)).expect("put");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (server, gens, stop, keys) = (server.clone(), gens.clone(), stop.clone(), keys.clone());
+        std::thread::spawn(move || {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+            let mut puts = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let (k, len) = keys[rng.random_range(0..keys.len())];
+                let g = gens[k as usize].load(Ordering::Relaxed) + 1;
+                server.put(k, &object(k, g, len)).expect("rewrite");
+                gens[k as usize].store(g, Ordering::Release);
+                puts += 1;
+            }
+            puts
+        })
+    };
+    let paths = [Some(Path::Read), Some(Path::Read2), Some(Path::Rpc), None];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+    let mut out = Vec::new();
+    let mut checked = [0u64; 4];
+    let rounds = 3000;
+    for i in 0..rounds {
+        let (k, len) = keys[rng.random_range(0..keys.len())];
+        let which = i % 4;
+        let before = gens[k as usize].load(Ordering::Acquire);
+        let (found, _) = client.fetch_by(k, paths[which], &mut out).expect("fetch");
+        let after = gens[k as usize].load(Ordering::Acquire);
+        assert!(found, "key {k} not found by {:?}", paths[which]);
+        assert_eq!(out.len(), len, "key {k}: length");
+        let g = generation_of(k, &out)
+            .unwrap_or_else(|| panic!("key {k}: bytes of no generation by {:?}", paths[which]));
+        assert!(
+            g >= before && g <= after + 1,
+            "key {k}: generation {g} outside [{before}, {}] by {:?}",
+            after + 1,
+            paths[which]
+        );
+        checked[which] += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let puts = writer.join().expect("writer");
+    // At rest: every key, by every path, equals the server's copy.
+    for &(k, _) in &keys {
+        let want = server.get(k).expect("server copy");
+        for p in paths {
+            let (found, _) = client.fetch_by(k, p, &mut out).expect("fetch at rest");
+            assert!(
+                found && out == want,
+                "key {k} by {p:?} differs from the server's copy"
+            );
+        }
+    }
+    // Missing keys: not found on every path, a removed one too (its
+    // cached address included).
+    let gone = keys[3].0;
+    assert!(client.cached(gone));
+    assert!(server.remove(gone));
+    for p in paths {
+        let (found, _) = client.fetch_by(gone, p, &mut out).expect("fetch removed");
+        assert!(!found, "removed key by {p:?}");
+        let (found, _) = client
+            .fetch_by(9_999_999, p, &mut out)
+            .expect("fetch missing");
+        assert!(!found, "missing key by {p:?}");
+    }
+    let s = client.stats();
+    println!(
+        "{test}: checked read {} read2 {} rpc {} adaptive {} during {puts} rewrites; torn {} moved {} fallbacks {} late {}",
+        checked[0], checked[1], checked[2], checked[3], s.torn, s.moved, s.fallbacks, s.late
+    );
+    assert!(puts > 0);
+    assert!(server.failed().is_none(), "{:?}", server.failed());
+}
+
+#[test]
+fn a_silent_or_vanished_server_is_an_error_within_the_bound() {
+    let test = "fetch_rdma_bounds";
+    let Some(dev) = device(test) else { return };
+    let timeout = Duration::from_millis(300);
+    let cfg = ClientConfig {
+        timeout,
+        ..client_config(Policy::fixed(Path::Rpc))
+    };
+    let (server, mut client) = fetch::pair(&dev, server_config(), cfg).expect("pair");
+    server.put(1, b"hello").expect("put");
+    assert_eq!(
+        client.fetch(1).expect("fetch").as_deref(),
+        Some(&b"hello"[..])
+    );
+    server.set_silent(true);
+    let t = Instant::now();
+    let e = client
+        .fetch(1)
+        .expect_err("a silent server answers nothing");
+    let took = t.elapsed();
+    assert_eq!(e.errno(), libc::ETIMEDOUT, "{e}");
+    assert!(took >= timeout && took < timeout * 3, "took {took:?}");
+    assert!(!e.to_string().contains('\n'));
+    // Answering again: the late reply is skipped, the next fetch is right.
+    server.set_silent(false);
+    assert_eq!(
+        client.fetch(1).expect("fetch").as_deref(),
+        Some(&b"hello"[..])
+    );
+    // Gone: READs fail (the QP's retries run out) or time out, in bound.
+    let mut reader = fetch::connect(
+        &server,
+        &dev,
+        ClientConfig {
+            timeout,
+            ..client_config(Policy::fixed(Path::Read2))
+        },
+    )
+    .expect("second client");
+    assert!(reader.fetch(1).expect("read").is_some());
+    drop(server);
+    for p in [Path::Read2, Path::Rpc] {
+        let t = Instant::now();
+        let mut out = Vec::new();
+        let r = reader.fetch_by(1, Some(p), &mut out);
+        let took = t.elapsed();
+        let e = r.expect_err("the server is gone");
+        assert!(
+            [libc::ETIMEDOUT, libc::EIO].contains(&e.errno()),
+            "{p:?}: {e}"
+        );
+        assert!(took < timeout * 3, "{p:?} took {took:?}");
+        println!("{test}: {p:?} after the server went: {e} ({took:?})");
+    }
+}
+
+#[test]
+fn bad_parameters_get_one_line() {
+    for (cfg, what) in [
+        (
+            ServerConfig {
+                buckets: 0,
+                ..ServerConfig::default()
+            },
+            "buckets",
+        ),
+        (
+            ServerConfig {
+                max_object: 0,
+                ..ServerConfig::default()
+            },
+            "max object",
+        ),
+        (
+            ServerConfig {
+                capacity: 100,
+                ..ServerConfig::default()
+            },
+            "capacity",
+        ),
+    ] {
+        let e = cfg.validate().expect_err(what).to_string();
+        assert!(e.contains(what) && !e.contains('\n'), "{e}");
+    }
+    let e = ClientConfig {
+        timeout: Duration::ZERO,
+        ..ClientConfig::default()
+    }
+    .validate()
+    .expect_err("timeout")
+    .to_string();
+    assert!(e.contains("timeout") && !e.contains('\n'), "{e}");
+    let Some(dev) = device("fetch_rdma_bad_parameters") else {
+        return;
+    };
+    let server = Server::new(
+        &dev,
+        ServerConfig {
+            max_object: 100,
+            capacity: 4096,
+            ..server_config()
+        },
+    )
+    .expect("server");
+    let e = server.put(1, &[0u8; 101]).expect_err("too big").to_string();
+    assert!(e.contains("max object") && !e.contains('\n'), "{e}");
+}
+
+/// Fetches of `key` by `path` (`None`: adaptive) in a round; the median
+/// latency (µs) of the explicit ones.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+struct Phase {
+    /// Per size: (READ-2 median µs, RPC median µs, adaptive's RPC share
+    /// over the second half, excluding probes).
+    rows: Vec<(usize, f64, f64, f64)>,
+}
+
+fn phase(client: &mut Client, keys: &[(u64, usize)], n: usize) -> Phase {
+    let mut out = Vec::new();
+    let mut rows = Vec::new();
+    for &(k, len) in keys {
+        let class = fetch::chooser::class_of(len);
+        let (mut r2, mut rpc) = (Vec::new(), Vec::new());
+        let mut mid = None;
+        for i in 0..n {
+            if i == n / 2 {
+                mid = Some(client.chooser().stats(class));
+            }
+            client.fetch_by(k, None, &mut out).expect("adaptive fetch");
+            if i % 4 == 0 {
+                for (p, v) in [(Path::Read2, &mut r2), (Path::Rpc, &mut rpc)] {
+                    let t = Instant::now();
+                    client.fetch_by(k, Some(p), &mut out).expect("fetch");
+                    v.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+        }
+        let (a, b) = (mid.expect("mid"), client.chooser().stats(class));
+        let chosen = |p: Path| {
+            (b.fetches[p as usize] - b.probes[p as usize])
+                - (a.fetches[p as usize] - a.probes[p as usize])
+        };
+        let total = chosen(Path::Read2) + chosen(Path::Rpc);
+        rows.push((
+            len,
+            median(&mut r2),
+            median(&mut rpc),
+            chosen(Path::Rpc) as f64 / total.max(1) as f64,
+        ));
+    }
+    Phase { rows }
+}
+
+#[test]
+fn adaptive_leaves_rpc_under_a_hog_on_the_rpc_core_and_comes_back() {
+    let test = "fetch_rdma_hog";
+    let Some(dev) = device(test) else { return };
+    if fastwake::cpu::online() < 2 {
+        eprintln!("SKIPPED {test}: needs 2 CPUs (the client's and the server's)");
+        return;
+    }
+    // A polling server (the WRITE/SEND-poll design of the RoCE study):
+    // under a hog on its core it gets half the CPU a time slice at a time.
+    let scfg = ServerConfig {
+        mode: WaitMode::Poll,
+        cpu: Some(1),
+        ..server_config()
+    };
+    fastwake::cpu::pin(0).expect("pin the client");
+    let policy: Policy = "adaptive:paths=read2+rpc".parse().expect("policy");
+    let (server, mut client) = fetch::pair(&dev, scfg, client_config(policy)).expect("pair");
+    let keys: Vec<(u64, usize)> = [64usize, 4096, 65536]
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u64 + 1, l))
+        .collect();
+    for &(k, len) in &keys {
+        server.put(k, &object(k, 0, len)).expect("put");
+    }
+    let rpc_cpu = server.rpc_cpu().expect("the RPC thread runs");
+    let n = 400;
+    let before = phase(&mut client, &keys, n);
+    println!("{test}: idle: {}", client.explain().replace('\n', " |"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let hogs: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                fastwake::cpu::pin(rpc_cpu).expect("pin the hog");
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = x.wrapping_add(1);
+                    std::hint::black_box(x);
+                }
+            })
+        })
+        .collect();
+    // Let the load word see the hog.
+    std::thread::sleep(Duration::from_millis(100));
+    let hog = phase(&mut client, &keys, n);
+    let hog_load = client.load();
+    println!("{test}: hog: {}", client.explain().replace('\n', " |"));
+    stop.store(true, Ordering::Relaxed);
+    for h in hogs {
+        h.join().expect("hog");
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let after = phase(&mut client, &keys, n);
+    println!("{test}: after: {}", client.explain().replace('\n', " |"));
+    fastwake::cpu::unpin().expect("unpin");
+    let mut moved_away = 0;
+    let mut came_back = 0;
+    for i in 0..keys.len() {
+        let (len, r2b, rpcb, shb) = before.rows[i];
+        let (_, r2h, rpch, shh) = hog.rows[i];
+        let (_, r2a, rpca, sha) = after.rows[i];
+        println!(
+            "{test}: {len} B: idle read2 {r2b:.1}us rpc {rpcb:.1}us -> rpc {:.0}% | hog read2 {r2h:.1}us rpc {rpch:.1}us -> rpc {:.0}% | after read2 {r2a:.1}us rpc {rpca:.1}us -> rpc {:.0}%",
+            shb * 100.0,
+            shh * 100.0,
+            sha * 100.0
+        );
+        // Where READ-2 was clearly cheaper under the hog, adaptive left RPC.
+        if r2h < 0.8 * rpch {
+            assert!(shh < 0.5, "{len} B: RPC share {shh:.2} under the hog");
+            if shb > 0.5 {
+                moved_away += 1;
+            }
+        }
+        // Where RPC was clearly cheaper again after it, adaptive came back.
+        if rpca < 0.8 * r2a {
+            assert!(sha > 0.5, "{len} B: RPC share {sha:.2} after the hog");
+            if shh < 0.5 {
+                came_back += 1;
+            }
+        }
+    }
+    println!(
+        "{test}: load under the hog busy {}‰ delayed {}‰; sizes that moved away from RPC {moved_away}, came back {came_back}",
+        hog_load.busy, hog_load.delayed
+    );
+}
