@@ -19,18 +19,18 @@ check_fetch_rdma() {
     [ $rc = 0 ] && grep -q '^test result: ok\. [1-9]' "$out" || { rxe_fail "fetch_rdma tests failed: $(grep -E '^test .* FAILED|panicked' "$out" | head -n 1)"; return 1; }
     ! grep -q '^SKIPPED' "$out" || { rxe_fail "a fetch test SKIPPED although $RXE_DEV exists: $(grep -m1 '^SKIPPED' "$out")"; return 1; }
     local line
-    while read -r line; do rxe_info "$line"; done < <(grep -E '^fetch_rdma_[a-z]+: ' "$out")
+    while read -r line; do rxe_info "$line"; done < <(grep -oE 'fetch_rdma_[a-z]+: .*' "$out")
 }
 
 check_fetch_bench() {
     local bin="$RXE_BIN_DIR/fastwake"
     [ -x "$bin" ] || { rxe_reason "fastwake not built (cargo build --release)"; return $RXE_SKIP; }
     local out="$RXE_LOGDIR/$RXE_CUR_NAME.out" json="$RXE_OUT/fetch-bench.json" rc=0
-    "$bin" bench fetch --device "$RXE_DEV" --cpus 0,1 --json >"$json" 2>"$out" || rc=$?
-    "$bin" bench fetch --device "$RXE_DEV" --cpus 0,1 --from-json "$json" >>"$out" 2>&1 || true
+    rm -f "$json"
+    "$bin" bench fetch --dev "$RXE_DEV" --cpus 0,1 -n "${RXE_FETCH_N:-400}" --json-file "$json" --explain >"$out" 2>&1 || rc=$?
     cat "$out"
     [ $rc = 0 ] || { rxe_fail "bench fetch failed: $(tail -n 1 "$out")"; return 1; }
-    grep -q '"rows"' "$json" || { rxe_fail "bench fetch wrote no rows"; return 1; }
+    grep -q '"scenario"' "$json" || { rxe_fail "bench fetch wrote no rows"; return 1; }
     local line
     while IFS= read -r line; do rxe_info "$line"; done < <(grep -E '^\|' "$out")
 }

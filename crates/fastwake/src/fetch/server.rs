@@ -20,7 +20,7 @@ use crate::fetch::chooser::Load;
 use crate::source::verbs::qp::IBV_ACCESS_REMOTE_READ;
 use crate::source::verbs::{CqConfig, Device, Endpoint, Mr, RcQp, VerbsCq};
 use crate::{Fail, Result, Source, WaitMode, Waiter};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -154,6 +154,8 @@ struct Shared {
     stop: AtomicBool,
     silent: AtomicBool,
     rpc_cpu: AtomicU32,
+    /// The RPC thread's id (0 until it runs).
+    rpc_tid: AtomicI32,
     counters: Counters,
     /// The RPC thread's fatal error, if it stopped on one.
     failed: Mutex<Option<Fail>>,
@@ -203,6 +205,7 @@ impl Server {
             stop: AtomicBool::new(false),
             silent: AtomicBool::new(false),
             rpc_cpu: AtomicU32::new(u32::MAX),
+            rpc_tid: AtomicI32::new(0),
             counters: Counters::default(),
             failed: Mutex::new(None),
         });
@@ -305,6 +308,13 @@ impl Server {
         None
     }
 
+    /// The RPC thread's id (its CPU time is in
+    /// `/proc/self/task/TID/schedstat`), once it has started.
+    pub fn rpc_tid(&self) -> Option<i32> {
+        self.rpc_cpu()?;
+        Some(self.shared.rpc_tid.load(Ordering::Acquire)).filter(|&t| t > 0)
+    }
+
     /// The RPC thread's counters.
     pub fn stats(&self) -> ServerStats {
         let c = &self.shared.counters;
@@ -390,6 +400,10 @@ fn rpc_thread(sh: &Shared) -> Result<()> {
     if let Some(cpu) = sh.cfg.cpu {
         crate::cpu::pin(cpu)?;
     }
+    sh.rpc_tid.store(
+        rustix::thread::gettid().as_raw_nonzero().get(),
+        Ordering::Release,
+    );
     sh.rpc_cpu
         .store(crate::cpu::current().unwrap_or(0), Ordering::Release);
     let mut waiter = Waiter::new(sh.cfg.mode);
