@@ -24,7 +24,9 @@
 //!   one's estimate and is probed first.
 //! - **Probes.** One fetch in [`Policy::probe_every`] (default 32, about
 //!   3 %) takes the allowed path other than the current one whose
-//!   estimate is oldest, so estimates of paths not taken stay fresh; a
+//!   estimate is oldest, so estimates of paths not taken stay fresh; one
+//!   in a quarter of that, a path that may be cheaper than the current
+//!   one (its estimate less twice its noise is below); a
 //!   probe's sample counts with weight [`PROBE_ALPHA`], since probes are
 //!   rare and a change must show within a few of them, and no more, since
 //!   a probe of a noisy path must not swing its estimate alone.
@@ -86,6 +88,14 @@ impl Path {
 
 /// Weight of a sample of the path in use.
 pub const ALPHA: f64 = 1.0 / 8.0;
+/// A sample counts as at most this many times its path's estimate: one
+/// stall (a descheduled vCPU, a timer tick) on a rarely probed path moves
+/// its estimate by at most `PROBE_ALPHA × (CLIP − 1)` of itself instead of
+/// holding the chooser off that path for hundreds of fetches, while a
+/// path that stalls often (an RPC thread sharing its core with a hog)
+/// still shows: stalls in more than one fetch in `CLIP` raise the estimate
+/// without bound.
+pub const CLIP: f64 = 8.0;
 /// Weight of a probe's sample.
 pub const PROBE_ALPHA: f64 = 1.0 / 4.0;
 /// Size classes: 8 B, 16 B, … 64 KiB (14), larger, and not yet known.
@@ -358,6 +368,8 @@ impl Est {
         if self.n == 0 {
             (self.lat, self.cpu) = (lat, cpu);
         } else {
+            // One stall counts as at most CLIP estimates (see CLIP).
+            let (lat, cpu) = (lat.min(CLIP * self.lat), cpu.min(CLIP * self.cpu.max(1.0)));
             self.dev += alpha * ((lat - self.lat).abs() - self.dev);
             self.lat += alpha * (lat - self.lat);
             self.cpu += alpha * (cpu - self.cpu);
@@ -532,14 +544,31 @@ impl Chooser {
         if rpc_unmeasured && cur != Path::Rpc {
             return (Path::Rpc, Why::Probe);
         }
-        if policy.probe_every > 0
-            && c.decisions.is_multiple_of(u64::from(policy.probe_every))
-            && let Some(p) = candidates
+        // A path that may be cheaper (its estimate less its noise is under
+        // the current one's) is probed four times as often: its samples
+        // can change the decision, and a mean of few samples of a
+        // heavy-tailed latency (one stall of a descheduled vCPU among
+        // them) needs more samples to settle.
+        let k = est(cur);
+        let promising = |p: Path| est(p).lat - est(p).noise(PROBE_ALPHA) * 2.0 < k.lat;
+        let every = u64::from(policy.probe_every);
+        let oldest = |only_promising: bool| {
+            candidates
                 .iter()
                 .copied()
-                .filter(|&p| p != cur)
+                .filter(|&p| p != cur && (!only_promising || promising(p)))
                 .min_by_key(|&p| last_sample[p as usize])
-        {
+        };
+        let probe = if every == 0 {
+            None
+        } else if c.decisions.is_multiple_of(every) {
+            oldest(false)
+        } else if c.decisions.is_multiple_of((every / 4).max(1)) {
+            oldest(true)
+        } else {
+            None
+        };
+        if let Some(p) = probe {
             return (p, Why::Probe);
         }
         let why = if cur != cheapest && policy.cap.is_some() {
