@@ -8,6 +8,8 @@
 # (medians, the share adaptive gave RPC) are shown as INFO lines.
 # fetch-bench runs `fastwake bench fetch` and shows its table as INFO
 # lines; its JSON lands in the results dir (fetch-bench.json).
+# c-abi-fetch runs abi.c's fetch part (capi-checks.sh builds it): a round
+# trip on every path through fw_fetch_*.
 
 check_fetch_rdma() {
     local t
@@ -33,4 +35,9 @@ check_fetch_bench() {
     grep -q '"scenario"' "$json" || { rxe_fail "bench fetch wrote no rows"; return 1; }
     local line
     while IFS= read -r line; do rxe_info "$line"; done < <(grep -E '^\|' "$out")
+}
+
+check_capi_fetch() {
+    capi_run_part fetch 1 || return
+    rxe_info "$CAPI_SUMMARY"
 }
