@@ -351,64 +351,87 @@ fn adaptive_leaves_rpc_under_a_hog_on_the_rpc_core_and_comes_back() {
     }
     let rpc_cpu = server.rpc_cpu().expect("the RPC thread runs");
     let n = 400;
-    let before = phase(&mut client, &keys, n);
-    println!("{test}: idle: {}", client.explain().replace('\n', " |"));
-    let stop = Arc::new(AtomicBool::new(false));
-    let hogs: Vec<_> = (0..2)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                fastwake::cpu::pin(rpc_cpu).expect("pin the hog");
-                let mut x = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    x = x.wrapping_add(1);
-                    std::hint::black_box(x);
-                }
-            })
-        })
-        .collect();
-    // Let the load word see the hog.
-    std::thread::sleep(Duration::from_millis(100));
-    let hog = phase(&mut client, &keys, n);
-    let hog_load = client.load();
-    println!("{test}: hog: {}", client.explain().replace('\n', " |"));
-    stop.store(true, Ordering::Relaxed);
-    for h in hogs {
-        h.join().expect("hog");
-    }
-    std::thread::sleep(Duration::from_millis(100));
-    let after = phase(&mut client, &keys, n);
-    println!("{test}: after: {}", client.explain().replace('\n', " |"));
-    fastwake::cpu::unpin().expect("unpin");
+    // Idle, hog, idle, hog, idle: two chances for each move.
+    let mut phases: Vec<(bool, Phase)> = Vec::new();
     let mut moved_away = 0;
     let mut came_back = 0;
-    for i in 0..keys.len() {
-        let (len, r2b, rpcb, shb) = before.rows[i];
-        let (_, r2h, rpch, shh) = hog.rows[i];
-        let (_, r2a, rpca, sha) = after.rows[i];
+    for (k, hogged) in [false, true, false, true, false].into_iter().enumerate() {
+        let hog = hogged.then(|| Hog::start(rpc_cpu));
+        // Let the load word see the change.
+        std::thread::sleep(Duration::from_millis(100));
+        let ph = phase(&mut client, &keys, n);
+        let load = client.load();
+        if let Some(h) = hog {
+            h.stop();
+        }
+        let what = if hogged { "hog" } else { "idle" };
         println!(
-            "{test}: {len} B: mean idle read2 {r2b:.1}us rpc {rpcb:.1}us -> adaptive rpc {:.0}% | hog read2 {r2h:.1}us rpc {rpch:.1}us -> rpc {:.0}% | after read2 {r2a:.1}us rpc {rpca:.1}us -> rpc {:.0}%",
-            shb * 100.0,
-            shh * 100.0,
-            sha * 100.0
+            "{test}: phase {k} {what} (load busy {}‰ delayed {}‰): {}",
+            load.busy,
+            load.delayed,
+            client.explain().replace('\n', " |")
         );
-        // Where READ-2 was clearly cheaper under the hog, adaptive left RPC.
-        if r2h < 0.8 * rpch {
-            assert!(shh < 0.5, "{len} B: RPC share {shh:.2} under the hog");
-            if shb > 0.5 {
-                moved_away += 1;
+        for (i, &(len, r2, rpc, share)) in ph.rows.iter().enumerate() {
+            let before = phases.last().map(|(_, p)| p.rows[i].3);
+            println!(
+                "{test}: phase {k} {what} {len} B: mean read2 {r2:.1}us rpc {rpc:.1}us -> adaptive rpc {:.0}%{}",
+                share * 100.0,
+                before.map_or(String::new(), |b| format!(" (before {:.0}%)", b * 100.0))
+            );
+            // Where READ-2 was clearly cheaper under the hog, adaptive
+            // left RPC; where RPC was clearly cheaper once it stopped,
+            // adaptive came back.
+            if hogged && r2 < 0.8 * rpc {
+                assert!(
+                    share < 0.5,
+                    "phase {k}, {len} B: RPC share {share:.2} under the hog"
+                );
+                moved_away += usize::from(before.is_some_and(|b| b > 0.5));
+            }
+            if !hogged && k > 0 && rpc < 0.8 * r2 {
+                assert!(
+                    share > 0.5,
+                    "phase {k}, {len} B: RPC share {share:.2} after the hog"
+                );
+                came_back += usize::from(before.is_some_and(|b| b < 0.5));
             }
         }
-        // Where RPC was clearly cheaper again after it, adaptive came back.
-        if rpca < 0.8 * r2a {
-            assert!(sha > 0.5, "{len} B: RPC share {sha:.2} after the hog");
-            if shh < 0.5 {
-                came_back += 1;
-            }
+        phases.push((hogged, ph));
+    }
+    fastwake::cpu::unpin().expect("unpin");
+    println!(
+        "{test}: sizes that moved away from RPC under a hog {moved_away}, came back after it {came_back}"
+    );
+}
+
+/// Two threads spinning on one CPU until stopped.
+struct Hog {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Hog {
+    fn start(cpu: u32) -> Hog {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..2)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    fastwake::cpu::pin(cpu).expect("pin the hog");
+                    let mut x = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x = std::hint::black_box(x.wrapping_add(1));
+                    }
+                })
+            })
+            .collect();
+        Hog { stop, threads }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().expect("hog");
         }
     }
-    println!(
-        "{test}: load under the hog busy {}‰ delayed {}‰; sizes that moved away from RPC {moved_away}, came back {came_back}",
-        hog_load.busy, hog_load.delayed
-    );
 }
