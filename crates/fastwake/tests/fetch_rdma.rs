@@ -283,7 +283,8 @@ fn mean(v: &[f64]) -> f64 {
 
 struct Phase {
     /// Per size: (READ-2 mean µs, RPC mean µs, adaptive's RPC share over
-    /// the second half, excluding probes).
+    /// the last quarter, excluding probes: a change the load word does not
+    /// announce is followed within `FOLLOW_SILENT` fetches).
     rows: Vec<(usize, f64, f64, f64)>,
 }
 
@@ -295,7 +296,7 @@ fn phase(client: &mut Client, keys: &[(u64, usize)], n: usize) -> Phase {
         let (mut r2, mut rpc) = (Vec::new(), Vec::new());
         let mut mid = None;
         for i in 0..n {
-            if i == n / 2 {
+            if i == n - n / 4 {
                 mid = Some(client.chooser().stats(class));
             }
             client.fetch_by(k, None, &mut out).expect("adaptive fetch");
@@ -350,7 +351,8 @@ fn adaptive_leaves_rpc_under_a_hog_on_the_rpc_core_and_comes_back() {
         server.put(k, &object(k, 0, len)).expect("put");
     }
     let rpc_cpu = server.rpc_cpu().expect("the RPC thread runs");
-    let n = 400;
+    // Long enough that the last quarter comes after FOLLOW_SILENT fetches.
+    let n = (fetch::chooser::FOLLOW_SILENT as usize * 4).div_ceil(3);
     // Idle, hog, idle, hog, idle: two chances for each move.
     let mut phases: Vec<(bool, Phase)> = Vec::new();
     let mut moved_away = 0;

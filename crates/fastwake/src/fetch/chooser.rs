@@ -29,7 +29,9 @@
 //!   one (its estimate less twice its noise is below); a
 //!   probe's sample counts with weight [`PROBE_ALPHA`], since probes are
 //!   rare and a change must show within a few of them, and no more, since
-//!   a probe of a noisy path must not swing its estimate alone.
+//!   a probe of a noisy path must not swing its estimate alone. The first
+//!   sample of an estimate older than [`STALE`] decisions weighs
+//!   [`STALE_ALPHA`].
 //! - **Hysteresis.** The current path changes only when another is
 //!   cheaper by [`Policy::margin`] (10 %) plus the two estimates' own
 //!   noise (from the decaying mean deviation of their samples) on
@@ -98,6 +100,11 @@ pub const ALPHA: f64 = 1.0 / 8.0;
 pub const CLIP: f64 = 8.0;
 /// Weight of a probe's sample.
 pub const PROBE_ALPHA: f64 = 1.0 / 4.0;
+/// An estimate not sampled for this many decisions of its class is stale.
+pub const STALE: u64 = 256;
+/// Weight of the first sample of a stale estimate: what the estimate says
+/// is older than the noise the sample would be smoothed against.
+pub const STALE_ALPHA: f64 = 1.0 / 2.0;
 /// Size classes: 8 B, 16 B, … 64 KiB (14), larger, and not yet known.
 pub const CLASSES: usize = 16;
 /// The class of a fetch whose object size the client does not know yet.
@@ -592,13 +599,16 @@ impl Chooser {
         cpu_ns: f64,
     ) {
         let c = &mut self.classes[class.min(CLASSES - 1)];
-        let alpha = if why == Why::Probe {
+        let at = c.decisions;
+        let e = &mut c.est[p as usize][Self::slot(p, load)];
+        let alpha = if e.n > 0 && at.saturating_sub(e.at) > STALE {
+            STALE_ALPHA
+        } else if why == Why::Probe {
             PROBE_ALPHA
         } else {
             ALPHA
         };
-        let at = c.decisions;
-        c.est[p as usize][Self::slot(p, load)].add(lat_ns, cpu_ns, alpha, at);
+        e.add(lat_ns, cpu_ns, alpha, at);
         c.stats.fetches[p as usize] += 1;
         if why == Why::Probe {
             c.stats.probes[p as usize] += 1;
