@@ -1,11 +1,13 @@
 //! Fetch: a server's table of objects in RDMA-readable memory, and clients
 //! that fetch by key by READ, READ-2 or RPC (in this process).
 
-use crate::boundary::{bytes_arg, check_out, destroy, guard, obj, obj_ref, out, stats_of};
+use crate::boundary::{
+    bytes_arg, check_out, destroy, guard, obj, obj_ref, or, out, stats_of, text,
+};
 use fastwake::Fail;
 use fastwake::fetch::{self, Client, ClientConfig, Path, Server, ServerConfig};
 use fastwake::source::verbs::Device;
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,21 +53,6 @@ pub struct fw_fetch_stats {
     pub probes: u64,
 }
 
-fn text<'a>(p: *const c_char, what: &str) -> Result<Option<&'a str>, Fail> {
-    if p.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: non-null and NUL-terminated per the header.
-    let s = unsafe { CStr::from_ptr(p) };
-    s.to_str()
-        .map(Some)
-        .map_err(|_| Fail::invalid(format!("fetch: {what} is not UTF-8")))
-}
-
-fn or<T: PartialEq + Default>(v: T, default: T) -> T {
-    if v == T::default() { default } else { v }
-}
-
 /// The config (NULL: every default).
 fn config(c: *const fw_fetch_config) -> Result<Option<fw_fetch_config>, Fail> {
     // SAFETY: NULL or a readable struct per the header.
@@ -79,7 +66,7 @@ fn server_config(c: Option<fw_fetch_config>) -> Result<ServerConfig, Fail> {
         buckets: or(c.buckets as usize, d.buckets),
         capacity: or(c.capacity as usize, d.capacity),
         max_object: or(c.max_object as usize, d.max_object),
-        mode: match text(c.server_mode, "server_mode")? {
+        mode: match text(c.server_mode, "fetch: server_mode")? {
             Some(m) => m.parse()?,
             None => d.mode,
         },
@@ -93,11 +80,11 @@ fn client_config(c: Option<fw_fetch_config>) -> Result<ClientConfig, Fail> {
     let d = ClientConfig::default();
     let Some(c) = c else { return Ok(d) };
     let cfg = ClientConfig {
-        policy: match text(c.path, "path")? {
+        policy: match text(c.path, "fetch: path")? {
             Some(p) => p.parse()?,
             None => d.policy,
         },
-        mode: match text(c.client_mode, "client_mode")? {
+        mode: match text(c.client_mode, "fetch: client_mode")? {
             Some(m) => m.parse()?,
             None => d.mode,
         },
@@ -125,7 +112,7 @@ pub unsafe extern "C" fn fw_fetch_server_create(
         let c = config(c)?;
         let scfg = server_config(c)?;
         let name = match c {
-            Some(c) => text(c.device, "device")?,
+            Some(c) => text(c.device, "fetch: device")?,
             None => None,
         };
         let dev = Arc::new(Device::open(name, None)?);

@@ -16,15 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod common;
+
 fn device(test: &str) -> Option<Arc<Device>> {
-    let want = std::env::var("FASTWAKE_TEST_VERBS_DEV").ok();
-    match Device::open(want.as_deref(), None) {
-        Ok(d) => Some(Arc::new(d)),
-        Err(e) => {
-            eprintln!("SKIPPED {test}: {e}");
-            None
-        }
-    }
+    common::verbs_device(test)
 }
 
 /// Object `generation` of `key`: its first 8 bytes (fewer for a shorter object)
