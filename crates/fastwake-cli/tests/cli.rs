@@ -52,6 +52,7 @@ fn bench_fetch_bad_arguments_are_one_line() {
         "unknown scenario",
     );
     assert_one_line_error(&["bench", "fetch", "-n", "2", "--rounds", "3"], "--rounds");
+    assert_one_line_error(&["bench", "fetch", "--rpc-nice", "20"], "--rpc-nice");
 }
 
 #[test]

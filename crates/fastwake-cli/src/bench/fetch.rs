@@ -56,6 +56,13 @@ pub struct Args {
     /// polling server).
     #[arg(long, default_value = "poll")]
     pub server_mode: WaitMode,
+    /// Nice value of the server's RPC thread (0..19).
+    ///
+    /// At 19 a hog on its core wins the CPU whenever it runs, whatever the
+    /// scheduler's luck with a polling thread that yields (it changes
+    /// nothing while the RPC thread is alone on its core).
+    #[arg(long, default_value_t = 0)]
+    pub rpc_nice: i32,
     /// How the client waits for its completions.
     #[arg(long, default_value = "hybrid")]
     pub client_mode: WaitMode,
@@ -191,6 +198,9 @@ pub fn run(a: Args) -> Result<()> {
     if a.sizes.is_empty() || a.sizes.iter().any(|&s| s == 0 || s > 64 << 10) {
         return Err(Fail::invalid("--sizes must be between 1 byte and 64 KiB"));
     }
+    if !(0..=19).contains(&a.rpc_nice) {
+        return Err(Fail::invalid("--rpc-nice must be between 0 and 19"));
+    }
     if a.fetches == 0 || a.rounds == 0 || a.rounds > a.fetches {
         return Err(Fail::invalid(
             "--fetches and --rounds must be at least 1, and --rounds at most --fetches",
@@ -260,6 +270,20 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     let rpc_tid = server.rpc_tid();
+    if a.rpc_nice != 0 {
+        let tid = rpc_tid.ok_or_else(|| Fail::new(libc::ESRCH, "the RPC thread did not start"))?;
+        // SAFETY: setpriority on one of this process's own threads.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, a.rpc_nice) } != 0 {
+            return Err(Fail::new(
+                libc::EPERM,
+                format!(
+                    "--rpc-nice {}: {}",
+                    a.rpc_nice,
+                    std::io::Error::last_os_error()
+                ),
+            ));
+        }
+    }
     let names: Vec<String> = policies.iter().map(Policy::name).collect();
     let fetcher = std::thread::spawn(move || -> Result<(Vec<Cell>, Vec<Client>)> {
         fastwake::cpu::pin(a.cpus.0)?;
@@ -317,11 +341,12 @@ pub fn run(a: Args) -> Result<()> {
         .join()
         .map_err(|_| Fail::new(libc::EIO, "the fetching thread panicked"))??;
     let note = format!(
-        "device {}; client on CPU {}, server RPC thread on CPU {} ({}), client waits {}; {} fetches per cell over {} rounds; cpu = thread CPU per fetch (server: the RPC thread's)",
+        "device {}; client on CPU {}, server RPC thread on CPU {} ({}, nice {}), client waits {}; {} fetches per cell over {} rounds; cpu = thread CPU per fetch (server: the RPC thread's)",
         dev.name(),
         a.cpus.0,
         a.cpus.1,
         a.server_mode,
+        a.rpc_nice,
         a.client_mode,
         a.fetches,
         a.rounds
