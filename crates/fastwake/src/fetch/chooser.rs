@@ -38,7 +38,9 @@
 //!   [`Policy::confirm`] decisions in a row (8). RFP switches a client
 //!   from READs to server replies after repeated failed retries; here
 //!   every fetch is a vote, and a gap must stand out of the noise for
-//!   eight votes in a row to move the path.
+//!   eight votes in a row to move the path; a path at under half the
+//!   current one's cost beyond the noise ([`SWITCH_NOW`]) takes over at
+//!   once.
 //! - **The CPU cap** (`cap=N%`, the grammar of `adaptive`): a path whose
 //!   client CPU per fetch is more than N % of its latency is not chosen
 //!   while some allowed path is under the cap; when none is, the one with
@@ -105,6 +107,9 @@ pub const STALE: u64 = 256;
 /// Weight of the first sample of a stale estimate: what the estimate says
 /// is older than the noise the sample would be smoothed against.
 pub const STALE_ALPHA: f64 = 1.0 / 2.0;
+/// A path cheaper than this share of the current one's cost (beyond the
+/// noise) takes over without waiting for [`Policy::confirm`] votes.
+pub const SWITCH_NOW: f64 = 0.5;
 /// Size classes: 8 B, 16 B, … 64 KiB (14), larger, and not yet known.
 pub const CLASSES: usize = 16;
 /// The class of a fetch whose object size the client does not know yet.
@@ -514,7 +519,13 @@ impl Chooser {
                         Some((p, n)) if p == best => n + 1,
                         _ => 1,
                     };
-                    if n >= policy.confirm {
+                    // A path at under half the current one's cost, beyond
+                    // the noise, takes over at once: the votes are for
+                    // gaps the noise could make, and waiting them out
+                    // costs eight fetches at the old price (under a hog,
+                    // eight RPCs a time slice each).
+                    let clear = b.lat + noise < k.lat * SWITCH_NOW;
+                    if n >= policy.confirm || clear {
                         c.challenger = None;
                         c.stats.switches += 1;
                         c.current = Some(best);

@@ -401,6 +401,41 @@ fn a_path_that_stalls_often_is_left() {
     assert_eq!(ch.current(2), Some(Path::Read2), "{}", ch.explain());
 }
 
+/// A gap far beyond the noise (the server turned busy, and RPC cost 200
+/// times READ-2 the last time it was) moves the path at the next fetch,
+/// without eight votes at the old price.
+#[test]
+fn a_clear_gap_is_taken_at_once() {
+    let cost = |p: Path, l: Load| match (p, l.class()) {
+        (Path::Rpc, 0) => 25_000.0,
+        (Path::Rpc, _) => 5e6,
+        _ => 60_000.0,
+    };
+    let mut ch = Chooser::new(Policy::default());
+    let feed = |ch: &mut Chooser, load: Load, n: u64| -> Vec<Option<Path>> {
+        (0..n)
+            .map(|_| {
+                let (p, why) = ch.choose(2, false, load);
+                ch.record(2, p, why, load, cost(p, load), 1_000.0);
+                ch.current(2)
+            })
+            .collect()
+    };
+    feed(&mut ch, IDLE, 500);
+    feed(&mut ch, BUSY, 100);
+    feed(&mut ch, IDLE, 100);
+    for (load, want) in [(BUSY, Path::Read2), (IDLE, Path::Rpc)] {
+        let cur = feed(&mut ch, load, 3);
+        assert_eq!(
+            cur[1],
+            Some(want),
+            "load class {}: {cur:?}; {}",
+            load.class(),
+            ch.explain()
+        );
+    }
+}
+
 /// Equal costs: whatever it picks, it must not switch back and forth.
 #[test]
 fn equal_costs_do_not_flap() {
