@@ -276,6 +276,9 @@ fn mean(v: &[f64]) -> f64 {
     s.iter().map(|x| x.min(cap)).sum::<f64>() / s.len().max(1) as f64
 }
 
+/// One path is clearly cheaper than another below this share of its cost.
+const CLEARLY: f64 = 0.6;
+
 struct Phase {
     /// Per size: (READ-2 mean µs, RPC mean µs, adaptive's RPC share over
     /// the last quarter, excluding probes).
@@ -388,15 +391,18 @@ fn adaptive_leaves_rpc_under_a_hog_on_the_rpc_core_and_comes_back() {
             );
             // Where READ-2 was clearly cheaper under the hog, adaptive
             // left RPC; where RPC was clearly cheaper once it stopped,
-            // adaptive came back.
-            if hogged && r2 < 0.8 * rpc {
+            // adaptive came back. Clearly: by more than the chooser can
+            // tell from the guest's noise within a phase (it moves when
+            // a gap exceeds 10 % plus twice the estimates' noise, and
+            // fetches here vary by tens of % from one to the next).
+            if hogged && r2 < CLEARLY * rpc {
                 assert!(
                     share < 0.5,
                     "phase {k}, {len} B: RPC share {share:.2} under the hog"
                 );
                 moved_away += usize::from(before.is_some_and(|b| b > 0.5));
             }
-            if !hogged && k > 0 && rpc < 0.8 * r2 {
+            if !hogged && k > 0 && rpc < CLEARLY * r2 {
                 assert!(
                     share > 0.5,
                     "phase {k}, {len} B: RPC share {share:.2} after the hog"

@@ -107,6 +107,8 @@ pub const STALE: u64 = 256;
 /// Weight of the first sample of a stale estimate: what the estimate says
 /// is older than the noise the sample would be smoothed against.
 pub const STALE_ALPHA: f64 = 1.0 / 2.0;
+/// How many standard errors of the two estimates a gap must exceed.
+pub const NOISE_K: f64 = 2.0;
 /// A path cheaper than this share of the current one's cost (beyond the
 /// noise) takes over without waiting for [`Policy::confirm`] votes.
 pub const SWITCH_NOW: f64 = 0.5;
@@ -511,9 +513,8 @@ impl Chooser {
             Some(cur) if usable(cur) && (under.is_empty() || under.contains(&cur)) => {
                 let (b, k) = (est(best), est(cur));
                 // The gap must beat the margin and the estimates' noise.
-                // Twice the noise: one-sided, about 98 % of a steady
-                // table's noise stays inside it.
-                let noise = 2.0 * (b.noise(PROBE_ALPHA).powi(2) + k.noise(ALPHA).powi(2)).sqrt();
+                let noise =
+                    NOISE_K * (b.noise(PROBE_ALPHA).powi(2) + k.noise(ALPHA).powi(2)).sqrt();
                 if best != cur && b.lat + noise < k.lat * (1.0 - policy.margin) {
                     let n = match c.challenger {
                         Some((p, n)) if p == best => n + 1,

@@ -409,6 +409,15 @@ fn rpc_thread(sh: &Shared) -> Result<()> {
     let mut waiter = Waiter::new(sh.cfg.mode);
     let mut meter = LoadMeter::new(crate::cpu::monotonic_ns());
     let mut load = 0u64;
+    // Publish the load word when a period has passed.
+    let publish = |meter: &mut LoadMeter, load: &mut u64| {
+        if let Some(w) = meter.due(crate::cpu::monotonic_ns()) {
+            *load = w;
+            lock(&sh.table).set_load(w);
+            sh.counters.load.store(w, Ordering::Relaxed);
+            sh.counters.published.fetch_add(1, Ordering::Relaxed);
+        }
+    };
     while !sh.stop.load(Ordering::Acquire) {
         if sh.accepting.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_micros(100));
@@ -418,6 +427,11 @@ fn rpc_thread(sh: &Shared) -> Result<()> {
         let Cqs { recv, send } = &mut *cqs;
         let got = waiter.wait_timeout(recv, SLICE)?;
         if let Some(wc) = got {
+            // Before answering: a thread that was kept off its CPU for
+            // periods answers with the word that says so, not with the one
+            // from before (its first replies under a new hog would teach
+            // the clients that RPC is slow on an idle server).
+            publish(&mut meter, &mut load);
             let t0 = crate::cpu::monotonic_ns();
             let mut depth = 1u16;
             serve(sh, &wc, load, send)?;
@@ -430,12 +444,7 @@ fn rpc_thread(sh: &Shared) -> Result<()> {
             meter.serving_ns += crate::cpu::monotonic_ns().saturating_sub(t0);
         }
         drop(cqs);
-        if let Some(w) = meter.due(crate::cpu::monotonic_ns()) {
-            load = w;
-            lock(&sh.table).set_load(w);
-            sh.counters.load.store(w, Ordering::Relaxed);
-            sh.counters.published.fetch_add(1, Ordering::Relaxed);
-        }
+        publish(&mut meter, &mut load);
     }
     Ok(())
 }
