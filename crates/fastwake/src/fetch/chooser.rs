@@ -100,6 +100,9 @@ pub const ALPHA: f64 = 1.0 / 8.0;
 /// still shows: stalls in more than one fetch in `CLIP` raise the estimate
 /// without bound.
 pub const CLIP: f64 = 8.0;
+/// A sample's deviation counts as at most this many times its path's
+/// estimate in the noise.
+pub const DEV_CLIP: f64 = 2.0;
 /// Weight of a probe's sample.
 pub const PROBE_ALPHA: f64 = 1.0 / 4.0;
 /// An estimate not sampled for this many decisions of its class is stale.
@@ -384,7 +387,11 @@ impl Est {
         } else {
             // One stall counts as at most CLIP estimates (see CLIP).
             let (lat, cpu) = (lat.min(CLIP * self.lat), cpu.min(CLIP * self.cpu.max(1.0)));
-            self.dev += alpha * ((lat - self.lat).abs() - self.dev);
+            // A deviation counts as at most DEV_CLIP estimates: the noise
+            // says how far typical fetches stray, and a stall (already
+            // clipped) must not make every gap look like noise for long.
+            let d = (lat - self.lat).abs().min(DEV_CLIP * self.lat);
+            self.dev += alpha * (d - self.dev);
             self.lat += alpha * (lat - self.lat);
             self.cpu += alpha * (cpu - self.cpu);
         }
@@ -672,7 +679,19 @@ impl Chooser {
                         (Path::Rpc, _) => "rpc/busy",
                         _ => p.name(),
                     };
-                    let _ = write!(out, " {tag} {:.1}us cpu {:.1}us", e.lat / 1e3, e.cpu / 1e3);
+                    // The estimate's noise, as the hysteresis weighs it.
+                    let alpha = if c.current == Some(p) {
+                        ALPHA
+                    } else {
+                        PROBE_ALPHA
+                    };
+                    let _ = write!(
+                        out,
+                        " {tag} {:.1}±{:.1}us cpu {:.1}us",
+                        e.lat / 1e3,
+                        e.noise(alpha) / 1e3,
+                        e.cpu / 1e3
+                    );
                 }
             }
         }

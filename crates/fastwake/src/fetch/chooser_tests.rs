@@ -436,6 +436,45 @@ fn a_clear_gap_is_taken_at_once() {
     }
 }
 
+/// As in an emulated guest after a hog left: RPC (37 µs) is cheaper than
+/// READ-2 (72 µs) again, both with heavy tails (one fetch in 20 stalls
+/// for 10x to 100x), and the chooser is on READ-2 with an RPC estimate left high
+/// by the hog. It must be back on RPC within 400 fetches.
+#[test]
+fn a_noisy_cheaper_path_is_taken_back() {
+    for seed in 0..5u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut ch = Chooser::new(Policy::default());
+        let mut run = |ch: &mut Chooser, rpc: f64, n: u64| {
+            for _ in 0..n {
+                let (p, why) = ch.choose(3, false, IDLE);
+                let base = if p == Path::Rpc { rpc } else { 72_000.0 };
+                let tail = if rng.random_range(0..20) == 0 {
+                    rng.random_range(10.0..100.0)
+                } else {
+                    rng.random_range(0.7..1.3)
+                };
+                ch.record(3, p, why, IDLE, base * tail, 30_000.0);
+            }
+        };
+        run(&mut ch, 37_000.0, 400);
+        run(&mut ch, 400_000.0, 400);
+        assert_eq!(
+            ch.current(3),
+            Some(Path::Read2),
+            "seed {seed}: {}",
+            ch.explain()
+        );
+        run(&mut ch, 37_000.0, 400);
+        assert_eq!(
+            ch.current(3),
+            Some(Path::Rpc),
+            "seed {seed}: {}",
+            ch.explain()
+        );
+    }
+}
+
 /// Equal costs: whatever it picks, it must not switch back and forth.
 #[test]
 fn equal_costs_do_not_flap() {
