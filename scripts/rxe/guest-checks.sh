@@ -157,6 +157,10 @@ rxe_check c-abi-shared-cq         check_capi_shared_cq
 # --- end of RDMA as really written ---
 . "$RXE_SELF_DIR/lanes-checks.sh"
 rxe_check lanes-rdma              check_lanes_rdma
+. "$RXE_SELF_DIR/fetch-checks.sh"
+rxe_check fetch-rdma              check_fetch_rdma
+rxe_check fetch-bench             check_fetch_bench
+rxe_check c-abi-fetch             check_capi_fetch
 # --- stall monitor, ODP guard ---
 . "$RXE_SELF_DIR/stall-checks.sh"
 rxe_stall_checks

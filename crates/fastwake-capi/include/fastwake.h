@@ -115,6 +115,8 @@ typedef struct fw_dispatcher fw_dispatcher; /* a per-core dispatcher thread */
 typedef struct fw_socket fw_socket;     /* a stream socket read in fixed-size messages */
 typedef struct fw_lanes fw_lanes;       /* a message endpoint: a latency lane and a bulk lane */
 typedef struct fw_lanes_listener fw_lanes_listener; /* accepts fw_lanes endpoints */
+typedef struct fw_fetch_server fw_fetch_server; /* a table of objects clients fetch over RDMA */
+typedef struct fw_fetch_client fw_fetch_client; /* fetches objects by key: READ, READ-2 or RPC */
 typedef struct fw_ring fw_ring;         /* a completion ring the caller owns (io_uring CQ) */
 typedef struct fw_ring_producer fw_ring_producer; /* its producer's handle (FW_RING_NOTICES) */
 typedef struct fw_verbs_cq fw_verbs_cq; /* an RDMA CQ (+ completion channel) the caller owns */
@@ -359,6 +361,72 @@ int fw_lanes_flush(const fw_lanes *e);
 int fw_lanes_stats(const fw_lanes *e, int lane, struct fw_lanes_stats *out);
 /* Close both connections; no other thread may use e any more. */
 void fw_lanes_destroy(fw_lanes *e);
+
+/* Fetch: a server keeps a table of objects (key -> bytes) in memory its
+ * clients READ over RDMA, and an RPC thread (waiting in server_mode) that
+ * answers lookups; a client fetches by key by one READ (the address
+ * cached from an earlier fetch), READ-2 (the key's buckets, then the
+ * object) or an RPC, the path chosen per fetch from what each costs now
+ * (path "adaptive[:cap=N%,paths=read+read2+rpc]") or fixed ("read",
+ * "read2", "rpc"). Every path returns the same bytes: a READ torn by a
+ * concurrent fw_fetch_put is READ again, never returned. Clients are made
+ * in the server's process (fw_fetch_client_create). Zero or NULL in any
+ * field of the config means its default; a NULL config means all. */
+#define FW_FETCH_BY_POLICY (-1) /* fw_fetch_get: the path the config's path picks */
+#define FW_FETCH_READ 0
+#define FW_FETCH_READ2 1
+#define FW_FETCH_RPC 2
+typedef struct fw_fetch_config {
+    const char *device;      /* RDMA device (NULL: the first) */
+    const char *server_mode; /* how the RPC thread waits (NULL: "adaptive") */
+    const char *client_mode; /* how a client waits (NULL: "hybrid") */
+    const char *path;        /* "adaptive[:O]", "read", "read2", "rpc" (NULL: "adaptive") */
+    uint64_t buckets;        /* index buckets (4096) */
+    uint64_t capacity;       /* bytes for objects (16 MiB) */
+    uint64_t max_object;     /* largest object (64 KiB) */
+    uint64_t timeout_ns;     /* longest a fetch may take, retries included (1 s) */
+    uint32_t pin_server;     /* 1: pin the RPC thread to server_cpu */
+    uint32_t server_cpu;
+    uint32_t retries;        /* torn READs before a fetch goes by RPC (8) */
+    uint32_t cache;          /* addresses a client caches (65536) */
+} fw_fetch_config;
+/* A client's counters (fw_fetch_client_stats). */
+struct fw_fetch_stats {
+    uint64_t read, read2, rpc; /* fetches per path that returned */
+    uint64_t missing;          /* of those, keys not found */
+    uint64_t torn;             /* torn READs, READ again */
+    uint64_t moved;            /* cached addresses whose object had moved */
+    uint64_t fallbacks;        /* fetches that went by RPC after `retries` torn READs */
+    uint64_t timeouts;         /* fetches that timed out */
+    uint64_t late;             /* late completions and replies skipped */
+    uint64_t load_reads;       /* READs of the server's load word */
+    uint64_t switches;         /* changes of the adaptive path, all sizes */
+    uint64_t probes;           /* adaptive fetches that probed another path */
+};
+/* A server on the config's device; its RPC thread runs from now. ENODEV
+ * or ENOENT: no RDMA device (fw_last_error says why). */
+int fw_fetch_server_create(const fw_fetch_config *c, fw_fetch_server **out);
+/* Insert or rewrite key's object; a rewrite of the same length is made in
+ * place while clients READ it. EINVAL: over max_object; ENOSPC: no room
+ * (capacity, or the key's 8 buckets full). */
+int fw_fetch_put(const fw_fetch_server *s, uint64_t key, const void *data, size_t len);
+/* Remove key; ENOENT: not there. */
+int fw_fetch_remove(const fw_fetch_server *s, uint64_t key);
+/* A client of s, connected (in this process). */
+int fw_fetch_client_create(const fw_fetch_server *s, const fw_fetch_config *c,
+                           fw_fetch_client **out);
+/* Fetch key by path (FW_FETCH_*): copies min(length, cap) bytes to buf
+ * (may be NULL), stores the length in *len and the path taken in *took
+ * (either may be NULL). ENOENT: no such key (on every path); EMSGSIZE:
+ * longer than cap (truncated); ETIMEDOUT: no answer within timeout_ns;
+ * EIO: the connection broke (the server is gone). One thread at a time. */
+int fw_fetch_get(fw_fetch_client *c, uint64_t key, int path, void *buf, size_t cap,
+                 size_t *len, int *took);
+int fw_fetch_client_stats(const fw_fetch_client *c, struct fw_fetch_stats *out);
+void fw_fetch_client_destroy(fw_fetch_client *c);
+/* Stop the RPC thread and free the table; its clients' fetches fail from
+ * then on. */
+void fw_fetch_server_destroy(fw_fetch_server *s);
 
 /* A completion ring the caller owns and consumes, waited on in every mode
  * above (including dispatch: a dispatcher peeks the counters). head and

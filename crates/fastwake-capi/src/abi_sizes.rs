@@ -56,6 +56,20 @@ fn struct_layouts_match_the_header() {
         std::mem::offset_of!(crate::lanes::fw_lanes_stats, received),
         80
     );
+    assert_eq!(std::mem::size_of::<crate::fetch::fw_fetch_config>(), 80);
+    assert_eq!(
+        std::mem::offset_of!(crate::fetch::fw_fetch_config, buckets),
+        32
+    );
+    assert_eq!(
+        std::mem::offset_of!(crate::fetch::fw_fetch_config, pin_server),
+        64
+    );
+    assert_eq!(std::mem::size_of::<crate::fetch::fw_fetch_stats>(), 96);
+    assert_eq!(
+        std::mem::offset_of!(crate::fetch::fw_fetch_stats, switches),
+        80
+    );
     // fw_verbs_cq_wait fills the caller's struct ibv_wc array.
     assert_eq!(std::mem::size_of::<ibv_wc>(), 48);
 }

@@ -158,3 +158,21 @@ pub extern "C" fn fw_last_error() -> *const c_char {
     // header promises: the CString lives in thread-local storage.
     LAST.with(|l| l.borrow().as_ptr())
 }
+
+/// A C string argument: `None` for NULL, one line naming `what` when it
+/// is not UTF-8.
+pub(crate) fn text<'a>(p: *const c_char, what: &str) -> Result<Option<&'a str>, Fail> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-null and NUL-terminated per the header.
+    let s = unsafe { std::ffi::CStr::from_ptr(p) };
+    s.to_str()
+        .map(Some)
+        .map_err(|_| Fail::invalid(format!("{what} is not UTF-8")))
+}
+
+/// A config field: zero means its default.
+pub(crate) fn or<T: PartialEq + Default>(v: T, default: T) -> T {
+    if v == T::default() { default } else { v }
+}

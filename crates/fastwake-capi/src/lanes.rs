@@ -1,9 +1,9 @@
 //! Lanes: an endpoint of a latency lane and a bulk lane over TCP.
 
-use crate::boundary::{bytes_arg, check_out, destroy, guard, obj_ref, out, stats_of};
+use crate::boundary::{bytes_arg, check_out, destroy, guard, obj_ref, or, out, stats_of, text};
 use fastwake::Fail;
 use fastwake::lanes::{Batch, Class, Config, Endpoint, Layout, Listener};
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -51,21 +51,6 @@ const LATENCY: c_int = 0;
 const BULK: c_int = 1;
 const BY_SIZE: c_int = 2;
 const MORE: c_int = 0x100;
-
-fn text<'a>(p: *const c_char, what: &str) -> Result<Option<&'a str>, Fail> {
-    if p.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: non-null and NUL-terminated per the header.
-    let s = unsafe { CStr::from_ptr(p) };
-    s.to_str()
-        .map(Some)
-        .map_err(|_| Fail::invalid(format!("{what} is not UTF-8")))
-}
-
-fn or<T: PartialEq + Default>(v: T, default: T) -> T {
-    if v == T::default() { default } else { v }
-}
 
 /// The Rust config of a C one (NULL: every default).
 fn config(c: *const fw_lanes_config) -> Result<Config, Fail> {

@@ -14,6 +14,7 @@
 mod boundary;
 mod channel;
 mod dispatcher;
+mod fetch;
 mod lanes;
 mod ring;
 mod shared_cq;
@@ -27,6 +28,7 @@ mod abi_sizes;
 pub use boundary::fw_last_error;
 pub use channel::*;
 pub use dispatcher::*;
+pub use fetch::*;
 pub use lanes::*;
 pub use ring::*;
 pub use shared_cq::*;

@@ -48,6 +48,11 @@ _Static_assert(offsetof(fw_lanes_config, batch_bytes) == 48, "fw_lanes_config la
 _Static_assert(offsetof(fw_lanes_config, bulk_mode) == 64, "fw_lanes_config layout");
 _Static_assert(sizeof(struct fw_lanes_stats) == 96, "fw_lanes_stats layout");
 _Static_assert(offsetof(struct fw_lanes_stats, received) == 80, "fw_lanes_stats layout");
+_Static_assert(sizeof(fw_fetch_config) == 80, "fw_fetch_config layout");
+_Static_assert(offsetof(fw_fetch_config, buckets) == 32, "fw_fetch_config layout");
+_Static_assert(offsetof(fw_fetch_config, pin_server) == 64, "fw_fetch_config layout");
+_Static_assert(sizeof(struct fw_fetch_stats) == 96, "fw_fetch_stats layout");
+_Static_assert(offsetof(struct fw_fetch_stats, switches) == 80, "fw_fetch_stats layout");
 
 static int passed, failed;
 
@@ -242,6 +247,55 @@ static void lanes_checks(void) {
     fw_lanes_listener_destroy(l);
     fw_lanes_destroy(NULL);
     fw_lanes_listener_destroy(NULL);
+}
+
+/* Fetch: bad parameters are EINVAL before any device is opened; without
+ * an RDMA device creating a server fails with one line; with one, a
+ * round trip on every path. */
+static void fetch_checks(void) {
+    fw_fetch_server *s = NULL;
+    fw_fetch_config bad = {0};
+    bad.max_object = 1ull << 31;
+    check(fw_fetch_server_create(&bad, &s) == EINVAL && s == NULL,
+          "fetch: a max object over 1 GiB is EINVAL", "");
+    fw_fetch_config c = {0};
+    c.capacity = 1 << 20;
+    c.timeout_ns = 2000000000ull;
+    int rc = fw_fetch_server_create(&c, &s);
+    if (rc != 0) {
+        const char *e = fw_last_error();
+        check(s == NULL && e && *e && !strchr(e, '\n'), "fetch: no device is one line", e);
+        printf("SKIPPED fetch round trip: %s\n", e);
+        return;
+    }
+    fw_fetch_client *cl = NULL;
+    c.path = "adaptive";
+    int ok = fw_fetch_client_create(s, &c, &cl) == 0 && fw_fetch_put(s, 7, "hello", 5) == 0;
+    check(ok, "fetch: server, client, put", fw_last_error());
+    const int paths[] = {FW_FETCH_READ2, FW_FETCH_READ, FW_FETCH_RPC, FW_FETCH_BY_POLICY};
+    for (int i = 0; i < 4; i++) {
+        char got[16] = {0};
+        size_t len = 0;
+        int took = -2;
+        ok = fw_fetch_get(cl, 7, paths[i], got, sizeof got, &len, &took) == 0 && len == 5 &&
+             memcmp(got, "hello", 5) == 0 && took >= 0 && took <= 2;
+        check(ok, "fetch: every path returns the object", fw_last_error());
+        check(fw_fetch_get(cl, 8, paths[i], got, sizeof got, &len, NULL) == ENOENT,
+              "fetch: a missing key is ENOENT on every path", "");
+    }
+    char small[2];
+    size_t len = 0;
+    check(fw_fetch_get(cl, 7, FW_FETCH_RPC, small, sizeof small, &len, NULL) == EMSGSIZE && len == 5,
+          "fetch: an object over the buffer is EMSGSIZE with its length", "");
+    check(fw_fetch_get(cl, 7, 9, small, sizeof small, &len, NULL) == EINVAL, "fetch: unknown path", "");
+    struct fw_fetch_stats st;
+    check(fw_fetch_client_stats(cl, &st) == 0 && st.read + st.read2 + st.rpc >= 9 && st.missing == 4,
+          "fetch: stats", "");
+    check(fw_fetch_remove(s, 7) == 0 && fw_fetch_remove(s, 7) == ENOENT, "fetch: remove", "");
+    fw_fetch_client_destroy(cl);
+    fw_fetch_server_destroy(s);
+    fw_fetch_client_destroy(NULL);
+    fw_fetch_server_destroy(NULL);
 }
 
 /* Ping on ping_cpu, pong on pong_cpu (-1: anywhere), both in mode. */
@@ -821,6 +875,12 @@ int main(int argc, char **argv) {
         printf("c-abi: %d passed, %d failed\n", passed, failed);
         return failed != 0;
     }
+    /* `abi fetch`: only the fetch part (the guest runs it on its device). */
+    if (argc > 1 && !strcmp(argv[1], "fetch")) {
+        fetch_checks();
+        printf("c-abi: %d passed, %d failed\n", passed, failed);
+        return failed != 0;
+    }
     check(fw_abi_version() == FW_ABI_VERSION, "abi version", "header and library differ");
 
     fw_waiter *w = NULL;
@@ -889,6 +949,7 @@ int main(int argc, char **argv) {
     prewake_checks();
     socket_checks();
     lanes_checks();
+    fetch_checks();
     ring_checks();
     user_ring_checks();
     interruptible_checks();

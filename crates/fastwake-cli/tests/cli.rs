@@ -36,6 +36,26 @@ fn bad_numbers_are_one_line() {
 }
 
 #[test]
+fn bench_fetch_bad_arguments_are_one_line() {
+    assert_one_line_error(
+        &["bench", "fetch", "--paths", "read,carrier-pigeon"],
+        "bad fetch path",
+    );
+    assert_one_line_error(
+        &["bench", "fetch", "--paths", "adaptive:cap=0"],
+        "bad fetch path",
+    );
+    assert_one_line_error(&["bench", "fetch", "--sizes", "0"], "--sizes");
+    assert_one_line_error(&["bench", "fetch", "--sizes", "70000"], "--sizes");
+    assert_one_line_error(
+        &["bench", "fetch", "--scenarios", "storm"],
+        "unknown scenario",
+    );
+    assert_one_line_error(&["bench", "fetch", "-n", "2", "--rounds", "3"], "--rounds");
+    assert_one_line_error(&["bench", "fetch", "--rpc-nice", "20"], "--rpc-nice");
+}
+
+#[test]
 fn unknown_source_and_subcommand_are_one_line() {
     assert_one_line_error(
         &["bench", "pingpong", "--source", "carrier-pigeon"],

@@ -25,6 +25,8 @@
 //!   spin budget, CPU cap, pressure sampler).
 //! - [`cpu`]: CPU placement helpers (pinning, current CPU).
 //! - [`affinity`]: completion-vector / IRQ placement for RDMA CQs.
+//! - [`fetch`]: objects by key over RDMA by one READ, two dependent READs
+//!   or an RPC, the path chosen per fetch from what each costs now.
 //! - [`grammar`]: the value forms (durations, CPU shares) every front end
 //!   parses options with.
 //! - [`stall`]: the verbs completion-latency monitor's tables and judgement
@@ -45,6 +47,7 @@ pub mod affinity;
 pub mod cpu;
 pub mod dispatch;
 mod error;
+pub mod fetch;
 mod fork;
 pub mod grammar;
 pub mod lanes;

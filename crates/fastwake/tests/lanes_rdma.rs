@@ -12,15 +12,10 @@ use fastwake::source::verbs::Device;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
+mod common;
+
 fn device(test: &str) -> Option<Arc<Device>> {
-    let want = std::env::var("FASTWAKE_TEST_VERBS_DEV").ok();
-    match Device::open(want.as_deref(), None) {
-        Ok(d) => Some(Arc::new(d)),
-        Err(e) => {
-            eprintln!("SKIPPED {test}: {e}");
-            None
-        }
-    }
+    common::verbs_device(test)
 }
 
 fn message(seq: u64, len: usize) -> Vec<u8> {

@@ -18,15 +18,10 @@ const DEPTH: u32 = 64;
 const SIZE: usize = 8;
 const WAIT: Duration = Duration::from_secs(10);
 
+mod common;
+
 fn device(test: &str) -> Option<Arc<Device>> {
-    let want = std::env::var("FASTWAKE_TEST_VERBS_DEV").ok();
-    match Device::open(want.as_deref(), None) {
-        Ok(d) => Some(Arc::new(d)),
-        Err(e) => {
-            eprintln!("SKIPPED {test}: {e}");
-            None
-        }
-    }
+    common::verbs_device(test)
 }
 
 /// One side: QP (dropped first), its CQs, its memory.

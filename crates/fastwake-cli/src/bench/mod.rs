@@ -1,5 +1,6 @@
 //! `fastwake bench`: benchmarks that print perftest-style tables.
 
+pub mod fetch;
 pub mod harness;
 pub mod ipc;
 pub mod lanes;
@@ -59,6 +60,14 @@ pub enum Bench {
     /// streaming 1 MiB messages, interleaved; then the bulk lane alone
     /// with batching on and off.
     Lanes(lanes::Args),
+    /// Fetch objects by key over RDMA: READ, READ-2, RPC and adaptive
+    ///
+    /// Objects of 8 B to 64 KiB fetched by key by one READ (address
+    /// cached), two dependent READs, an RPC, and adaptive (the path chosen
+    /// per fetch from what each costs now), interleaved, with the server
+    /// idle, with a CPU hog on its RPC core, and beside a bulk flow. Needs
+    /// an RDMA device.
+    Fetch(fetch::Args),
     /// The co-located load of `bench load --background` (one process).
     #[command(hide = true)]
     Busy(load::background::BusyArgs),
@@ -226,6 +235,7 @@ pub fn run(b: Bench) -> Result<()> {
         Bench::Busy(a) => load::background::busy(a),
         Bench::Share(a) => share::run(a),
         Bench::Lanes(a) => lanes::run(a),
+        Bench::Fetch(a) => fetch::run(a),
     }
 }
 

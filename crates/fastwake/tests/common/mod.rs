@@ -97,3 +97,17 @@ pub fn produce_bursts(
         }
     }
 }
+
+/// The RDMA device the verbs tests use (`FASTWAKE_TEST_VERBS_DEV`, default
+/// the first), or `None` after printing `SKIPPED <test>: <why>` (no
+/// libibverbs, no device): those tests run in the Soft-RoCE guest.
+pub fn verbs_device(test: &str) -> Option<std::sync::Arc<fastwake::source::verbs::Device>> {
+    let want = std::env::var("FASTWAKE_TEST_VERBS_DEV").ok();
+    match fastwake::source::verbs::Device::open(want.as_deref(), None) {
+        Ok(d) => Some(std::sync::Arc::new(d)),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: {e}");
+            None
+        }
+    }
+}

@@ -111,6 +111,21 @@ impl RcQp {
         remote_addr: u64,
         rkey: u32,
     ) -> Result<()> {
+        self.post_read_op(wr_id, local, off, len, (remote_addr, rkey), true)
+    }
+
+    /// [`RcQp::post_read`], unsignaled when `!signaled`: no completion
+    /// unless it fails, its end known from a later signaled work request's
+    /// completion (RC completes a send queue in order).
+    pub fn post_read_op(
+        &self,
+        wr_id: u64,
+        local: &Mr,
+        off: usize,
+        len: usize,
+        (remote_addr, rkey): (u64, u32),
+        signaled: bool,
+    ) -> Result<()> {
         let mut sge = ibv_sge {
             addr: local.addr(off),
             length: len as u32,
@@ -126,7 +141,7 @@ impl RcQp {
             sg_list: &mut sge,
             num_sge: 1,
             opcode: IBV_WR_RDMA_READ,
-            send_flags: IBV_SEND_SIGNALED,
+            send_flags: if signaled { IBV_SEND_SIGNALED } else { 0 },
             imm_data: 0,
             _unions: unions,
         };
