@@ -14,7 +14,9 @@
 //!   wins up to 64 B on a ConnectX-3, RPC above), so every power-of-two
 //!   size class from 8 B to 64 KiB learns on its own. An estimate is an
 //!   exponentially decaying mean (weight [`ALPHA`] per sample) of the
-//!   path's latency and of the client's CPU per fetch.
+//!   path's latency and of the client's CPU per fetch; a sample counts as
+//!   at most [`CLIP`] estimates (see there), its deviation as at most
+//!   [`DEV_CLIP`] in the estimate's noise.
 //! - **The server's load is part of the RPC's cost.** An RPC's latency
 //!   depends on the server's RPC thread, READs do not: the RPC estimate is
 //!   kept apart for an idle and a busy server (as the load word says), so
