@@ -14,7 +14,9 @@
 //!   wins up to 64 B on a ConnectX-3, RPC above), so every power-of-two
 //!   size class from 8 B to 64 KiB learns on its own. An estimate is an
 //!   exponentially decaying mean (weight [`ALPHA`] per sample) of the
-//!   path's latency and of the client's CPU per fetch.
+//!   path's latency and of the client's CPU per fetch; a sample counts as
+//!   at most [`CLIP`] estimates (see there), its deviation as at most
+//!   [`DEV_CLIP`] in the estimate's noise.
 //! - **The server's load is part of the RPC's cost.** An RPC's latency
 //!   depends on the server's RPC thread, READs do not: the RPC estimate is
 //!   kept apart for an idle and a busy server (as the load word says), so
@@ -92,13 +94,13 @@ impl Path {
 
 /// Weight of a sample of the path in use.
 pub const ALPHA: f64 = 1.0 / 8.0;
-/// A sample counts as at most this many times its path's estimate: one
-/// stall (a descheduled vCPU, a timer tick) on a rarely probed path moves
-/// its estimate by at most `PROBE_ALPHA × (CLIP − 1)` of itself instead of
-/// holding the chooser off that path for hundreds of fetches, while a
-/// path that stalls often (an RPC thread sharing its core with a hog)
-/// still shows: stalls in more than one fetch in `CLIP` raise the estimate
-/// without bound.
+/// A sample counts as at most this many estimates (its path's own for the
+/// path in use, the class's cheapest for a probe): one stall (a
+/// descheduled vCPU, a timer tick) on a rarely probed path moves its
+/// estimate by a bounded amount instead of holding the chooser off that
+/// path for hundreds of fetches, while the path in use, if it stalls in
+/// more than one fetch in `CLIP` (an RPC thread sharing its core with a
+/// hog), shows it without bound.
 pub const CLIP: f64 = 8.0;
 /// A sample's deviation counts as at most this many times its path's
 /// estimate in the noise.
@@ -381,12 +383,16 @@ struct Est {
 }
 
 impl Est {
-    fn add(&mut self, lat: f64, cpu: f64, alpha: f64, at: u64) {
+    /// Add a sample, counted as at most [`CLIP`] times `unit`.
+    fn add(&mut self, lat: f64, cpu: f64, alpha: f64, at: u64, unit: f64) {
+        let clipped = lat.min(CLIP * unit);
+        // The CPU in proportion, so a clipped sample keeps its CPU share
+        // (what the cap weighs).
+        let cpu = if lat > 0.0 { cpu * clipped / lat } else { cpu };
+        let lat = clipped;
         if self.n == 0 {
             (self.lat, self.cpu) = (lat, cpu);
         } else {
-            // One stall counts as at most CLIP estimates (see CLIP).
-            let (lat, cpu) = (lat.min(CLIP * self.lat), cpu.min(CLIP * self.cpu.max(1.0)));
             // A deviation counts as at most DEV_CLIP estimates: the noise
             // says how far typical fetches stray, and a stall (already
             // clipped) must not make every gap look like noise for long.
@@ -619,6 +625,13 @@ impl Chooser {
     ) {
         let c = &mut self.classes[class.min(CLASSES - 1)];
         let at = c.decisions;
+        let floor = c
+            .est
+            .iter()
+            .flatten()
+            .filter(|e| e.n > 0)
+            .map(|e| e.lat)
+            .fold(f64::INFINITY, f64::min);
         let e = &mut c.est[p as usize][Self::slot(p, load)];
         let alpha = if e.n > 0 && at.saturating_sub(e.at) > STALE {
             STALE_ALPHA
@@ -627,7 +640,18 @@ impl Chooser {
         } else {
             ALPHA
         };
-        e.add(lat_ns, cpu_ns, alpha, at);
+        // The clip's unit: for the path in use, its own estimate (it gets
+        // every sample, so stalls in more than one fetch in CLIP raise it
+        // without bound); for a probe, the lesser of its own and the
+        // class's cheapest estimate (a probed path has few samples, and
+        // its own estimate, once inflated, would let the next stall count
+        // in full).
+        let unit = match (why == Why::Probe, e.n) {
+            (_, 0) => floor,
+            (true, _) => floor.min(e.lat),
+            (false, _) => e.lat,
+        };
+        e.add(lat_ns, cpu_ns, alpha, at, unit);
         c.stats.fetches[p as usize] += 1;
         if why == Why::Probe {
             c.stats.probes[p as usize] += 1;

@@ -8,7 +8,8 @@
 //! send CQ by the same thread.
 //!
 //! **The load word** (offset 0 of the table; also in every reply): every
-//! [`LOAD_PERIOD`] the RPC thread publishes its busy share of the period
+//! [`LOAD_PERIOD`] the RPC thread publishes its busy share of the last
+//! [`WINDOW`] periods
 //! (time spent serving requests plus time it wanted its CPU and waited for
 //! it, from its own `schedstat`), the waiting part alone, and the deepest
 //! queue of requests it found at once. A CPU hog on the RPC thread's core
@@ -353,13 +354,23 @@ fn run_queue_delay_ns() -> Option<u64> {
     s.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
-/// Busy share, over a period, of the RPC thread.
+/// Periods the load word is computed over: the word changes every period
+/// and says what the last `WINDOW` held, so a hog that just arrived shows
+/// at the next period (it takes most of it), while one stray ms in an
+/// emulated guest (a vCPU not run) does not flip the word by itself.
+pub const WINDOW: usize = 4;
+
+/// One period's figures: (ns, serving ns, waiting-for-CPU ns, depth).
+type Period = (u64, u64, u64, u16);
+
+/// Busy share of the RPC thread over the last [`WINDOW`] periods.
 struct LoadMeter {
     start_ns: u64,
     delay0: Option<u64>,
     serving_ns: u64,
     depth: u16,
     seq: u16,
+    past: std::collections::VecDeque<Period>,
 }
 
 impl LoadMeter {
@@ -370,6 +381,7 @@ impl LoadMeter {
             serving_ns: 0,
             depth: 0,
             seq: 0,
+            past: std::collections::VecDeque::with_capacity(WINDOW),
         }
     }
 
@@ -384,19 +396,22 @@ impl LoadMeter {
             (Some(a), Some(b)) => b.saturating_sub(a),
             _ => 0,
         };
-        let permille = |ns: u64| ((ns as f64 / dt as f64) * 1000.0).min(1000.0) as u16;
+        if self.past.len() == WINDOW {
+            self.past.pop_front();
+        }
+        self.past
+            .push_back((dt, self.serving_ns, delayed, self.depth));
+        let sum = |f: fn(&Period) -> u64| self.past.iter().map(f).sum::<u64>();
+        let (t, serving, waiting) = (sum(|p| p.0), sum(|p| p.1), sum(|p| p.2));
+        let permille = |ns: u64| ((ns as f64 / t.max(1) as f64) * 1000.0).min(1000.0) as u16;
         let load = Load {
-            busy: permille(self.serving_ns + delayed),
-            delayed: permille(delayed),
-            depth: self.depth,
+            busy: permille(serving + waiting),
+            delayed: permille(waiting),
+            depth: self.past.iter().map(|p| p.3).max().unwrap_or(0),
         };
         self.seq = self.seq.wrapping_add(1);
-        let w = load.pack(self.seq);
-        *self = LoadMeter {
-            seq: self.seq,
-            ..LoadMeter::new(now)
-        };
-        Some(w)
+        (self.start_ns, self.delay0, self.serving_ns, self.depth) = (now, delay1, 0, 0);
+        Some(load.pack(self.seq))
     }
 }
 
