@@ -366,6 +366,45 @@ static void pingpong_on(const char *mode, int ping_cpu, int pong_cpu) {
 
 static void pingpong(const char *mode) { pingpong_on(mode, -1, -1); }
 
+/* A second dispatch-mode waiter on CPU 1, asleep through a ping-pong: with
+ * it the pong thread is not alone on its core, so its waits are handed
+ * off (a waiter alone on its dispatcher's core spins in place for hybrid's
+ * budget, which a ping-pong's replies never outlast). */
+struct sibling_arg {
+    fw_receiver *rx;
+    volatile int waiting;
+};
+
+static void *sibling(void *p) {
+    struct sibling_arg *a = p;
+    pin(1);
+    fw_waiter *w = NULL;
+    fw_waiter_create("dispatch", &w);
+    a->waiting = 1;
+    uint64_t tag = 0;
+    fw_wait(w, a->rx, 10000000000LL, &tag, NULL, 0, NULL);
+    fw_waiter_destroy(w);
+    return NULL;
+}
+
+static void pingpong_beside_a_sibling(const char *mode, int ping_cpu, int pong_cpu) {
+    fw_sender *tx = NULL;
+    struct sibling_arg a = {NULL, 0};
+    if (fw_channel_create(NULL, &tx, &a.rx)) {
+        check(0, "sibling waiter", "fw_channel_create");
+        return;
+    }
+    pthread_t t;
+    pthread_create(&t, NULL, sibling, &a);
+    while (!a.waiting) usleep(1000);
+    usleep(20000); /* its wait registered and asleep */
+    pingpong_on(mode, ping_cpu, pong_cpu);
+    fw_send(tx, 0, NULL, 0);
+    pthread_join(t, NULL);
+    fw_sender_destroy(tx);
+    fw_receiver_destroy(a.rx);
+}
+
 /* A dispatcher on CPU 1 serving the pong thread pinned there. */
 static void on_usr1(int sig) { (void)sig; }
 
@@ -599,7 +638,7 @@ static void prewake_checks(void) {
         check(0, "pre-wakes: dispatcher without learn_idle", "did not start");
         return;
     }
-    pingpong_on("dispatch", 0, 1);
+    pingpong_beside_a_sibling("dispatch", 0, 1);
     struct fw_dispatch_stats st;
     memset(&ps, 0xff, sizeof ps);
     check(fw_dispatcher_stats(d, &st) == 0 && st.handoffs + st.relayed > 0 &&
