@@ -370,18 +370,15 @@ static void pingpong(const char *mode) { pingpong_on(mode, -1, -1); }
  * it the pong thread is not alone on its core, so its waits are handed
  * off (a waiter alone on its dispatcher's core spins in place for hybrid's
  * budget, which a ping-pong's replies never outlast). */
-struct sibling_arg {
-    fw_receiver *rx;
-    volatile int waiting;
-};
+struct sibling_arg { fw_receiver *rx; volatile int waiting; };
 
 static void *sibling(void *p) {
     struct sibling_arg *a = p;
-    pin(1);
     fw_waiter *w = NULL;
+    uint64_t tag = 0;
+    pin(1);
     fw_waiter_create("dispatch", &w);
     a->waiting = 1;
-    uint64_t tag = 0;
     fw_wait(w, a->rx, 10000000000LL, &tag, NULL, 0, NULL);
     fw_waiter_destroy(w);
     return NULL;
@@ -390,11 +387,8 @@ static void *sibling(void *p) {
 static void pingpong_beside_a_sibling(const char *mode, int ping_cpu, int pong_cpu) {
     fw_sender *tx = NULL;
     struct sibling_arg a = {NULL, 0};
-    if (fw_channel_create(NULL, &tx, &a.rx)) {
-        check(0, "sibling waiter", "fw_channel_create");
-        return;
-    }
     pthread_t t;
+    if (fw_channel_create(NULL, &tx, &a.rx)) { check(0, "sibling waiter", "fw_channel_create"); return; }
     pthread_create(&t, NULL, sibling, &a);
     while (!a.waiting) usleep(1000);
     usleep(20000); /* its wait registered and asleep */
