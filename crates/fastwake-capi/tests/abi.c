@@ -366,37 +366,13 @@ static void pingpong_on(const char *mode, int ping_cpu, int pong_cpu) {
 
 static void pingpong(const char *mode) { pingpong_on(mode, -1, -1); }
 
-/* A second dispatch-mode waiter on CPU 1, asleep through a ping-pong: with
- * it the pong thread is not alone on its core, so its waits are handed
- * off (a waiter alone on its dispatcher's core spins in place for hybrid's
- * budget, which a ping-pong's replies never outlast). */
-struct sibling_arg { fw_receiver *rx; volatile int waiting; };
-
-static void *sibling(void *p) {
-    struct sibling_arg *a = p;
-    fw_waiter *w = NULL;
-    uint64_t tag = 0;
-    pin(1);
-    fw_waiter_create("dispatch", &w);
-    a->waiting = 1;
-    fw_wait(w, a->rx, 10000000000LL, &tag, NULL, 0, NULL);
-    fw_waiter_destroy(w);
-    return NULL;
-}
+#include "abi_sibling.c"
 
 static void pingpong_beside_a_sibling(const char *mode, int ping_cpu, int pong_cpu) {
-    fw_sender *tx = NULL;
-    struct sibling_arg a = {NULL, 0};
-    pthread_t t;
-    if (fw_channel_create(NULL, &tx, &a.rx)) { check(0, "sibling waiter", "fw_channel_create"); return; }
-    pthread_create(&t, NULL, sibling, &a);
-    while (!a.waiting) usleep(1000);
-    usleep(20000); /* its wait registered and asleep */
+    struct sibling sb;
+    if (sibling_start(&sb)) return;
     pingpong_on(mode, ping_cpu, pong_cpu);
-    fw_send(tx, 0, NULL, 0);
-    pthread_join(t, NULL);
-    fw_sender_destroy(tx);
-    fw_receiver_destroy(a.rx);
+    sibling_stop(&sb);
 }
 
 /* A dispatcher on CPU 1 serving the pong thread pinned there. */

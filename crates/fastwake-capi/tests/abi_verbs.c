@@ -474,9 +474,11 @@ static void verbs_checks(int n) {
     fw_dispatcher *d = NULL;
     /* Never idle: under TCG a round trip can take longer than any idle
      * threshold, and an idle dispatcher hands waits back to interrupt mode. */
-    if (fw_dispatcher_start(1, -1, 0, &d) == 0) {
+    struct sibling sb; /* so that the pong end is handed off, not alone */
+    if (fw_dispatcher_start(1, -1, 0, &d) == 0 && sibling_start(&sb) == 0) {
         for (int left = 2; verbs_round_trips("dispatch", n, d, left > 0); left--) {
         }
+        sibling_stop(&sb);
         fw_dispatcher_stop(d);
     } else {
         check(0, "verbs: dispatcher for CPU 1", fw_last_error());
