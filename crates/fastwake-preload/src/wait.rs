@@ -469,7 +469,8 @@ where
 }
 
 /// A pre-wake ([`Planned::prewake_at`]): `call`'s timed look until
-/// `wake_at`, then looks until `spin_until`, then the real call for what
+/// `wake_at`, then looks until `spin_until` (for at most `spin_max` from
+/// the wake-up: [`Decision::Prewake`]), then the real call for what
 /// is left of the timeout. What is ready during the sleep ends the wait at
 /// once, as in interrupt mode. Counts the pre-wake and its catch, and
 /// tells the governor where the completion arrived and how late the timer
@@ -478,7 +479,7 @@ pub(crate) fn prewake<W: Prewaker>(
     gov: &mut Governor,
     planned: Planned,
     timeout_ns: Option<u64>,
-    (wake_at, spin_until): (u64, u64),
+    (wake_at, spin_until, spin_max): (u64, u64, u64),
     mut call: W,
 ) -> W::Out {
     use fastwake::adaptive::prewake::Arrival;
@@ -530,7 +531,7 @@ pub(crate) fn prewake<W: Prewaker>(
         gov.end(ending);
         return call.timed_out();
     }
-    let n = call.spin(t1, spin_until.saturating_sub(t1), &mut ending);
+    let n = call.spin(t1, spin_until.saturating_sub(t1).min(spin_max), &mut ending);
     if n != 0 {
         if n > 0 {
             count(|e| &e.prewake_caught, 1);
@@ -566,13 +567,15 @@ pub(crate) struct Planned {
 }
 
 impl Planned {
-    /// A [`Decision::Prewake`]'s wake-up and spin end, for [`prewake`].
-    pub(crate) fn prewake_at(&self) -> Option<(u64, u64)> {
+    /// A [`Decision::Prewake`]'s wake-up, spin end and longest spin, for
+    /// [`prewake`].
+    pub(crate) fn prewake_at(&self) -> Option<(u64, u64, u64)> {
         match self.decision {
             Decision::Prewake {
                 wake_at_ns,
                 spin_until_ns,
-            } => Some((wake_at_ns, spin_until_ns)),
+                spin_max_ns,
+            } => Some((wake_at_ns, spin_until_ns, spin_max_ns)),
             _ => None,
         }
     }

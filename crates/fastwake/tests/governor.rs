@@ -327,3 +327,72 @@ fn adaptive_stops_spinning_after_a_backlog_and_resumes_later() {
     let later = t + fastwake::wait::MIN_BEHIND_NS + 2_000_000;
     assert!(matches!(g.plan(&facts(later)).0, Decision::Spin(_)));
 }
+
+/// A pre-wake's spin is bounded by the ceiling from the thread's own
+/// wake-up, not from its timer's: on a host whose timers run 25 µs late, a
+/// 50 µs ceiling counted from the timer left 25 µs of spin, and a steady
+/// 1 ms stream with ±20 µs of jitter missed a third of its completions
+/// (sockperf's busy-polling server under the shim's `--pollers sleep`).
+#[test]
+fn a_prewakes_ceiling_counts_from_the_wake_up_not_the_timer() {
+    const LATE: u64 = 25_000;
+    const CEILING: u64 = 50_000;
+    let mut g = adaptive(CEILING);
+    let mut now = 1_000_000u64;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let (mut prewakes, mut caught, mut longest_spin) = (0, 0, 0);
+    for i in 0..1_500 {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let gap = 980_000 + (seed >> 33) % 40_000;
+        let f = Facts {
+            cpu: Some(3),
+            prewake: true,
+            ..Facts::at(now, None)
+        };
+        let end = match g.plan(&f).0 {
+            Decision::Prewake {
+                wake_at_ns,
+                spin_until_ns,
+                spin_max_ns,
+            } => {
+                assert_eq!(spin_max_ns, CEILING);
+                let run = wake_at_ns + LATE;
+                let until = spin_until_ns.min(run + spin_max_ns);
+                let arrive = now + gap;
+                let mut e = Ending::at(arrive.max(run), 0, false);
+                e.late_ns = Some(LATE);
+                if i >= 1_000 {
+                    prewakes += 1;
+                }
+                if arrive <= until {
+                    e.spun_ns = arrive.saturating_sub(run);
+                    longest_spin = longest_spin.max(e.spun_ns);
+                    e.arrival = Some(fastwake::adaptive::prewake::Arrival::Caught);
+                    if i >= 1_000 {
+                        caught += 1;
+                    }
+                } else {
+                    e.now_ns = arrive + LATE;
+                    e.spun_ns = until.saturating_sub(run);
+                    e.slept = true;
+                    e.arrival = Some(fastwake::adaptive::prewake::Arrival::Late);
+                }
+                e
+            }
+            Decision::Spin(b) if b >= gap => Ending::at(now + gap, gap, false),
+            Decision::Spin(b) => Ending::at(now + gap + LATE, b, true),
+            _ => Ending::at(now + gap + LATE, 0, true),
+        };
+        now = end.now_ns + 1_000;
+        g.end(end);
+    }
+    assert!(
+        prewakes >= 450,
+        "{prewakes} pre-wakes in the last 500 waits"
+    );
+    assert!(
+        caught * 10 >= prewakes * 9,
+        "caught {caught} of {prewakes} pre-wakes"
+    );
+    assert!(longest_spin <= CEILING, "spun {longest_spin} ns");
+}

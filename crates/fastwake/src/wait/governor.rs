@@ -177,10 +177,19 @@ pub enum Decision {
     Block,
     /// Sleep on the source until `wake_at_ns` (a completion before then
     /// ends the wait as in interrupt mode), then look until
-    /// `spin_until_ns`, then block; both in the clock of
-    /// [`Facts::now_ns`]. Report the timer's lateness and where the
-    /// completion arrived in [`Ending::late_ns`] and [`Ending::arrival`].
-    Prewake { wake_at_ns: u64, spin_until_ns: u64 },
+    /// `spin_until_ns` but for at most `spin_max_ns` from when the thread
+    /// runs, then block; both times in the clock of [`Facts::now_ns`].
+    /// The spin is bounded from the thread's own wake-up, not from the
+    /// timer's: a timer's lateness is time asleep, and a ceiling counted
+    /// from the timer let a 26 µs lateness eat half of a 50 µs ceiling, so
+    /// completions in the tail the plan spins for were missed. Report the
+    /// timer's lateness and where the completion arrived in
+    /// [`Ending::late_ns`] and [`Ending::arrival`].
+    Prewake {
+        wake_at_ns: u64,
+        spin_until_ns: u64,
+        spin_max_ns: u64,
+    },
 }
 
 /// Why a wait was planned the way it was (for the caller's counters).
@@ -480,7 +489,7 @@ impl Governor {
                 spin_end_ns,
             } => {
                 let timeout = f.timeout_ns.unwrap_or(u64::MAX);
-                let spin = spin_end_ns.saturating_sub(sleep_ns).min(self.ceiling_ns);
+                let spin = spin_end_ns.saturating_sub(sleep_ns);
                 if timeout <= sleep_ns {
                     // The timeout comes first: an interrupt-mode wait.
                     Decision::Block
@@ -488,6 +497,7 @@ impl Governor {
                     Decision::Prewake {
                         wake_at_ns: f.now_ns + sleep_ns,
                         spin_until_ns: f.now_ns + (sleep_ns + spin).min(timeout),
+                        spin_max_ns: self.ceiling_ns,
                     }
                 }
             }

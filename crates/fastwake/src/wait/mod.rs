@@ -330,7 +330,11 @@ impl Waiter {
             Decision::Prewake {
                 wake_at_ns,
                 spin_until_ns,
-            } => return self.prewake(src, deadline, cpu, now_ns, wake_at_ns, spin_until_ns),
+                spin_max_ns,
+            } => {
+                let at = (wake_at_ns, spin_until_ns, spin_max_ns);
+                return self.prewake(src, deadline, cpu, now_ns, at);
+            }
             Decision::Spin(_) if matches!(self.mode(), WaitMode::Poll) => {
                 let r = poll::spin(src, deadline);
                 let now = monotonic_ns();
@@ -411,7 +415,8 @@ impl Waiter {
 
     /// A pre-wake: sleep on the source until `wake_at_ns` (with a fine
     /// timer slack, so the timer is late by the host's wake-up only), then
-    /// spin until `spin_until_ns`, then block. A completion during the
+    /// spin until `spin_until_ns`, for at most `spin_max_ns` from the
+    /// wake-up ([`Decision::Prewake`]), then block. A completion during the
     /// sleep ends the wait as in interrupt mode.
     fn prewake<S: Source + ?Sized>(
         &mut self,
@@ -419,8 +424,7 @@ impl Waiter {
         deadline: Option<Instant>,
         cpu: Option<u32>,
         start_ns: u64,
-        wake_at_ns: u64,
-        spin_until_ns: u64,
+        (wake_at_ns, spin_until_ns, spin_max_ns): (u64, u64, u64),
     ) -> Result<Option<S::Completion>> {
         use crate::adaptive::prewake::Arrival;
         let mut e = Ending::at(start_ns, 0, true);
@@ -471,7 +475,8 @@ impl Waiter {
             self.governor.end(e);
             return Ok(None);
         }
-        let end = match hybrid::spin(src, t1, spin_until_ns.saturating_sub(t1)) {
+        let spin = spin_until_ns.saturating_sub(t1).min(spin_max_ns);
+        let end = match hybrid::spin(src, t1, spin) {
             Ok(end) => end,
             Err(err) => {
                 e.failed = true;
