@@ -255,8 +255,7 @@ pub enum Reason {
     Cap,
     /// Interrupt mode: the pre-wake planned wakes further ahead of the
     /// shortest recent wait (its margin) than the caller's longest spin
-    /// ([`Env::spin_ceiling_ns`]), so its spin would end before any
-    /// completion it was planned for.
+    /// ([`Env::spin_ceiling_ns`] says why that rules it out).
     Ceiling,
     /// Handed to the core's dispatcher.
     Dispatch,

@@ -489,14 +489,13 @@ impl Governor {
                 spin_end_ns,
             } => {
                 let timeout = f.timeout_ns.unwrap_or(u64::MAX);
-                let spin = spin_end_ns.saturating_sub(sleep_ns);
                 if timeout <= sleep_ns {
                     // The timeout comes first: an interrupt-mode wait.
                     Decision::Block
                 } else {
                     Decision::Prewake {
                         wake_at_ns: f.now_ns + sleep_ns,
-                        spin_until_ns: f.now_ns + (sleep_ns + spin).min(timeout),
+                        spin_until_ns: f.now_ns + spin_end_ns.max(sleep_ns).min(timeout),
                         spin_max_ns: self.ceiling_ns,
                     }
                 }

@@ -151,12 +151,14 @@ pub struct Env {
     /// The longest spin the caller does (`u64::MAX`: none; the shim's
     /// `FASTWAKE_BUDGET_US`). A spin plan is cut to it, which still
     /// catches the completions that come early in the spin. A pre-wake's
-    /// spin starts a margin before the shortest recent wait ends: cut to
-    /// a ceiling shorter than that margin, it ends before any completion
-    /// it was planned for, so such a pre-wake is not planned once the
-    /// margin is learned from the timers (the probes that measure them
-    /// still run). One whose margin fits is, and its cut spin catches what
-    /// comes within it.
+    /// spin is cut to it counted from the thread's wake-up
+    /// ([`crate::wait::Decision::Prewake`]). A pre-wake whose margin (how
+    /// far ahead of the shortest recent wait it wakes) is longer than the
+    /// ceiling is not planned once the margin is learned from the timers
+    /// (the probes that measure them still run). The rule dates from a
+    /// ceiling counted from the timer, when such a spin ended before any
+    /// completion it was planned for; counted from the wake-up, it also
+    /// holds back some pre-wakes that would catch their completions.
     pub spin_ceiling_ns: u64,
 }
 
