@@ -33,7 +33,10 @@
 //!   rare and a change must show within a few of them, and no more, since
 //!   a probe of a noisy path must not swing its estimate alone. The first
 //!   sample of an estimate older than [`STALE`] decisions weighs
-//!   [`STALE_ALPHA`].
+//!   [`STALE_ALPHA`]. When the word turns idle after busy, the next
+//!   [`REPROBE`] fetches probe the RPC and its samples weigh
+//!   [`STALE_ALPHA`]: the word lags the server, and the idle estimate may
+//!   hold a hog's first RPCs.
 //! - **Hysteresis.** The current path changes only when another is
 //!   cheaper by [`Policy::margin`] (10 %) plus the two estimates' own
 //!   noise (from the decaying mean deviation of their samples) on
@@ -112,6 +115,16 @@ pub const STALE: u64 = 256;
 /// Weight of the first sample of a stale estimate: what the estimate says
 /// is older than the noise the sample would be smoothed against.
 pub const STALE_ALPHA: f64 = 1.0 / 2.0;
+/// RPC probes in a row when the word turns idle after busy, each weighing
+/// [`STALE_ALPHA`]. The word lags the server by up to a window, so the
+/// RPCs of a hog's first fetches cost what they cost busy while the word
+/// still said idle, and the idle estimate took them in (3.4× what RPCs
+/// cost once the hog had gone, in the guest); at one probe in 8 those
+/// samples took 80 fetches to wash out. Eight samples at weight 1/2 leave
+/// a 256th of the error and of its deviation, whose noise would otherwise
+/// hold the switch back (with four, the unit test came back after 27
+/// fetches, past [`FOLLOW_ANNOUNCED`]'s 16).
+pub const REPROBE: u32 = 8;
 /// How many standard errors of the two estimates a gap must exceed.
 pub const NOISE_K: f64 = 2.0;
 /// A path cheaper than this share of the current one's cost (beyond the
@@ -421,6 +434,12 @@ struct Class {
     /// The path that has beaten the current one, and for how many decisions.
     challenger: Option<(Path, u32)>,
     decisions: u64,
+    /// The load class of the last decision (0 idle, 1 busy).
+    last_load: usize,
+    /// RPC probes still to take after the word turned idle ([`REPROBE`]).
+    reprobe: u32,
+    /// RPC samples under an idle word still to weigh [`STALE_ALPHA`].
+    fresh: u32,
     stats: ClassStats,
 }
 
@@ -474,6 +493,10 @@ impl Chooser {
         }
         let c = &mut self.classes[class];
         c.decisions += 1;
+        if c.last_load == 1 && load.class() == 0 {
+            (c.reprobe, c.fresh) = (REPROBE, REPROBE);
+        }
+        c.last_load = load.class();
         let usable = |p: Path| policy.allows(p) && (p != Path::Read || cached);
         let candidates: Vec<Path> = PATHS.iter().copied().filter(|&p| usable(p)).collect();
         let candidates = if candidates.is_empty() {
@@ -576,6 +599,12 @@ impl Chooser {
         if rpc_unmeasured && cur != Path::Rpc {
             return (Path::Rpc, Why::Probe);
         }
+        // The word turned idle: what the idle RPC estimate last took in may
+        // have been a hog the word had not announced yet (see REPROBE).
+        if c.reprobe > 0 && cur != Path::Rpc && candidates.contains(&Path::Rpc) {
+            c.reprobe -= 1;
+            return (Path::Rpc, Why::Probe);
+        }
         // A path that may be cheaper (its estimate less its noise is under
         // the current one's) is probed four times as often: its samples
         // can change the decision, and a mean of few samples of a
@@ -632,8 +661,12 @@ impl Chooser {
             .filter(|e| e.n > 0)
             .map(|e| e.lat)
             .fold(f64::INFINITY, f64::min);
+        let fresh = p == Path::Rpc && load.class() == 0 && c.fresh > 0;
+        if fresh {
+            c.fresh -= 1;
+        }
         let e = &mut c.est[p as usize][Self::slot(p, load)];
-        let alpha = if e.n > 0 && at.saturating_sub(e.at) > STALE {
+        let alpha = if fresh || (e.n > 0 && at.saturating_sub(e.at) > STALE) {
             STALE_ALPHA
         } else if why == Why::Probe {
             PROBE_ALPHA

@@ -274,6 +274,49 @@ fn follows_a_server_turning_busy_and_idle_again() {
     }
 }
 
+/// The word lags the hog: for its first fetches the RPCs already cost
+/// what they cost busy while the word still says idle, so the idle RPC
+/// estimate takes them in. When the word says idle again after the hog,
+/// the chooser must come back to RPC within [`FOLLOW_ANNOUNCED`] fetches
+/// all the same (in the guest, 64 B stayed on READ-2 400 fetches after a
+/// second hog, on an idle estimate 3.4× what RPCs cost by then).
+#[test]
+fn comes_back_after_a_hog_the_word_announced_late() {
+    const LAG: u64 = 12;
+    let mut ch = Chooser::new(Policy::default());
+    let class = class_of(65536);
+    let fetch = |ch: &mut Chooser, word: Load, costs: Load| {
+        let (p, why) = ch.choose(class, false, word);
+        let (lat, cpu) = roce(65536, p, costs);
+        ch.record(class, p, why, word, lat, cpu);
+    };
+    for _ in 0..1_000 {
+        fetch(&mut ch, IDLE, IDLE);
+    }
+    assert_eq!(ch.current(class), Some(Path::Rpc));
+    for hog in 0..3 {
+        for _ in 0..LAG {
+            fetch(&mut ch, IDLE, BUSY);
+        }
+        for _ in 0..1_000 {
+            fetch(&mut ch, BUSY, BUSY);
+        }
+        assert_eq!(ch.current(class), Some(Path::Read2), "hog {hog}");
+        let back = (0..200u64).find(|_| {
+            fetch(&mut ch, IDLE, IDLE);
+            ch.current(class) == Some(Path::Rpc)
+        });
+        assert!(
+            back.is_some_and(|n| n < FOLLOW_ANNOUNCED),
+            "hog {hog}: back on RPC after {back:?} fetches: {}",
+            ch.explain()
+        );
+        for _ in 0..1_000 {
+            fetch(&mut ch, IDLE, IDLE);
+        }
+    }
+}
+
 /// The same change without the load word (a contended NIC, say): only the
 /// costs show it. Followed within FOLLOW_SILENT fetches.
 #[test]
