@@ -153,7 +153,7 @@ fn blocking(
     match crate::pollers::empty(crate::pollset::Key::Fd(0, fd), |s| {
         s.add_fd(fd, libc::POLLIN)
     }) {
-        crate::pollers::Next::Empty => {
+        crate::pollers::Next::Empty | crate::pollers::Next::Quiet => {
             wait::set_errno(e);
             r
         }

@@ -113,9 +113,7 @@ pub fn count_why(why: Why) {
         Why::SameCpu | Why::Learned(Reason::SameCpu) => count(|e| &e.same_cpu, 1),
         Why::Siblings | Why::Learned(Reason::Siblings) => count(|e| &e.siblings, 1),
         Why::Contended | Why::Learned(Reason::Contended) => count(|e| &e.contended, 1),
-        // The ceiling is the shim's too (FASTWAKE_BUDGET_US): a limit on
-        // spinning like the cap, counted with it.
-        Why::Capped | Why::Learned(Reason::Cap | Reason::Ceiling) => count(|e| &e.capped, 1),
+        Why::Capped | Why::Learned(Reason::Cap) => count(|e| &e.capped, 1),
         _ => {}
     }
 }

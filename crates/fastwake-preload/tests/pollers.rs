@@ -94,12 +94,18 @@ const MESSAGES: usize = 150;
 fn child_spinning_server() {
     let (srv, cli) = socketpair();
     nonblocking(&srv);
+    // A second socket that never has data, polled first in each loop (as
+    // a server polls its listener): a sleep may start at either, and one
+    // ended by the other must return the idle one empty.
+    let (idle, _idle_peer) = socketpair();
+    nonblocking(&idle);
     let server = std::thread::spawn(move || {
         common::pin(0);
         let mut buf = [0u8; 64];
         let mut sum: u64 = 0;
         let mut got = 0;
         while got < MESSAGES {
+            assert!(try_recv(&idle, &mut buf).is_none(), "data from nowhere");
             // Spin: recv until something is there, as a polling server does.
             let Some(n) = try_recv(&srv, &mut buf) else {
                 continue;

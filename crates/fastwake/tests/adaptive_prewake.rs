@@ -182,34 +182,70 @@ fn interrupt_for(s: &mut Sim, env: Env, why: fastwake::adaptive::Reason) {
     );
 }
 
-/// A pre-wake's spin starts a margin before the shortest recent wait
-/// ends, so a caller's longest spin (the shim's `FASTWAKE_BUDGET_US`)
-/// shorter than that margin would end it before any completion it was
-/// planned for (in the Soft-RoCE guest, with timers ~200 µs late and the
-/// shim's 50 µs ceiling, 67 of 384 pre-wakes were caught): such a
-/// pre-wake is not planned. One whose margin fits is (its spin, cut to
-/// the ceiling, catches what comes within it).
+/// A margin past the caller's longest spin (the shim's 50 µs ceiling,
+/// timers 20-90 µs late, as measured on this project's VMs on a bad day)
+/// still pre-wakes: the ceiling counts from the thread's wake-up, and the
+/// figures cut every spin there, so the plan is weighed as it will run.
+/// Ruling such pre-wakes out (as a margin-past-the-ceiling rule did) left
+/// a 1 kHz stream in interrupt mode, every completion paying a whole
+/// wake-up.
 #[test]
-fn prewake_is_not_planned_when_its_margin_is_past_the_callers_longest_spin() {
-    let (mut s, _) = prewaking(5);
-    let margin = s.core.stats().margin_ns;
-    assert!(margin > 0, "{}", fastwake::adaptive::explain(&s.core, None));
-    let short = Env {
-        spin_ceiling_ns: margin - 1,
-        ..Env::default()
+fn a_margin_past_the_ceiling_still_prewakes_and_catches() {
+    let dist = Dist::Steady {
+        d: 1_000_000.0,
+        jitter: 0.01,
     };
-    interrupt_for(&mut s, short, fastwake::adaptive::Reason::Ceiling);
-    assert!(s.core.stats().ceiling >= 1);
+    let mut s = Sim::new(Config::default(), 17);
+    s.late = (20_000, 90_000);
+    s.ceiling = 50_000;
+    s.run(dist, 2_000);
+    (s.early, s.caught, s.late_arrivals) = (0, 0, 0);
+    s.run(dist, 1_000);
+    let explain = fastwake::adaptive::explain(&s.core, None);
+    let margin = s.core.prewake().margin_ns().unwrap_or(0);
+    assert!(margin > 50_000, "margin {margin}: {explain}");
+    let n = s.early + s.caught + s.late_arrivals;
+    assert!(n >= 900, "{n} pre-wakes in 1000 waits: {explain}");
     assert!(
-        fastwake::adaptive::explain(&s.core, None).contains("past the longest spin"),
-        "{}",
-        fastwake::adaptive::explain(&s.core, None)
+        s.caught * 10 >= n * 8,
+        "caught {} of {n}: {explain}",
+        s.caught
     );
-    let enough = Env {
-        spin_ceiling_ns: margin,
-        ..Env::default()
+}
+
+/// A steady 1 ms stream with one stray short wait in a hundred (a message
+/// sent early, two requests close together): the stray is weighed as an
+/// early completion, and the plan stays a pre-wake. Placed by the very
+/// shortest recent wait, each stray stopped every pre-wake for the next
+/// 64 waits.
+#[test]
+fn a_stray_short_wait_does_not_stop_the_prewakes() {
+    let dist = Dist::Steady {
+        d: 1_000_000.0,
+        jitter: 0.02,
     };
-    assert!(matches!(s.core.plan(s.now, enough), Plan::Prewake { .. }));
+    let mut s = Sim::new(Config::default(), 23);
+    let stream = |s: &mut Sim, n: usize| {
+        for i in 0..n {
+            let w = if i % 100 == 50 {
+                200_000
+            } else {
+                dist.sample(&mut s.rng)
+            };
+            s.step(w, Env::default());
+        }
+    };
+    stream(&mut s, 1_000);
+    (s.early, s.caught, s.late_arrivals) = (0, 0, 0);
+    stream(&mut s, 1_000);
+    let n = s.early + s.caught + s.late_arrivals;
+    let explain = fastwake::adaptive::explain(&s.core, None);
+    assert!(n >= 900, "{n} pre-wakes in 1000 waits: {explain}");
+    assert!(
+        s.caught * 10 >= n * 9,
+        "caught {} of {n}: {explain}",
+        s.caught
+    );
 }
 
 /// The probes that measure the timers (planned with the bootstrap margin,
@@ -240,8 +276,6 @@ fn timer_probes_run_under_a_ceiling_shorter_than_the_bootstrap_margin() {
         s.core.prewake().margin_ns(),
         fastwake::adaptive::explain(&s.core, None)
     );
-    // Learned (~tens of µs here), the margin is past a 1 µs ceiling.
-    interrupt_for(&mut s, tiny, fastwake::adaptive::Reason::Ceiling);
 }
 
 /// Pre-wakes whose completions keep coming before the timer (whatever the

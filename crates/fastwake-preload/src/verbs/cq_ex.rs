@@ -585,8 +585,10 @@ unsafe extern "C" fn judged_start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_c
         if r == 0 {
             crate::pollers::completion();
         } else if r == libc::ENOENT
-            && let crate::pollers::Next::Again =
-                crate::pollers::empty(crate::pollset::Key::Cq(base as usize), |s| s.add_cq(base))
+            && !matches!(
+                crate::pollers::empty(crate::pollset::Key::Cq(base as usize), |s| s.add_cq(base)),
+                crate::pollers::Next::Empty
+            )
         {
             // SAFETY: as above: the thread slept outside any batch; the
             // caller's start_poll, made again.

@@ -253,10 +253,6 @@ pub enum Reason {
     Contended,
     /// Interrupt mode: the CPU cap's allowance is spent.
     Cap,
-    /// Interrupt mode: the pre-wake planned wakes further ahead of the
-    /// shortest recent wait (its margin) than the caller's longest spin
-    /// ([`Env::spin_ceiling_ns`] says why that rules it out).
-    Ceiling,
     /// Handed to the core's dispatcher.
     Dispatch,
     /// Slept on the source until shortly before the earliest typical
@@ -295,9 +291,6 @@ pub struct AdaptiveStats {
     pub contended: u64,
     /// Interrupt-mode waits because the CPU cap's allowance was spent.
     pub capped: u64,
-    /// Interrupt-mode waits because the pre-wake planned had a margin
-    /// longer than the caller's longest spin ([`Reason::Ceiling`]).
-    pub ceiling: u64,
     /// Waits handed to the dispatcher.
     pub dispatched: u64,
     /// Total ns spent spinning.
@@ -345,7 +338,6 @@ impl AdaptiveStats {
         siblings: 0,
         contended: 0,
         capped: 0,
-        ceiling: 0,
         dispatched: 0,
         spin_ns: 0,
         recomputes: 0,
@@ -375,7 +367,6 @@ impl AdaptiveStats {
             Reason::Siblings => self.siblings += 1,
             Reason::Contended => self.contended += 1,
             Reason::Cap => self.capped += 1,
-            Reason::Ceiling => self.ceiling += 1,
             Reason::Dispatch => self.dispatched += 1,
             Reason::Prewake => self.prewakes += 1,
             Reason::Behind => self.behind += 1,
@@ -450,12 +441,6 @@ pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
         );
     }
     out += ")";
-    if s.ceiling > 0 {
-        out += &format!(
-            "; interrupt for pre-wakes whose margin is past the longest spin {:.0}%",
-            pct(s.ceiling)
-        );
-    }
     if s.backlogs > 0 {
         out += &format!(
             "; backlogs {} (interrupt while behind {:.0}%)",

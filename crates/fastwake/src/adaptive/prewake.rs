@@ -58,8 +58,16 @@ pub const MARGIN_QUANTILE: f64 = 0.9;
 /// ...plus this much (clock reads, the re-check before spinning).
 pub const MARGIN_GUARD_NS: u64 = 1_000;
 /// A pre-wake is planned only when the median recent wait is at most this
-/// many times the shortest.
+/// many times the shortest (strays aside: [`STRAYS`]).
 pub const CONCENTRATION: u64 = 2;
+/// Of every this many recent waits, the shortest one is a stray: not the
+/// shortest wait a plan is placed by, and weighed in its figures as a
+/// completion that comes early (a wake-up, as in interrupt mode). One
+/// short wait among 64 (a message sent early, a retransmit, two requests
+/// close together) otherwise stopped every pre-wake until it left the
+/// window: a busy-polling server at 1,000 msg/s, whose waits were
+/// 915-1,009 µs but for one of 214 µs, blocked through the next 64.
+pub const STRAYS: usize = 32;
 /// Shortest sleep worth planning: below it the timer's own CPU and its
 /// lateness eat what the sleep saves.
 pub const MIN_SLEEP_NS: u64 = 8_000;
@@ -137,6 +145,13 @@ pub struct Costs {
     pub sleep_cpu_ns: f64,
     /// µs of CPU one µs of latency is worth.
     pub worth: f64,
+    /// The caller's longest spin, ns, counted from the thread's wake-up
+    /// (`u64::MAX`: none; [`crate::wait::Decision::Prewake`]): a
+    /// completion later than the wake-up plus this is a miss, however far
+    /// the plan's spin end. Weighed only once the margin is learned from
+    /// the timers: the probes that measure them (the bootstrap margin)
+    /// must run, whatever the ceiling cuts off their spins.
+    pub spin_max_ns: u64,
 }
 
 /// A candidate with its predicted figures.
@@ -195,13 +210,12 @@ impl Prewake {
         self.forgotten
     }
 
-    /// The shortest recent wait, ns (0: none yet).
+    /// The shortest recent wait a plan is placed by, strays aside
+    /// ([`STRAYS`]), ns (0: none yet).
     pub fn shortest_wait_ns(&self) -> u64 {
-        self.waits.v[..self.waits.n]
-            .iter()
-            .min()
-            .copied()
-            .unwrap_or(0) as u64
+        let mut s = [0u32; RECENT];
+        let n = self.waits.sorted(&mut s);
+        if n == 0 { 0 } else { s[n / STRAYS] as u64 }
     }
 
     /// Lateness samples seen.
@@ -233,6 +247,18 @@ impl Prewake {
         )
     }
 
+    /// `c` with the ceiling weighed only once the margin is learned (see
+    /// [`Costs::spin_max_ns`]).
+    fn ceilinged(&self, c: Costs) -> Costs {
+        match self.margin_ns() {
+            Some(_) => c,
+            None => Costs {
+                spin_max_ns: u64::MAX,
+                ..c
+            },
+        }
+    }
+
     /// What `plan` would have cost over the recent waits under `c`
     /// (`None`: too few waits).
     pub fn evaluate(&self, plan: Candidate, c: Costs) -> Option<Figures> {
@@ -242,7 +268,7 @@ impl Prewake {
             return None;
         }
         let (late, m) = self.lateness_points();
-        Some(figures(&s[..n], plan, &late[..m], c))
+        Some(figures(&s[..n], plan, &late[..m], self.ceilinged(c)))
     }
 
     /// The best pre-wake plan for the recent waits under `c`, with its
@@ -257,7 +283,9 @@ impl Prewake {
     pub fn best(&self, c: Costs) -> Option<Figures> {
         let mut s = [0u32; RECENT];
         let n = self.waits.sorted(&mut s);
-        if n < MIN_RECENT || (s[0] as u64) < MIN_SLEEP_NS {
+        // The shortest wait a plan is placed by, strays aside.
+        let first = n / STRAYS;
+        if n < MIN_RECENT || (s[first] as u64) < MIN_SLEEP_NS {
             return None;
         }
         let s = &s[..n];
@@ -266,11 +294,12 @@ impl Prewake {
         // spread-out distribution (exponential, heavy-tailed: the shortest
         // of 64 is a few % of the median) would be slept through only
         // briefly, for the timer's CPU, and its plan is a spin budget.
-        if (s[0] as u64) * CONCENTRATION < s[n / 2] as u64 {
+        if (s[first] as u64) * CONCENTRATION < s[n / 2] as u64 {
             return None;
         }
         let (late, m) = self.lateness_points();
         let late = &late[..m];
+        let c = self.ceilinged(c);
         let margins: [Option<u64>; 3] = match self.margin_ns() {
             None => [None; 3],
             Some(m90) => {
@@ -285,30 +314,28 @@ impl Prewake {
         // never a later order statistic: a completion the waits predict
         // then never comes while the thread sleeps on its timer (which
         // would cost a full wake-up).
-        {
-            let lo = s[0] as u64;
-            for margin in margins {
-                let sleep_ns = match margin {
-                    Some(m) => lo.saturating_sub(m),
-                    None => lo - (lo / 2).min(BOOTSTRAP_MARGIN_NS),
+        let lo = s[first] as u64;
+        for margin in margins {
+            let sleep_ns = match margin {
+                Some(m) => lo.saturating_sub(m),
+                None => lo - (lo / 2).min(BOOTSTRAP_MARGIN_NS),
+            };
+            if sleep_ns < MIN_SLEEP_NS {
+                continue;
+            }
+            for j in [n / 2, 3 * n / 4, n - 3, n - 1] {
+                let end = (s[j] as u64 + MARGIN_GUARD_NS).max(sleep_ns + MARGIN_GUARD_NS);
+                let plan = Candidate {
+                    sleep_ns,
+                    spin_end_ns: end,
                 };
-                if sleep_ns < MIN_SLEEP_NS {
-                    continue;
+                let f = figures(s, plan, late, c);
+                if best.is_none_or(|b| f.cost < b.cost) {
+                    best = Some(f);
                 }
-                for j in [n / 2, 3 * n / 4, n - 3, n - 1] {
-                    let end = (s[j] as u64 + MARGIN_GUARD_NS).max(sleep_ns + MARGIN_GUARD_NS);
-                    let plan = Candidate {
-                        sleep_ns,
-                        spin_end_ns: end,
-                    };
-                    let f = figures(s, plan, late, c);
-                    if best.is_none_or(|b| f.cost < b.cost) {
-                        best = Some(f);
-                    }
-                }
-                if margin.is_none() {
-                    break;
-                }
+            }
+            if margin.is_none() {
+                break;
             }
         }
         best
@@ -316,12 +343,13 @@ impl Prewake {
 }
 
 /// What `plan` would have cost over the waits `s`, each timer late by each
-/// of `late` in turn.
+/// of `late` in turn, the spin cut at `c.spin_max_ns` from the wake-up.
 fn figures(s: &[u32], plan: Candidate, late: &[u64], c: Costs) -> Figures {
     let (mut lat, mut cpu, mut spin, mut hits) = (0.0f64, 0.0f64, 0.0f64, 0u32);
-    let (sleep, end) = (plan.sleep_ns, plan.spin_end_ns);
+    let sleep = plan.sleep_ns;
     for &l in late {
         let awake = sleep + l;
+        let end = plan.spin_end_ns.min(awake.saturating_add(c.spin_max_ns));
         for &w in s {
             let w = w as u64;
             if w <= sleep {
@@ -371,6 +399,7 @@ mod tests {
         wake_ns: 4_300.0,
         sleep_cpu_ns: 5_000.0,
         worth: 100.0,
+        spin_max_ns: u64::MAX,
     };
 
     fn fed(waits: impl Iterator<Item = u64>, late: &[u64]) -> Prewake {
@@ -399,6 +428,35 @@ mod tests {
         // Spins about the jitter plus the margin, not the whole wait.
         assert!(f.spin < 150_000.0, "{f:?}");
         assert!(f.p_hit > 0.9, "{f:?}");
+    }
+
+    #[test]
+    fn the_ceiling_cuts_each_spin_at_the_wake_up_plus_it() {
+        // Waits 900-1000 µs, timers 5-15 µs late: unbounded, the plan
+        // catches nearly every wait; weighed with a 20 µs ceiling from the
+        // wake-up, the same plan spins at most that per wait and the
+        // later completions are misses.
+        let waits = (0..64).map(|i| 900_000 + i * 1_600);
+        let late: Vec<u64> = (0..32).map(|i| 5_000 + (i % 11) * 1_000).collect();
+        let p = fed(waits, &late);
+        let free = p.best(COSTS).expect("a plan");
+        let cut = Costs {
+            spin_max_ns: 20_000,
+            ..COSTS
+        };
+        let f = p.evaluate(free.plan, cut).expect("figures");
+        assert!(free.p_hit > 0.9, "{free:?}");
+        assert!(f.spin <= 20_000.0, "{f:?}");
+        assert!(f.p_hit < free.p_hit - 0.3, "{f:?} against {free:?}");
+        // Before the timers are measured, the ceiling is not weighed: the
+        // probes that measure them must run.
+        let fresh = fed((0..64).map(|i| 900_000 + i * 1_600), &[]);
+        let probe = fresh.best(cut).expect("a probe");
+        assert_eq!(fresh.evaluate(probe.plan, cut).unwrap().p_hit, probe.p_hit);
+        assert_eq!(
+            fresh.evaluate(probe.plan, COSTS).unwrap().p_hit,
+            probe.p_hit
+        );
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub struct Sim {
     /// (`None`: the model's, with jitter). The learner is not told it (a
     /// source that does not date its rings).
     pub early_wake: Option<u64>,
+    /// The caller's longest spin, ns (`u64::MAX`: none): told to the
+    /// learner in every wait's [`Env`], and cutting a spin as the wait
+    /// governor does (a pre-wake's counted from the thread's wake-up).
+    pub ceiling: u64,
     /// Pre-wakes by where the completion arrived.
     pub early: u64,
     pub caught: u64,
@@ -78,6 +82,7 @@ impl Sim {
             spun: 0,
             late: (3_000, 25_000),
             early_wake: None,
+            ceiling: u64::MAX,
             early: 0,
             caught: 0,
             late_arrivals: 0,
@@ -89,11 +94,12 @@ impl Sim {
     pub fn step(&mut self, w: u64, env: Env) -> Plan {
         let env = Env {
             allowance_ns: self.cap.refill(self.now),
+            spin_ceiling_ns: env.spin_ceiling_ns.min(self.ceiling),
             ..env
         };
         let plan = self.core.plan(self.now, env);
         let b = match plan {
-            Plan::Spin(b) => b,
+            Plan::Spin(b) => b.min(env.spin_ceiling_ns),
             Plan::Dispatch => 0,
             Plan::Prewake {
                 sleep_ns,
@@ -143,6 +149,7 @@ impl Sim {
     pub fn prewake(&mut self, w: u64, sleep: u64, end: u64) -> Outcome {
         let late = self.rng.random_range(self.late.0..=self.late.1);
         let awake = sleep + late;
+        let end = end.max(awake).min(awake.saturating_add(self.ceiling));
         let wake = self
             .early_wake
             .unwrap_or((self.model.wake_ns * self.rng.random_range(0.6..1.6)) as u64);

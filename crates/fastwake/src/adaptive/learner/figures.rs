@@ -32,6 +32,7 @@ impl Learner {
             wake_ns: self.model.wake_ns,
             sleep_cpu_ns: self.model.sleep_cpu_ns,
             worth: self.cfg.worth.max(1) as f64,
+            spin_max_ns: self.spin_ceiling_ns,
         }
     }
 

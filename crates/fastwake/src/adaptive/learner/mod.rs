@@ -152,13 +152,10 @@ pub struct Env {
     /// `FASTWAKE_BUDGET_US`). A spin plan is cut to it, which still
     /// catches the completions that come early in the spin. A pre-wake's
     /// spin is cut to it counted from the thread's wake-up
-    /// ([`crate::wait::Decision::Prewake`]). A pre-wake whose margin (how
-    /// far ahead of the shortest recent wait it wakes) is longer than the
-    /// ceiling is not planned once the margin is learned from the timers
-    /// (the probes that measure them still run). The rule dates from a
-    /// ceiling counted from the timer, when such a spin ended before any
-    /// completion it was planned for; counted from the wake-up, it also
-    /// holds back some pre-wakes that would catch their completions.
+    /// ([`crate::wait::Decision::Prewake`]), and every pre-wake plan is
+    /// weighed with its spin so cut, once the margin is learned from the
+    /// timers ([`crate::adaptive::prewake::Costs::spin_max_ns`]): a
+    /// completion past the wake-up plus the ceiling counts as a miss.
     pub spin_ceiling_ns: u64,
 }
 
@@ -280,6 +277,9 @@ pub struct Learner {
     pw_early: f64,
     pw_seen: u32,
     pw_off_until: u64,
+    /// The caller's longest spin ([`Env::spin_ceiling_ns`]), weighed in
+    /// every pre-wake plan's figures.
+    spin_ceiling_ns: u64,
     /// Waits and ns in a window decaying over [`SHARE_WINDOW_NS`] of time
     /// (updated at each recompute), for the spin's share of the core: a
     /// window of waits would span only the last burst of a bursty stream.
@@ -342,6 +342,7 @@ impl Learner {
             pw_early: 0.0,
             pw_seen: 0,
             pw_off_until: 0,
+            spin_ceiling_ns: u64::MAX,
             win_waits: 0.0,
             win_ns: 0.0,
             win_last: None,
@@ -516,6 +517,12 @@ impl Learner {
             self.long_gap_ns += (g - self.long_gap_ns) / n;
         }
         self.last_wait = Some(now);
+        if env.spin_ceiling_ns != self.spin_ceiling_ns {
+            // The caller's longest spin weighs every pre-wake plan: a new
+            // one is a new model.
+            self.spin_ceiling_ns = env.spin_ceiling_ns;
+            self.choice = None;
+        }
         if self.since >= RECOMPUTE_EVERY
             || now.saturating_sub(self.last_recompute) >= RECOMPUTE_NS
             || self.choice.is_none()
@@ -569,13 +576,6 @@ impl Learner {
                 (Plan::Spin(0), Reason::Contended)
             } else if spin_end_ns.saturating_sub(sleep_ns) > env.allowance_ns {
                 (Plan::Spin(0), Reason::Cap)
-            } else if self.prewake.margin_ns().is_some()
-                && self.stats.margin_ns > env.spin_ceiling_ns
-            {
-                // Only a margin learned from the timers: the probes that
-                // measure them (the bootstrap margin) must still run,
-                // whatever the ceiling cuts off their spins.
-                (Plan::Spin(0), Reason::Ceiling)
             } else {
                 (plan, Reason::Prewake)
             };
