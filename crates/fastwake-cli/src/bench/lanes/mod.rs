@@ -213,6 +213,9 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         report::print_tables(&rows, main, &note);
     }
+    if let Some(w) = report::thin_tail(&rows[..main], a.readers) {
+        eprintln!("{w}");
+    }
     if let Some(d) = &a.plot {
         let paths = plot::write(d, &rows[..main])?;
         eprintln!("plot: {}", paths.join(" "));

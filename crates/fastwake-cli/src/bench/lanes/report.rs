@@ -132,6 +132,34 @@ fn ratios(rows: &[Row]) -> Vec<(String, f64)> {
     out
 }
 
+/// Reads that one stall of the whole read CPU delays: every reader has a
+/// read in flight. This VM's host takes its vCPU away for 2-4 ms a few
+/// times in 10 s (a thread spinning on CPU 0 for 10 s saw two gaps of
+/// 2 ms or more, the longest 4.0 ms); each such stall delays every read
+/// in flight by that much.
+const STALLS: u64 = 3;
+
+/// When a row's p99.99 rests on fewer reads than [`STALLS`] stalls of
+/// the read CPU delay (`readers` each), one line saying so and how many
+/// measured seconds per arrangement would cover them; `None` otherwise.
+/// The slowest 0.01 % of 140,000 reads (2 s at 70k IOPS) are 14: one
+/// stall of the host sets that p99.99 alone.
+pub fn thin_tail(rows: &[Row], readers: usize) -> Option<String> {
+    let need = STALLS * readers as u64;
+    let thin = rows
+        .iter()
+        .filter(|r| r.reads() > 0 && r.reads() / 10_000 < need)
+        .min_by_key(|r| r.reads())?;
+    let iops = rows.iter().map(Row::iops).fold(f64::INFINITY, f64::min);
+    let secs = (need as f64 * 10_000.0 / iops.max(1.0)).ceil();
+    Some(format!(
+        "fastwake bench lanes: p99.99 of {} rests on its slowest {} of {} reads; one stall of the read CPU (a few ms on a VM whose host takes the vCPU away) delays all {readers} reads in flight and can set it alone: --seconds {secs} or more covers {STALLS} such stalls per arrangement",
+        thin.name,
+        thin.reads() / 10_000,
+        thin.reads(),
+    ))
+}
+
 pub fn print_tables(rows: &[Row], main: usize, note: &str) {
     println!("fastwake bench lanes — {note}");
     println!(
@@ -225,4 +253,45 @@ fn ratio_key(label: &str) -> String {
         other.replace('-', "_"),
         what.replace([' ', '.'], "_")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fastwake::lanes::Class;
+
+    fn row(reads: u64, secs: u64) -> Row {
+        let plan = Plan {
+            name: "lanes".into(),
+            readers: Vec::new(),
+            writer: 0,
+            bulk: 1 << 20,
+            bulk_class: Class::Bulk,
+            configs: Vec::new(),
+        };
+        let mut r = Row::new(&plan, 2);
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+        h.record_n(200_000, reads).unwrap();
+        let t = Turn {
+            reads: h,
+            wall: Duration::from_secs(secs),
+            cpu: Duration::ZERO,
+            bulk_bytes: 0,
+            bulk_sent_bytes: 0,
+            bulk_syscalls: 0,
+        };
+        r.add(&t).unwrap();
+        r
+    }
+
+    #[test]
+    fn a_tail_one_stall_can_set_is_said() {
+        // 2 s at 70k IOPS: the slowest 14 reads, fewer than one stall
+        // of 16 readers delays.
+        let w = thin_tail(&[row(140_000, 2)], 16).expect("a thin tail");
+        assert!(w.contains("slowest 14 of 140000"), "{w}");
+        assert!(w.contains("--seconds 7 "), "{w}");
+        // 15 s: 1,050,000 reads, 105 in the tail, three stalls' worth.
+        assert!(thin_tail(&[row(1_050_000, 15)], 16).is_none());
+    }
 }
