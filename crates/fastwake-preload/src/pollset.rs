@@ -17,6 +17,10 @@ pub enum Key {
     Cq(usize),
 }
 
+/// The kind of a socket call's key (`recv`, `accept` and their forms on
+/// one socket): its readiness is its one fd's.
+pub const KIND_SOCKET: u8 = 0;
+
 /// fds one set holds (a poll set, an epoll fd, sockets). A thread that
 /// polls more in one run is not put to sleep ([`Set::overflow`]).
 pub const MAX_FDS: usize = 16;

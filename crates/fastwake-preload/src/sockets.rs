@@ -150,9 +150,10 @@ fn blocking(
         return r;
     }
     // A non-blocking socket had nothing: an empty poll.
-    match crate::pollers::empty(crate::pollset::Key::Fd(0, fd), |s| {
-        s.add_fd(fd, libc::POLLIN)
-    }) {
+    match crate::pollers::empty(
+        crate::pollset::Key::Fd(crate::pollset::KIND_SOCKET, fd),
+        |s| s.add_fd(fd, libc::POLLIN),
+    ) {
         crate::pollers::Next::Empty | crate::pollers::Next::Quiet => {
             wait::set_errno(e);
             r

@@ -138,7 +138,7 @@ pub enum Next {
     /// The thread slept, and the look that ended its sleep found this
     /// call's own socket not readable (another source of the set, or the
     /// bound, ended it): return empty, as the call made at that look would
-    /// have. Only for a socket call's key (`Key::Fd(0, fd)`), whose
+    /// have. Only for a socket call's key (`Key::Fd(pollset::KIND_SOCKET, fd)`), whose
     /// readiness is its one fd's; making the call again would cost the
     /// program's next poll of the source that is ready (a non-blocking
     /// `accept4` that finds no connection takes ~3 µs on this project's
@@ -245,7 +245,7 @@ fn sleep(
     let ready = std::cell::Cell::new(0u32);
     // A socket call's own fd, and what the last look saw of it.
     let own = match key {
-        Key::Fd(0, fd) => set[..first_ch].iter().position(|p| p.fd == fd),
+        Key::Fd(pollset::KIND_SOCKET, fd) => set[..first_ch].iter().position(|p| p.fd == fd),
         _ => None,
     };
     let own_revents = std::cell::Cell::new(0i16);
