@@ -298,6 +298,12 @@ static void fetch_checks(void) {
     fw_fetch_server_destroy(NULL);
 }
 
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 /* Ping on ping_cpu, pong on pong_cpu (-1: anywhere), both in mode. */
 /* served: for "dispatch" with a pinned pong end, 1 if a dispatcher serves
  * its CPU (its waits must count hand-offs), 0 if none does (they must
@@ -318,10 +324,21 @@ static void pingpong_served(const char *mode, int ping_cpu, int pong_cpu, int se
     if (ping_cpu >= 0) pin(ping_cpu);
     fw_waiter *w = NULL;
     int bad = fw_waiter_create(mode, &w) != 0;
+    /* A pinned dispatch-mode pong end must sleep now and then for its
+     * stats to show who woke it: every tenth request comes 100 us late,
+     * past any spin in place (hybrid's 50 us budget), so that wait is
+     * handed off (or falls back). Without the delay a quick ping end had
+     * every reply caught in place, and no hand-off to count. */
+    int late = !strcmp(mode, "dispatch") && pong_cpu >= 0;
     for (int i = 0; i < a.n && !bad; i++) {
         uint64_t tag = 0;
         char buf[16];
         size_t len = 0;
+        if (late && i % 10 == 9) {
+            uint64_t end = now_ns() + 100000;
+            while (now_ns() < end) {
+            }
+        }
         bad |= fw_send(tx1, (uint64_t)i, "hello", 5) != 0;
         bad |= fw_wait(w, rx2, 5000000000LL, &tag, buf, sizeof buf, &len) != 0;
         bad |= tag != (uint64_t)i || len != 5 || memcmp(buf, "world", 5) != 0;
@@ -476,12 +493,6 @@ static void dispatcher_checks(void) {
     /* Without a dispatcher dispatch mode is interrupt mode: still no loss. */
     pingpong_served("dispatch", 0, 1, 0);
     fw_dispatcher_stop(NULL);
-}
-
-static uint64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
 /* A server on CPU 0 that answers each request after 270-330 us of busy
