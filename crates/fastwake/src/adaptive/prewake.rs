@@ -226,10 +226,17 @@ impl Prewake {
     /// fired 20-60 µs late, after the completion, so no lateness was ever
     /// learned and the probes went on (a sixth of its waits paused).
     fn first(&self, n: usize) -> usize {
-        match self.margin_ns() {
-            Some(_) => n / STRAYS,
-            None => 0,
+        if self.timers_measured() {
+            n / STRAYS
+        } else {
+            0
         }
+    }
+
+    /// Enough lateness samples for a margin ([`Prewake::margin_ns`] is
+    /// `Some`), without sorting them.
+    fn timers_measured(&self) -> bool {
+        self.lateness.n >= MIN_LATENESS
     }
 
     /// Lateness samples seen.
@@ -264,12 +271,13 @@ impl Prewake {
     /// `c` with the ceiling weighed only once the margin is learned (see
     /// [`Costs::spin_max_ns`]).
     fn ceilinged(&self, c: Costs) -> Costs {
-        match self.margin_ns() {
-            Some(_) => c,
-            None => Costs {
+        if self.timers_measured() {
+            c
+        } else {
+            Costs {
                 spin_max_ns: u64::MAX,
                 ..c
-            },
+            }
         }
     }
 
