@@ -10,10 +10,15 @@ pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, fe
 /// demultiplexer's routes and inboxes), so the loom models see the lock.
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
+/// Parking, for turns that threads hand each other (lanes' senders).
+#[cfg(loom)]
+pub(crate) use loom::thread::{Thread, ThreadId, current as current_thread, park};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, fence};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub(crate) use std::thread::{Thread, ThreadId, current as current_thread, park};
 
 use std::time::Duration;
 

@@ -1,6 +1,7 @@
 //! The endpoint: its lanes, which lane a message takes, and the waits of
 //! its receivers.
 
+use super::fifo::TurnKind;
 use super::frame::Frames;
 use super::send::{Pace, SendCounters, Tx};
 use super::{Class, Config, IN_FLIGHT_WINDOW_NS, Layout};
@@ -203,6 +204,11 @@ impl Endpoint {
                 self.config.chunk
             },
             polite,
+            turn: if class == Class::Latency {
+                TurnKind::Barging
+            } else {
+                TurnKind::InOrder
+            },
         }
     }
 

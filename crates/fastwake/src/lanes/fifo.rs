@@ -1,66 +1,179 @@
-//! Turns on a lane's sending side, taken first come, first served.
+//! Turns on a lane's sending side: bulk in arrival order, small messages
+//! free to barge.
 //!
-//! A lane is a queue: a message waits behind those sent before it, not
-//! behind every one a faster thread sends after it. A plain mutex lets the
-//! thread that just unlocked take it again before the woken waiter runs,
-//! so a writer streaming 1 MiB messages kept a shared connection to itself
-//! for hundreds of milliseconds while readers waited. Here the leaving
-//! thread hands the turn to the oldest waiter.
+//! A lane is a queue: a bulk message waits behind those sent before it,
+//! not behind every one a faster thread sends after it. A plain mutex lets
+//! the thread that just unlocked take it again before the woken waiter
+//! runs, so a writer streaming 1 MiB messages kept a shared connection to
+//! itself for hundreds of milliseconds while readers waited. So a turn
+//! that a bulk sender waits for is handed to the oldest waiter, and no one
+//! takes a turn past a waiting bulk sender.
+//!
+//! Strict hand-off has its own cost where many small senders share a CPU:
+//! a thread is often preempted just after its `sendmsg` (over loopback the
+//! send wakes the receiving thread, which takes the CPU at the syscall's
+//! return), still holding its turn. Every sender that comes meanwhile
+//! queues, and each turn then goes to a parked thread that needs a context
+//! switch to take it: a convoy, one switch per message more. With 16
+//! readers and their serving thread on one CPU a quarter of the latency
+//! lane's sends parked that way. So a *small* message (a latency-class
+//! one) takes a free turn even when small senders wait: the leaving thread
+//! frees the turn and wakes the oldest, who takes it if it is still free
+//! when it runs. The oldest is handed the turn (and no one may barge) once
+//! it has waited [`Fifo::STARVE_NS`], which bounds how long barging can
+//! hold a waiter back.
 
+use crate::cpu::monotonic_ns;
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, Thread, ThreadId, current_thread, park};
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard};
-use std::thread::{Thread, ThreadId};
+
+/// Who may take a free turn while others wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TurnKind {
+    /// A small message: takes a free turn unless a bulk sender waits or
+    /// the oldest waiter has waited its bound.
+    Barging,
+    /// A bulk message (or a flush): takes its turn in arrival order.
+    InOrder,
+}
+
+struct Waiting {
+    thread: Thread,
+    kind: TurnKind,
+    since_ns: u64,
+}
 
 #[derive(Default)]
 struct State {
     /// The thread whose turn it is.
     owner: Option<ThreadId>,
     /// Threads waiting for a turn, oldest first.
-    queue: VecDeque<Thread>,
+    queue: VecDeque<Waiting>,
+    /// How many of them are [`TurnKind::InOrder`].
+    in_order: usize,
 }
 
-/// First come, first served turns (see the module docs).
-#[derive(Default)]
+/// Turns (see the module docs).
 pub(super) struct Fifo {
     state: Mutex<State>,
+    starve_ns: u64,
+    /// Turns a thread parked for.
+    waits: AtomicU64,
 }
 
-/// A turn; the next waiter's when dropped.
+impl Default for Fifo {
+    fn default() -> Fifo {
+        Fifo::with_bound(Fifo::STARVE_NS)
+    }
+}
+
+/// A turn; freed (or handed on) when dropped.
 pub(super) struct Turn<'a> {
     fifo: &'a Fifo,
 }
 
+fn id_of(t: &Thread) -> ThreadId {
+    t.id()
+}
+
+impl State {
+    /// The oldest waiter is owed the turn: it waits for bulk, or has
+    /// waited `starve_ns`.
+    fn owed(&self, now: u64, starve_ns: u64) -> bool {
+        self.queue.front().is_some_and(|w| {
+            w.kind == TurnKind::InOrder || now.saturating_sub(w.since_ns) >= starve_ns
+        })
+    }
+
+    /// A free turn may go to a `kind` sender that is not the oldest
+    /// waiter.
+    fn may_barge(&self, kind: TurnKind, now: u64, starve_ns: u64) -> bool {
+        kind == TurnKind::Barging && self.in_order == 0 && !self.owed(now, starve_ns)
+    }
+
+    fn remove(&mut self, me: ThreadId) {
+        if let Some(p) = self.queue.iter().position(|w| id_of(&w.thread) == me) {
+            if self.queue[p].kind == TurnKind::InOrder {
+                self.in_order -= 1;
+            }
+            self.queue.remove(p);
+        }
+    }
+}
+
 impl Fifo {
+    /// How long a small sender may be passed by barging ones before the
+    /// turn is handed to it: a few of the latency lane's messages' worth
+    /// of CPU on a busy core, far below a scheduler slice.
+    pub(super) const STARVE_NS: u64 = 200_000;
+
+    /// Turns whose oldest waiter is handed the turn after `starve_ns`.
+    pub(super) fn with_bound(starve_ns: u64) -> Fifo {
+        Fifo {
+            state: Mutex::new(State::default()),
+            starve_ns,
+            waits: AtomicU64::new(0),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every change to the state is one step: a panic leaves it whole.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Wait for this thread's turn.
-    pub(super) fn enter(&self) -> Turn<'_> {
-        let me = std::thread::current();
+    pub(super) fn enter(&self, kind: TurnKind) -> Turn<'_> {
+        let me = current_thread();
+        let my_id = id_of(&me);
         let mut s = self.lock();
-        if s.owner.is_none() {
-            s.owner = Some(me.id());
+        if s.owner.is_none()
+            && (s.queue.is_empty() || s.may_barge(kind, monotonic_ns(), self.starve_ns))
+        {
+            s.owner = Some(my_id);
             return Turn { fifo: self };
         }
-        s.queue.push_back(me.clone());
+        if kind == TurnKind::InOrder {
+            s.in_order += 1;
+        }
+        s.queue.push_back(Waiting {
+            thread: me,
+            kind,
+            since_ns: monotonic_ns(),
+        });
         drop(s);
+        self.waits.fetch_add(1, Ordering::Relaxed);
         loop {
-            std::thread::park();
-            if self.lock().owner == Some(me.id()) {
+            park();
+            let mut s = self.lock();
+            if s.owner == Some(my_id) {
+                // Handed to us: the leaver took us off the queue.
                 return Turn { fifo: self };
             }
+            if s.owner.is_none() {
+                let first = s.queue.front().is_some_and(|w| id_of(&w.thread) == my_id);
+                if first || s.may_barge(kind, monotonic_ns(), self.starve_ns) {
+                    s.remove(my_id);
+                    s.owner = Some(my_id);
+                    return Turn { fifo: self };
+                }
+            }
+            // Passed by a barging sender (or woken for nothing): the
+            // leaver of that turn wakes the oldest again.
         }
+    }
+
+    /// Turns a thread had to park for, since the start.
+    pub(super) fn waits(&self) -> u64 {
+        self.waits.load(Ordering::Relaxed)
     }
 
     /// A turn now, if no one has it or waits for it.
     pub(super) fn try_enter(&self) -> Option<Turn<'_>> {
         let mut s = self.lock();
-        if s.owner.is_some() {
+        if s.owner.is_some() || !s.queue.is_empty() {
             return None;
         }
-        s.owner = Some(std::thread::current().id());
+        s.owner = Some(id_of(&current_thread()));
         Some(Turn { fifo: self })
     }
 }
@@ -68,35 +181,46 @@ impl Fifo {
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         let mut s = self.fifo.lock();
-        match s.queue.pop_front() {
-            Some(next) => {
-                s.owner = Some(next.id());
-                next.unpark();
+        if s.owed(monotonic_ns(), self.fifo.starve_ns) {
+            let next = s.queue.pop_front().expect("owed: a waiter");
+            if next.kind == TurnKind::InOrder {
+                s.in_order -= 1;
             }
-            None => s.owner = None,
+            s.owner = Some(id_of(&next.thread));
+            next.thread.unpark();
+            return;
+        }
+        s.owner = None;
+        // The oldest stays queued and takes the turn if it is still free
+        // when it runs.
+        if let Some(w) = s.queue.front() {
+            w.thread.unpark();
         }
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
-    use super::Fifo;
+    use super::{Fifo, TurnKind};
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    /// Threads get their turns in the order they asked, and the thread
-    /// that leaves cannot take the next turn back before them (a plain
-    /// mutex would let it).
-    #[test]
-    fn turns_go_in_arrival_order_and_the_leaver_queues_behind() {
-        let fifo = Arc::new(Fifo::default());
+    /// Queue `names` one after another behind a held turn, each entering
+    /// as `kind`, then release the turn and let the holder come back at
+    /// once as `again`; returns the order the turns were taken in.
+    fn order_behind_a_held_turn(
+        fifo: Fifo,
+        names: &[(char, TurnKind)],
+        again: TurnKind,
+    ) -> Vec<char> {
+        let fifo = Arc::new(fifo);
         let order = Arc::new(Mutex::new(Vec::new()));
-        let first = fifo.enter();
+        let first = fifo.enter(TurnKind::InOrder);
         let mut threads = Vec::new();
-        for name in ['a', 'b', 'c'] {
+        for &(name, kind) in names {
             let (fifo, order) = (fifo.clone(), order.clone());
             threads.push(std::thread::spawn(move || {
-                let _turn = fifo.enter();
+                let _turn = fifo.enter(kind);
                 order.lock().unwrap().push(name);
             }));
             // Long enough for the thread to queue.
@@ -104,16 +228,170 @@ mod tests {
         }
         drop(first);
         {
-            let _again = fifo.enter();
+            let _again = fifo.enter(again);
             order.lock().unwrap().push('m');
         }
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(*order.lock().unwrap(), ['a', 'b', 'c', 'm']);
         assert!(
             fifo.try_enter().is_some(),
             "a free fifo gives a turn at once"
+        );
+        order.lock().unwrap().clone()
+    }
+
+    /// Bulk senders get their turns in the order they asked, and the
+    /// thread that leaves cannot take the next turn back before them (a
+    /// plain mutex would let it), whatever it sends.
+    #[test]
+    fn bulk_turns_go_in_arrival_order_and_the_leaver_queues_behind() {
+        let bulk = [
+            ('a', TurnKind::InOrder),
+            ('b', TurnKind::InOrder),
+            ('c', TurnKind::InOrder),
+        ];
+        for again in [TurnKind::InOrder, TurnKind::Barging] {
+            let got = order_behind_a_held_turn(Fifo::default(), &bulk, again);
+            assert_eq!(got, ['a', 'b', 'c', 'm'], "leaver came back as {again:?}");
+        }
+    }
+
+    /// A small sender does not barge past a waiting bulk sender, even one
+    /// queued behind small waiters.
+    #[test]
+    fn a_small_sender_does_not_pass_a_waiting_bulk_one() {
+        // No bound: only the waiting bulk sender keeps the leaver out.
+        let q = [('a', TurnKind::Barging), ('b', TurnKind::InOrder)];
+        let got = order_behind_a_held_turn(Fifo::with_bound(u64::MAX), &q, TurnKind::Barging);
+        assert_eq!(got, ['a', 'b', 'm']);
+    }
+
+    /// Among small senders the running thread takes a free turn before
+    /// the woken one runs (no convoy), unless the oldest has waited the
+    /// bound: then it is handed the turn, in order.
+    #[test]
+    fn small_senders_barge_until_the_oldest_has_waited_the_bound() {
+        let small = [('a', TurnKind::Barging), ('b', TurnKind::Barging)];
+        // The leaver re-enters at once and the woken waiter needs a
+        // wake-up first, so the leaver wins unless it is preempted in
+        // between: three tries (strict hand-off never lets it).
+        let orders: Vec<_> = (0..3)
+            .map(|_| {
+                order_behind_a_held_turn(Fifo::with_bound(u64::MAX), &small, TurnKind::Barging)
+            })
+            .collect();
+        assert!(
+            orders.iter().any(|o| o[0] == 'm'),
+            "the running leaver never barged: {orders:?}"
+        );
+        // Every waiter queued 30 ms or more ago: past a 1 ms bound.
+        let bounded =
+            order_behind_a_held_turn(Fifo::with_bound(1_000_000), &small, TurnKind::Barging);
+        assert_eq!(bounded, ['a', 'b', 'm']);
+    }
+
+    /// Many threads, both kinds, random hold times: every turn is held by
+    /// one thread at a time and every thread gets all its turns.
+    #[test]
+    fn turns_exclude_each_other_under_contention() {
+        use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+        let fifo = Arc::new(Fifo::with_bound(50_000));
+        let inside = Arc::new(AtomicU32::new(0));
+        let taken = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..6u64)
+            .map(|t| {
+                let (fifo, inside, taken) = (fifo.clone(), inside.clone(), taken.clone());
+                std::thread::spawn(move || {
+                    let kind = if t % 3 == 0 {
+                        TurnKind::InOrder
+                    } else {
+                        TurnKind::Barging
+                    };
+                    let mut x = t + 1;
+                    for _ in 0..2_000 {
+                        let _turn = fifo.enter(kind);
+                        assert_eq!(
+                            inside.fetch_add(1, Ordering::SeqCst),
+                            0,
+                            "two turns at once"
+                        );
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        for _ in 0..(x % 64) {
+                            std::hint::spin_loop();
+                        }
+                        if x % 97 == 0 {
+                            std::thread::yield_now();
+                        }
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        taken.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(taken.load(Ordering::Relaxed), 6 * 2_000);
+        assert!(fifo.try_enter().is_some());
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! loom models of the turns, on this file's own `enter` and `Drop`:
+    //! one turn at a time, and no waiter left parked for ever (a lost
+    //! wake-up shows as a loom deadlock). The hand-off bound reads the
+    //! clock, which loom cannot replay, so each model runs with the bound
+    //! at 0 (every turn handed on in order) and at never (barging).
+    use super::{Fifo, TurnKind};
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicU32, Ordering};
+
+    fn model(bound: u64, kinds: [TurnKind; 3]) {
+        loom::model(move || {
+            let fifo = Arc::new(Fifo::with_bound(bound));
+            let inside = Arc::new(AtomicU32::new(0));
+            let threads: Vec<_> = kinds[1..]
+                .iter()
+                .map(|&kind| {
+                    let (fifo, inside) = (fifo.clone(), inside.clone());
+                    loom::thread::spawn(move || {
+                        let _turn = fifo.enter(kind);
+                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    })
+                })
+                .collect();
+            for _ in 0..2 {
+                let _turn = fifo.enter(kinds[0]);
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
+                inside.fetch_sub(1, Ordering::SeqCst);
+            }
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert!(fifo.try_enter().is_some());
+        });
+    }
+
+    #[test]
+    fn loom_small_senders_barging() {
+        model(u64::MAX, [TurnKind::Barging; 3]);
+    }
+
+    #[test]
+    fn loom_small_senders_handed_in_order() {
+        model(0, [TurnKind::Barging; 3]);
+    }
+
+    #[test]
+    fn loom_small_and_bulk_senders() {
+        model(
+            u64::MAX,
+            [TurnKind::Barging, TurnKind::InOrder, TurnKind::Barging],
         );
     }
 }

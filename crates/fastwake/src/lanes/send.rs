@@ -3,7 +3,7 @@
 //! for the rules and their numbers).
 
 use super::Batch;
-use super::fifo::Fifo;
+use super::fifo::{Fifo, TurnKind};
 use super::frame::{HEADER, header};
 use super::room::Room;
 use crate::cpu::monotonic_ns;
@@ -21,6 +21,8 @@ pub(super) struct Pace<'a> {
     pub chunk: usize,
     pub polite_chunk: usize,
     pub polite: &'a dyn Fn() -> bool,
+    /// How the message takes its turn on the lane.
+    pub turn: TurnKind,
 }
 
 impl Pace<'_> {
@@ -64,6 +66,8 @@ pub struct SendCounters {
     pub room_polls: u64,
     /// Bytes waiting in the batch queue now.
     pub queued_bytes: u64,
+    /// Sends that found the lane's turn taken and parked for it.
+    pub turn_waits: u64,
 }
 
 /// One send's outcome.
@@ -138,6 +142,7 @@ impl Tx {
         let mut c = st.counters;
         c.room_polls = st.room.polls;
         c.queued_bytes = st.queued as u64;
+        c.turn_waits = self.turns.waits();
         c
     }
 
@@ -145,7 +150,7 @@ impl Tx {
     /// waiting for room in the lane's mode unless its tail fits the batch
     /// queue.
     pub(super) fn send(&self, msg: &[u8], pace: &Pace<'_>) -> Result<SendDone> {
-        let _turn = self.turns.enter();
+        let _turn = self.turns.enter(pace.turn);
         let mut st = self.lock();
         let before = st.syscalls();
         st.counters.messages += 1;
@@ -213,7 +218,7 @@ impl Tx {
         if total > b.bytes {
             return self.send(msg, pace);
         }
-        let _turn = self.turns.enter();
+        let _turn = self.turns.enter(pace.turn);
         let mut st = self.lock();
         let before = st.syscalls();
         st.counters.messages += 1;
@@ -253,7 +258,7 @@ impl Tx {
 
     /// Send everything queued, waiting for room as long as it takes.
     pub(super) fn flush(&self, pace: &Pace<'_>) -> Result<()> {
-        let _turn = self.turns.enter();
+        let _turn = self.turns.enter(TurnKind::InOrder);
         let mut st = self.lock();
         st.drain(&self.sock, self.batch, pace, true)
     }
