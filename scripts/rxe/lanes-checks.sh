@@ -2,7 +2,8 @@
 # Lanes over RDMA in the rxe-test guest (sourced by guest-checks.sh; owner:
 # fastwake::lanes::rdma). The integration tests (target/release/deps/
 # lanes_rdma-*, built by the host before booting) send random messages on
-# a latency and a bulk lane, check every one whole and in order, and print
+# a latency and a bulk lane (and synchronous readers beside a streaming
+# writer), check every one whole and in order, and print
 # the counters of chunks and doorbells, shown here as INFO lines.
 
 check_lanes_rdma() {

@@ -121,3 +121,163 @@ fn lanes_rdma_every_message_whole_and_in_order_batched() {
 fn lanes_rdma_every_message_whole_and_in_order_one_doorbell_each() {
     run("lanes_rdma_unbatched", None, 120, 9);
 }
+
+/// The bench's experiment over RDMA, for counters (timings under a TCG
+/// guest are not performance figures): synchronous readers (one 16-byte
+/// request outstanding each, a 4 KiB reply) on the latency lane beside a
+/// writer streaming 1 MiB messages on the bulk lane. Every reply and bulk
+/// message is checked; the writer's chunks turn polite while reads are in
+/// flight, and its chains share doorbells.
+#[test]
+fn lanes_rdma_readers_beside_a_streaming_writer() {
+    const READERS: u64 = 4;
+    const READS: u64 = 150;
+    const BULK: usize = 1 << 20;
+    let test = "lanes_rdma_readers";
+    let Some(dev) = device(test) else { return };
+    let config = Config {
+        latency_mode: WaitMode::Interrupt,
+        bulk_mode: WaitMode::Interrupt,
+        batch: Some(Batch::I10),
+        ..Config::default()
+    };
+    let (client, server) = pair(&dev, config).expect("connected pair");
+    let (client, server) = (Arc::new(client), Arc::new(server));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The server: answers each request with a reply naming its reader and
+    // sequence number.
+    let answers = {
+        let server = server.clone();
+        std::thread::spawn(move || {
+            for _ in 0..READERS * READS {
+                let (id, seq) = server
+                    .recv_with(Class::Latency, |m| {
+                        assert_eq!(m.len(), 16, "request size");
+                        (
+                            u64::from_le_bytes(m[..8].try_into().unwrap()),
+                            u64::from_le_bytes(m[8..].try_into().unwrap()),
+                        )
+                    })
+                    .expect("request");
+                server
+                    .send_as(&message(id << 32 | seq, 4096), Class::Latency)
+                    .expect("reply");
+            }
+        })
+    };
+    // Its bulk side: every message whole, in order, until the writer's
+    // short last message.
+    let sink = {
+        let server = server.clone();
+        std::thread::spawn(move || {
+            let mut seq = 0u64;
+            loop {
+                let whole = server
+                    .recv_with(Class::Bulk, |m| {
+                        if m.len() != BULK {
+                            assert_eq!(m, b"end", "bulk message {seq}");
+                            return false;
+                        }
+                        assert_eq!(m, &message(seq, BULK)[..], "bulk message {seq}");
+                        true
+                    })
+                    .expect("bulk");
+                if !whole {
+                    return seq;
+                }
+                seq += 1;
+            }
+        })
+    };
+    // Replies come back on one lane in any order: one thread takes them
+    // (this is a test, not the bench's reader-led hand-over) and hands
+    // each to its reader.
+    let mut to_reader = Vec::new();
+    let mut readers = Vec::new();
+    for id in 0..READERS {
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        to_reader.push(tx);
+        let client = client.clone();
+        readers.push(std::thread::spawn(move || {
+            for seq in 0..READS {
+                let mut req = [0u8; 16];
+                req[..8].copy_from_slice(&id.to_le_bytes());
+                req[8..].copy_from_slice(&seq.to_le_bytes());
+                client.send_as(&req, Class::Latency).expect("request");
+                assert_eq!(
+                    rx.recv().expect("reply"),
+                    seq,
+                    "reader {id}'s replies in order"
+                );
+            }
+        }));
+    }
+    let replies = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            for _ in 0..READERS * READS {
+                let (id, seq) = client
+                    .recv_with(Class::Latency, |m| {
+                        let tag = u64::from_le_bytes(m[..8].try_into().unwrap());
+                        assert_eq!(m, &message(tag, 4096)[..], "reply {tag:#x}");
+                        (tag >> 32, tag & 0xffff_ffff)
+                    })
+                    .expect("reply");
+                to_reader[id as usize].send(seq).expect("reader alive");
+            }
+        })
+    };
+    let writer = {
+        let client = client.clone();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut seq = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Acquire) || seq == 0 {
+                client
+                    .send_as(&message(seq, BULK), Class::Bulk)
+                    .expect("bulk send");
+                seq += 1;
+            }
+            client.send_as(b"end", Class::Bulk).expect("last bulk send");
+            seq
+        })
+    };
+    for r in readers {
+        r.join().expect("reader");
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    replies.join().expect("replies");
+    answers.join().expect("server");
+    let sent = writer.join().expect("writer");
+    let got = sink.join().expect("bulk sink");
+    assert_eq!(got, sent, "bulk messages received");
+    let lat = client.stats(Class::Latency);
+    let bulk = client.stats(Class::Bulk);
+    println!(
+        "INFO {test} latency: {} requests, {} replies received whole ({READERS} readers)",
+        lat.messages,
+        client.stats(Class::Latency).received
+    );
+    println!(
+        "INFO {test} bulk: {} messages of 1 MiB, {} chunks ({} polite), {} doorbells ({} batched); {} received whole",
+        bulk.messages,
+        bulk.chunks,
+        bulk.polite,
+        bulk.doorbells,
+        bulk.batched_doorbells,
+        server.stats(Class::Bulk).received
+    );
+    assert_eq!(lat.messages, READERS * READS);
+    assert!(
+        bulk.chunks >= bulk.messages * 16,
+        "1 MiB in chunks of at most 64 KiB: {bulk:?}"
+    );
+    assert!(
+        bulk.polite > 0,
+        "no polite chunk while reads were in flight: {bulk:?}"
+    );
+    assert!(
+        bulk.batched_doorbells > 0 && bulk.doorbells < bulk.chunks,
+        "{bulk:?}"
+    );
+}
