@@ -73,6 +73,8 @@ pub struct Turn {
     pub bulk_bytes: u64,
     pub bulk_sent_bytes: u64,
     pub bulk_syscalls: u64,
+    /// Sends on the readers' lanes that parked for a turn.
+    pub read_turn_waits: u64,
 }
 
 /// Serve one lane of a server endpoint: answer requests with a
@@ -214,6 +216,7 @@ impl Arrangement {
             })
         };
         std::thread::sleep(SETTLE);
+        let w0 = self.read_turn_waits();
         let b0 = self.bulk_bytes.load(Ordering::Relaxed);
         let c0 = process_cpu();
         let t0 = Instant::now();
@@ -221,6 +224,7 @@ impl Arrangement {
         std::thread::sleep(len);
         measuring.store(false, Ordering::Relaxed);
         let wall = t0.elapsed();
+        let read_turn_waits = self.read_turn_waits() - w0;
         let cpu_used = process_cpu().saturating_sub(c0);
         let bulk_bytes = self.bulk_bytes.load(Ordering::Relaxed) - b0;
         stop.store(true, Ordering::Relaxed);
@@ -245,7 +249,18 @@ impl Arrangement {
             bulk_bytes,
             bulk_sent_bytes,
             bulk_syscalls,
+            read_turn_waits,
         })
+    }
+
+    /// Turn waits so far on the lanes the readers send on (each reader
+    /// endpoint's latency lane, counted once).
+    fn read_turn_waits(&self) -> u64 {
+        let mut eps: Vec<usize> = self.plan.readers.iter().map(|r| r.0).collect();
+        eps.dedup();
+        eps.iter()
+            .map(|&e| self.eps[e].stats(Class::Latency).send.turn_waits)
+            .sum()
     }
 
     /// Close the client endpoints and wait for the servers to see it.

@@ -16,6 +16,8 @@ pub struct Row {
     bulk_bytes: u64,
     sent_bytes: u64,
     syscalls: u64,
+    /// Sends on the readers' lanes that parked for a turn.
+    turn_waits: u64,
 }
 
 const MIB: f64 = (1 << 20) as f64;
@@ -32,6 +34,7 @@ impl Row {
             bulk_bytes: 0,
             sent_bytes: 0,
             syscalls: 0,
+            turn_waits: 0,
         }
     }
 
@@ -44,6 +47,7 @@ impl Row {
         self.bulk_bytes += t.bulk_bytes;
         self.sent_bytes += t.bulk_sent_bytes;
         self.syscalls += t.bulk_syscalls;
+        self.turn_waits += t.read_turn_waits;
         Ok(())
     }
 
@@ -100,6 +104,7 @@ impl Row {
             "write_mib_s": f(self.write_mib_s()),
             "cpu_us_per_op": f(self.cpu_us_per_op()),
             "bulk_syscalls_per_mib": f(self.syscalls_per_mib()),
+            "read_turn_waits_per_read": f(self.turn_waits as f64 / self.reads().max(1) as f64),
         })
     }
 }
@@ -279,6 +284,7 @@ mod tests {
             bulk_bytes: 0,
             bulk_sent_bytes: 0,
             bulk_syscalls: 0,
+            read_turn_waits: 0,
         };
         r.add(&t).unwrap();
         r
