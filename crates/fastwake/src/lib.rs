@@ -52,6 +52,7 @@ mod fork;
 pub mod grammar;
 pub mod lanes;
 pub mod preload_stats;
+pub mod slice;
 pub mod source;
 pub mod stall;
 mod sync;

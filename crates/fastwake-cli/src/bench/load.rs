@@ -102,6 +102,14 @@ pub struct Args {
     /// `adaptive:prewake=off`).
     #[arg(long, default_value = "fixed", value_parser = parse_dispatcher)]
     pub dispatcher: String,
+    /// Scheduler slice of the consumer thread, e.g. 100us
+    ///
+    /// Scheduler slice the consumer (the waiting thread) asks for, 100us to
+    /// 100ms (Linux 6.12 or later; see fastwake::slice): a waking thread whose
+    /// slice is shorter than a busy neighbour's preempts it. Default: the
+    /// kernel's slice.
+    #[arg(long, value_parser = parse_slice)]
+    pub slice: Option<Duration>,
     /// Measured seconds per mode and scenario.
     #[arg(long, default_value_t = 2.0)]
     pub secs: f64,
@@ -473,9 +481,11 @@ fn consumer(
     segs: Vec<Segment>,
     epoch: Instant,
     cpu: u32,
+    slice: Option<Duration>,
     helper: Option<Arc<Dispatcher>>,
 ) -> Result<Vec<Measured>> {
     fastwake::cpu::pin(cpu)?;
+    take_slice(slice)?;
     let mut out: Vec<Measured> = (0..ends.len()).map(|_| Measured::new()).collect();
     let mut taken = vec![0u64; ends.len()];
     let helper = HelperClock::new(helper, ends.iter().map(|e| &e.waiter));
@@ -593,6 +603,9 @@ fn run_scenario(
             x.insert("queue_max".into(), m.queue_max.into());
         }
         x.insert("hog".into(), sc.hog.into());
+        if let Some(s) = a.slice {
+            x.insert("consumer_slice_us".into(), (s.as_secs_f64() * 1e6).into());
+        }
         if let Some(b) = sc.bg {
             x.insert("background".into(), b.name().into());
         }
@@ -617,6 +630,24 @@ fn run_scenario(
         explains.push(m.explain);
     }
     Ok((rows, explains))
+}
+
+/// `--slice`: a duration in the one grammar, within the kernel's range.
+fn parse_slice(s: &str) -> std::result::Result<Duration, String> {
+    let d = fastwake::grammar::duration(s).map_err(|e| e.to_string())?;
+    if !(fastwake::slice::MIN..=fastwake::slice::MAX).contains(&d) {
+        return Err("a slice is 100us to 100ms".into());
+    }
+    Ok(d)
+}
+
+/// The calling thread (a consumer) asks for `--slice`, if given.
+pub(super) fn take_slice(slice: Option<Duration>) -> Result<()> {
+    match slice {
+        Some(s) => fastwake::slice::set_slice(Some(s))
+            .map_err(|e| Fail::new(e.errno(), format!("--slice: {e}"))),
+        None => Ok(()),
+    }
 }
 
 /// `--dispatcher`: `fixed`, or an adaptive mode whose options configure
@@ -677,9 +708,10 @@ fn open_loop(a: &Args, sc: Scenario, modes: &[WaitMode]) -> Result<Vec<Measured>
         })
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn producer: {e}")))?;
     let h2 = helper.clone();
+    let slice = a.slice;
     let cons = std::thread::Builder::new()
         .name("fw-load-cons".into())
-        .spawn(move || consumer(ends, sent, segs, epoch, cc, h2))
+        .spawn(move || consumer(ends, sent, segs, epoch, cc, slice, h2))
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn consumer: {e}")))?;
     let pr = prod.join();
     let cr = cons.join();

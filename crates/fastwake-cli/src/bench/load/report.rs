@@ -167,7 +167,7 @@ fn keeps_up(rows: &[&Row]) -> Vec<String> {
 pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
     let (psi, running) = fastwake::adaptive::pressure::system();
     println!(
-        "fastwake {} bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU; dispatcher idle policy {}{}",
+        "fastwake {} bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU; dispatcher idle policy {}; consumer slice {}{}",
         env!("CARGO_PKG_VERSION"),
         a.source,
         a.cpus.0,
@@ -175,6 +175,8 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
         a.secs,
         a.rounds,
         a.dispatcher,
+        a.slice
+            .map_or("the kernel's".to_string(), |s| format!("{s:?} (asked)")),
         crate::bench::idle_note()
     );
     println!(

@@ -200,9 +200,11 @@ fn client(
     segs: Vec<Segment>,
     epoch: Instant,
     cpu: u32,
+    slice: Option<Duration>,
     helper: Option<Arc<fastwake::dispatch::Dispatcher>>,
 ) -> Result<(Vec<ClientMeasured>, Ends)> {
     fastwake::cpu::pin(cpu)?;
+    super::take_slice(slice)?;
     let helper = super::HelperClock::new(helper, ends.iter().map(|(_, w)| w));
     let mut out: Vec<ClientMeasured> = (0..ends.len())
         .map(|_| ClientMeasured {
@@ -282,7 +284,7 @@ pub(super) fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let epoch = Instant::now();
     let (pc, cc) = a.cpus;
-    let seed = a.seed;
+    let (seed, slice) = (a.seed, a.slice);
     let stop2 = stop.clone();
     let srv = std::thread::Builder::new()
         .name("fw-load-srv".into())
@@ -290,7 +292,7 @@ pub(super) fn run(
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn server: {e}")))?;
     let cli = std::thread::Builder::new()
         .name("fw-load-cli".into())
-        .spawn(move || client(clients, segs, epoch, cc, helper))
+        .spawn(move || client(clients, segs, epoch, cc, slice, helper))
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn client: {e}")))?;
     let cr = cli.join();
     stop.store(true, Ordering::Relaxed);

@@ -1,0 +1,159 @@
+//! The calling thread's scheduler slice: a waiter that wakes ahead of a
+//! busy neighbour.
+//!
+//! A thread that sleeps in interrupt mode is woken by its completion, but
+//! it runs only when the scheduler lets it. Beside a busy neighbour on its
+//! CPU that can be a whole slice of the neighbour later (milliseconds),
+//! and a thread that just ran a burst of completions is the one the
+//! scheduler is least inclined to favour. Since Linux 6.12 the EEVDF
+//! scheduler lets any thread ask for its own slice, without privilege
+//! (`sched_attr.sched_runtime` of a `SCHED_OTHER` thread, 0.1-100 ms), and
+//! a waking thread whose slice is shorter than the running one's preempts
+//! it (the kernel's `PREEMPT_SHORT`). It keeps its fair share: a short
+//! slice changes how often a thread may run, not how much.
+//!
+//! This changes how the thread is scheduled everywhere, not only while it
+//! waits, so fastwake never sets it on its own: a program (or `bench load
+//! --slice`) asks for it for the threads that wait.
+
+use crate::{Fail, Result};
+use std::time::Duration;
+
+/// The shortest slice the kernel takes.
+pub const MIN: Duration = Duration::from_micros(100);
+/// The longest slice the kernel takes.
+pub const MAX: Duration = Duration::from_millis(100);
+
+fn get() -> Result<libc::sched_attr> {
+    // SAFETY: sched_attr is plain integers, valid when zeroed.
+    let mut a: libc::sched_attr = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::sched_attr>() as libc::c_uint;
+    // SAFETY: sched_getattr(0, attr, size, 0) writes at most `size` bytes
+    // into `a`, which lives across the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            0,
+            &mut a as *mut libc::sched_attr,
+            size,
+            0,
+        )
+    };
+    if r != 0 {
+        return Err(Fail::os(
+            "sched_getattr",
+            rustix::io::Errno::from_io_error(&std::io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::INVAL),
+        ));
+    }
+    Ok(a)
+}
+
+fn set(a: &libc::sched_attr) -> Result<()> {
+    // SAFETY: sched_setattr(0, attr, 0) reads `a.size` bytes of `a`, which
+    // lives across the call; it changes only the calling thread.
+    let r = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, a as *const libc::sched_attr, 0) };
+    if r != 0 {
+        return Err(Fail::os(
+            "sched_setattr",
+            rustix::io::Errno::from_io_error(&std::io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::INVAL),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the thread's policy takes a slice of its own.
+fn fair(policy: u32) -> bool {
+    policy == libc::SCHED_OTHER as u32 || policy == libc::SCHED_BATCH as u32
+}
+
+/// The calling thread's slice as the kernel reports it: its own, or the
+/// default one (`base_slice_ns`) while it has none. `None` where the
+/// kernel reports none (before 6.12).
+pub fn get_slice() -> Result<Option<Duration>> {
+    let a = get()?;
+    Ok(
+        (fair(a.sched_policy) && a.sched_runtime > 0)
+            .then(|| Duration::from_nanos(a.sched_runtime)),
+    )
+}
+
+/// Ask the scheduler for a slice of `slice` for the calling thread (see
+/// the module docs); `None` goes back to the default. Its policy and nice
+/// value stay as they are.
+///
+/// Errors, each one line: a slice outside [`MIN`]..=[`MAX`] (`EINVAL`),
+/// a thread not under the fair scheduler (`EINVAL`), and a kernel that
+/// does not keep the slice (`EOPNOTSUPP`: custom slices need Linux 6.12).
+pub fn set_slice(slice: Option<Duration>) -> Result<()> {
+    if let Some(s) = slice
+        && !(MIN..=MAX).contains(&s)
+    {
+        return Err(Fail::invalid(format!(
+            "a slice of {s:?} is outside the kernel's 100us..=100ms"
+        )));
+    }
+    let mut a = get()?;
+    if !fair(a.sched_policy) {
+        return Err(Fail::invalid(format!(
+            "a slice applies to SCHED_OTHER and SCHED_BATCH threads; this one has policy {}",
+            a.sched_policy
+        )));
+    }
+    let want = slice.map_or(0, |s| s.as_nanos() as u64);
+    a.size = std::mem::size_of::<libc::sched_attr>() as u32;
+    a.sched_runtime = want;
+    // Keep the nice value and the reset-on-fork flag as read; drop the
+    // flags that only sched_getattr reports.
+    a.sched_flags &= libc::SCHED_FLAG_RESET_ON_FORK as u64;
+    set(&a)?;
+    if want > 0 && get()?.sched_runtime != want {
+        return Err(Fail::new(
+            libc::EOPNOTSUPP,
+            "this kernel does not keep a thread's own slice (custom slices need Linux 6.12 or later)",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slice set on a thread reads back, the default comes back, the
+    /// nice value stays; out-of-range slices are refused in one line.
+    #[test]
+    fn a_thread_gets_its_slice_and_gives_it_back() {
+        std::thread::spawn(|| {
+            // SAFETY: getpriority/setpriority on the calling thread (who 0).
+            let nice = |set: Option<i32>| unsafe {
+                if let Some(n) = set {
+                    libc::setpriority(libc::PRIO_PROCESS, 0, n);
+                }
+                libc::getpriority(libc::PRIO_PROCESS, 0)
+            };
+            nice(Some(3));
+            let default = get_slice().unwrap();
+            match set_slice(Some(Duration::from_micros(300))) {
+                Ok(()) => {
+                    assert_eq!(get_slice().unwrap(), Some(Duration::from_micros(300)));
+                    assert_eq!(nice(None), 3, "the nice value changed");
+                    set_slice(None).unwrap();
+                    assert_eq!(get_slice().unwrap(), default, "the default slice is back");
+                }
+                Err(e) if e.errno() == libc::EOPNOTSUPP => {
+                    eprintln!("SKIPPED slice read-back: {e}");
+                }
+                Err(e) => panic!("set_slice: {e}"),
+            }
+            for bad in [Duration::from_micros(99), Duration::from_millis(101)] {
+                let e = set_slice(Some(bad)).unwrap_err();
+                assert_eq!(e.errno(), libc::EINVAL);
+                assert!(!e.to_string().contains('\n'));
+            }
+        })
+        .join()
+        .unwrap();
+    }
+}
