@@ -103,6 +103,47 @@ pub(super) fn contention_sampler() -> Finding {
     }
 }
 
+/// Whether a thread may ask for its own scheduler slice
+/// (`fastwake::slice`), tried on a thread of its own. Ok when the kernel
+/// keeps it, info when it does not (before Linux 6.12): nothing is wrong,
+/// a waiter there simply has no such lever.
+pub(super) fn waiter_slice() -> Finding {
+    let tried = std::thread::spawn(|| {
+        fastwake::slice::set_slice(Some(fastwake::slice::MIN))
+            .and_then(|()| fastwake::slice::get_slice())
+    })
+    .join();
+    judge_waiter_slice(match tried {
+        Ok(r) => r.map_err(|e| (e.errno(), e.to_string())),
+        Err(_) => Err((libc::EIO, "the probing thread panicked".into())),
+    })
+}
+
+pub(super) fn judge_waiter_slice(
+    tried: std::result::Result<Option<std::time::Duration>, (i32, String)>,
+) -> Finding {
+    let f = |level, d: String| check::WAITER_SLICE.found(level, d);
+    match tried {
+        Ok(Some(s)) => f(
+            Level::Ok,
+            format!(
+                "a thread may ask for its own slice (asked 100us, got {s:?}): fastwake::slice::set_slice lets a waiting thread preempt a busy neighbour when it wakes"
+            ),
+        ),
+        Ok(None) => f(
+            Level::Info,
+            "the kernel took a slice but reports none back".to_string(),
+        ),
+        Err((errno, e)) if errno == libc::EOPNOTSUPP => f(
+            Level::Info,
+            format!(
+                "{e}: a waiting thread beside a busy neighbour waits for the neighbour's turn to end"
+            ),
+        ),
+        Err((_, e)) => f(Level::Info, format!("could not ask for a slice: {e}")),
+    }
+}
+
 /// Isolated CPUs: `isolated` and `nohz_full` from /sys, isolcpus from the
 /// command line. Isolation is ok; none is info (fine for everything but
 /// dedicated pollers).

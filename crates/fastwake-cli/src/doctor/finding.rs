@@ -179,6 +179,8 @@ pub(super) mod check {
         "contention sampler",
         anchor::PRESSURE,
     );
+    pub const WAITER_SLICE: Check =
+        Check::new("waiter_slice", Area::Cpu, "waiter slice", anchor::PRESSURE);
     pub const ISOLATED_CPUS: Check = Check::new(
         "isolated_cpus",
         Area::Cpu,

@@ -168,6 +168,7 @@ pub fn inspect() -> Report {
     r.push(judge_virtualised(virt));
     r.push(judge_psi(read("/proc/pressure/cpu").as_deref()));
     r.push(contention_sampler());
+    r.push(waiter_slice());
     r.push(judge_isolated(
         read("/sys/devices/system/cpu/isolated").as_deref(),
         read("/sys/devices/system/cpu/nohz_full").as_deref(),

@@ -195,3 +195,19 @@ fn every_anchor_is_a_section_of_the_guide() {
         );
     }
 }
+
+#[test]
+fn the_waiter_slice_is_ok_where_the_kernel_keeps_it_and_info_where_not() {
+    let ok = judge_waiter_slice(Ok(Some(std::time::Duration::from_micros(100))));
+    assert_eq!(ok.level, Level::Ok);
+    let old = judge_waiter_slice(Err((
+        libc::EOPNOTSUPP,
+        "this kernel does not keep a thread's own slice".into(),
+    )));
+    assert_eq!(old.level, Level::Info);
+    assert!(old.detail.contains("does not keep"), "{}", old.detail);
+    // On this host: whichever it is, one line and never a warning.
+    let here = waiter_slice();
+    assert!(matches!(here.level, Level::Ok | Level::Info), "{here:?}");
+    assert!(!here.detail.contains('\n'));
+}
