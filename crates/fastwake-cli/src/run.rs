@@ -1,4 +1,4 @@
-//! `fastwake run [--mode M | --profile P] [--budget D] [--cpu-cap S] [--verbose] [--pollers sleep] -- CMD ARGS...`:
+//! `fastwake run [--mode M | --profile P] [--budget D] [--cpu-cap S] [--verbose] [--pollers sleep] [--slice D] -- CMD ARGS...`:
 //! run an unmodified program under the preload shim.
 //!
 //! It only prepares the environment (LD_PRELOAD plus the FASTWAKE_*
@@ -16,7 +16,7 @@ const SO_NAME: &str = "libfastwake_preload.so";
 pub const ENVIRONMENT: &str = "\
 Environment: run sets LD_PRELOAD and the shim's variables from its options: \
 FASTWAKE_MODE, FASTWAKE_PROFILE, FASTWAKE_BUDGET_US, FASTWAKE_CPU_CAP, \
-FASTWAKE_VERBOSE, FASTWAKE_POLLERS (the same variables work with LD_PRELOAD alone; see \
+FASTWAKE_VERBOSE, FASTWAKE_POLLERS, FASTWAKE_SLICE (the same variables work with LD_PRELOAD alone; see \
 docs/reference/environment.md). FASTWAKE_PRELOAD names the shim to use instead of the one \
 found next to this binary or in PREFIX/lib/fastwake/. \
 An unknown FASTWAKE_* variable gets one line on stderr; a bad value one \
@@ -80,6 +80,15 @@ pub struct Args {
     /// programs").
     #[arg(long, value_parser = ["off", "sleep"])]
     pub pollers: Option<String>,
+    /// Scheduler slice for each thread that waits, e.g. 100us
+    ///
+    /// Scheduler slice each thread asks for at its first call to a hooked wait
+    /// function (served or passed through), 100us to 100ms (Linux 6.12 or later, no privilege): a thread woken by
+    /// its completion then preempts a busy neighbour instead of waiting for
+    /// its turn to end. Off by default: it changes how the thread is scheduled
+    /// while it computes too (docs/guide/tuning.md, "CPU pressure").
+    #[arg(long, value_parser = parse_slice)]
+    pub slice: Option<std::time::Duration>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub cmd: Vec<OsString>,
@@ -91,6 +100,14 @@ fn parse_run_mode(s: &str) -> std::result::Result<String, String> {
     fastwake::WaitMode::parse_or_off(s)
         .map(|_| s.trim().to_string())
         .map_err(|e| e.to_string().replace('\n', " "))
+}
+
+fn parse_slice(s: &str) -> std::result::Result<std::time::Duration, String> {
+    let d = fastwake::grammar::duration(s).map_err(|e| e.to_string())?;
+    if !(fastwake::slice::MIN..=fastwake::slice::MAX).contains(&d) {
+        return Err("a slice is 100us to 100ms".into());
+    }
+    Ok(d)
 }
 
 fn parse_budget(s: &str) -> std::result::Result<std::time::Duration, String> {
@@ -185,6 +202,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if let Some(p) = &a.pollers {
         cmd.env("FASTWAKE_POLLERS", p);
+    }
+    if let Some(s) = a.slice {
+        cmd.env("FASTWAKE_SLICE", format!("{}ns", s.as_nanos()));
     }
     let e = cmd.exec();
     let code = if e.kind() == std::io::ErrorKind::NotFound {

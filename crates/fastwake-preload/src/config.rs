@@ -32,6 +32,10 @@ pub struct Config {
     /// `crate::pollers`). Off by default: it changes a program's timing
     /// beyond its waits.
     pub pollers: bool,
+    /// The scheduler slice each thread the shim serves asks for, at its
+    /// first wait (`FASTWAKE_SLICE`; `fastwake::slice`). Off by default:
+    /// it changes how the thread is scheduled while it computes too.
+    pub slice: Option<Duration>,
 }
 
 impl Config {
@@ -42,6 +46,7 @@ impl Config {
         cpu_cap: DEFAULT_CPU_CAP,
         verbose: false,
         pollers: false,
+        slice: None,
     };
 }
 
@@ -92,13 +97,14 @@ impl Profile {
             cpu_cap,
             verbose: false,
             pollers: false,
+            slice: None,
         }
     }
 }
 
 /// Every variable the shim (or `fastwake run`, or the project's scripts)
 /// reads; [`unknown_variables`] warns about any other `FASTWAKE_*` name.
-pub const KNOWN: [&str; 10] = [
+pub const KNOWN: [&str; 11] = [
     "FASTWAKE_MODE",
     "FASTWAKE_PROFILE",
     "FASTWAKE_BUDGET_US",
@@ -109,6 +115,7 @@ pub const KNOWN: [&str; 10] = [
     "FASTWAKE_STALL_MS",
     "FASTWAKE_ODP",
     "FASTWAKE_POLLERS",
+    "FASTWAKE_SLICE",
 ];
 
 /// Families of variables that belong to the project's own scripts
@@ -222,6 +229,21 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
             }
         };
     }
+    if let Some(v) = get("FASTWAKE_SLICE") {
+        c.slice = match v.trim() {
+            "" | "off" => None,
+            t => {
+                let d = fastwake::grammar::duration(t)
+                    .map_err(|e| format!("FASTWAKE_SLICE: {e}; passing through"))?;
+                if !(fastwake::slice::MIN..=fastwake::slice::MAX).contains(&d) {
+                    return Err(format!(
+                        "FASTWAKE_SLICE='{v}': a slice is 100us to 100ms; passing through"
+                    ));
+                }
+                Some(d)
+            }
+        };
+    }
     Ok(c)
 }
 
@@ -281,6 +303,13 @@ pub fn pollers() -> bool {
     CONFIG
         .get()
         .is_some_and(|p| p.cfg.pollers && p.cfg.mode.is_some())
+}
+
+/// The slice a thread asks for at its first wait (`FASTWAKE_SLICE`, with
+/// a mode in force).
+#[inline]
+pub fn slice() -> Option<Duration> {
+    CONFIG.get().and_then(|p| p.cfg.mode.and(p.cfg.slice))
 }
 
 /// Print diagnostics?
@@ -402,10 +431,28 @@ mod tests {
             ("FASTWAKE_PROFILE", "fast"),
             ("FASTWAKE_BUDGET_US", "2s"),
             ("FASTWAKE_POLLERS", "on"),
+            ("FASTWAKE_SLICE", "50us"),
+            ("FASTWAKE_SLICE", "1s"),
+            ("FASTWAKE_SLICE", "soon"),
         ] {
             let e = parse(env(&[(k, v)])).unwrap_err();
             assert!(e.contains(k), "{e}");
             assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_slice_is_opt_in_and_in_the_grammar() {
+        assert_eq!(parse(env(&[])).unwrap().slice, None);
+        for v in ["", "off"] {
+            assert_eq!(parse(env(&[("FASTWAKE_SLICE", v)])).unwrap().slice, None);
+        }
+        for (v, us) in [("100us", 100), ("0.5ms", 500), ("100ms", 100_000)] {
+            assert_eq!(
+                parse(env(&[("FASTWAKE_SLICE", v)])).unwrap().slice,
+                Some(Duration::from_micros(us)),
+                "{v}"
+            );
         }
     }
 

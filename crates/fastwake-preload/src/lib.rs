@@ -66,6 +66,7 @@ pub mod pollset;
 pub mod real;
 pub mod select;
 pub mod sends;
+pub mod slice;
 pub mod sockets;
 pub mod sys;
 pub mod uring;

@@ -878,3 +878,53 @@ fn an_idle_dispatched_wait_costs_little_cpu() {
     };
     assert!(counter(&out, "dispatch_waits") >= 2);
 }
+
+#[test]
+#[ignore = "child scenario, run by a_thread_the_shim_serves_asks_for_fastwake_slice"]
+fn child_slice() {
+    let before = fastwake::slice::get_slice().unwrap();
+    let (r, _w) = pipe();
+    let ep = epoll_with(&[r.as_raw_fd()]);
+    // A wait the shim serves (nothing comes: it times out).
+    assert_eq!(ewait(&ep, 5).0, 0);
+    let after = fastwake::slice::get_slice().unwrap();
+    println!("SLICE before={before:?} after={after:?}");
+}
+
+#[test]
+fn a_thread_the_shim_serves_asks_for_fastwake_slice() {
+    // Does this kernel keep a thread's own slice at all?
+    let probe = std::thread::spawn(|| fastwake::slice::set_slice(Some(Duration::from_micros(300))))
+        .join()
+        .unwrap();
+    if let Err(e) = probe {
+        eprintln!("SKIPPED a_thread_the_shim_serves_asks_for_fastwake_slice: {e}");
+        return;
+    }
+    let line = |out: &std::process::Output| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.find("SLICE ").map(|i| l[i..].to_string()))
+            .unwrap_or_else(|| panic!("no SLICE line: {out:?}"))
+    };
+    let Some(off) = child("child_slice", &[("FASTWAKE_MODE", "interrupt")]) else {
+        return;
+    };
+    let off = line(&off);
+    let (before, after) = off.split_once(" after=").unwrap();
+    assert_eq!(
+        before.trim_start_matches("SLICE before="),
+        after.split_whitespace().next().unwrap(),
+        "the slice changed without FASTWAKE_SLICE: {off}"
+    );
+    let on = child(
+        "child_slice",
+        &[("FASTWAKE_MODE", "interrupt"), ("FASTWAKE_SLICE", "300us")],
+    )
+    .unwrap();
+    let on = line(&on);
+    assert!(on.contains("after=Some(300µs)"), "{on}");
+    // (Its before may already be 300us: a thread made by a thread that
+    // asked inherits the slice, as the kernel passes it on at clone.)
+    assert!(!off.contains("300µs"), "{off}");
+}

@@ -76,15 +76,18 @@ pub fn add(f: impl FnOnce(&Segment) -> &AtomicU64, n: u64) {
     }
 }
 
-/// A call of kind `c` was served by the mode's wait.
+/// A call of kind `c` was served by the mode's wait (the calling thread
+/// asks for `FASTWAKE_SLICE` at its first, see [`crate::slice`]).
 #[inline]
 pub fn served(c: Call) {
+    crate::slice::take();
     add(|s| &s.call(c).served, 1);
 }
 
 /// A call of kind `c` was passed through unchanged, because `why`.
 #[inline]
 pub fn passed(c: Call, why: Pass) {
+    crate::slice::take();
     add(|s| &s.call(c).passed[why as usize], 1);
 }
 
