@@ -245,6 +245,21 @@ int fw_waiter_dispatch_stats(const fw_waiter *w, struct fw_dispatch_wait_stats *
 int fw_waiter_set_interruptible(fw_waiter *w, int on);
 void fw_waiter_destroy(fw_waiter *w);
 
+/* The calling thread's scheduler slice (Linux 6.12 or later, no privilege
+ * needed). fw_slice_set asks for slice_ns (100 us to 100 ms) for the
+ * calling thread; 0 goes back to the kernel's default. A thread woken by
+ * its completion then preempts a busy neighbour whose slice is longer,
+ * instead of waiting for its turn to end; its share of the CPU stays
+ * fair. It changes how the thread is scheduled while it computes too, so
+ * fastwake never sets it on its own: call it in the threads that wait.
+ * Threads the thread creates afterwards inherit it. EINVAL: out of range,
+ * or the thread is not SCHED_OTHER/SCHED_BATCH; EOPNOTSUPP: the kernel
+ * does not keep a thread's own slice. fw_slice_get stores the thread's
+ * slice as the kernel reports it (its own, or the default while it has
+ * none), 0 where the kernel reports none. EINVAL: slice_ns NULL. */
+int fw_slice_set(uint64_t slice_ns);
+int fw_slice_get(uint64_t *slice_ns);
+
 /* Start a dispatcher thread for CPU cpu (SCHED_IDLE, on that CPU): it
  * peeks the sources of the "dispatch" (and "adaptive") waiters running on
  * that CPU and wakes the one whose completion is ready. It goes idle

@@ -384,6 +384,7 @@ static void pingpong_on(const char *mode, int ping_cpu, int pong_cpu) {
 static void pingpong(const char *mode) { pingpong_on(mode, -1, -1); }
 
 #include "abi_sibling.c"
+#include "abi_slice.c"
 
 static void pingpong_beside_a_sibling(const char *mode, int ping_cpu, int pong_cpu) {
     struct sibling sb;
@@ -902,6 +903,7 @@ int main(int argc, char **argv) {
         return failed != 0;
     }
     check(fw_abi_version() == FW_ABI_VERSION, "abi version", "header and library differ");
+    slice_checks();
 
     fw_waiter *w = NULL;
     check(fw_waiter_create("bogus", &w) == EINVAL && w == NULL && strlen(fw_last_error()) > 0 &&
