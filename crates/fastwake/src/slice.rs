@@ -3,9 +3,8 @@
 //!
 //! A thread that sleeps in interrupt mode is woken by its completion, but
 //! it runs only when the scheduler lets it. Beside a busy neighbour on its
-//! CPU that can be a whole slice of the neighbour later (milliseconds),
-//! and a thread that just ran a burst of completions is the one the
-//! scheduler is least inclined to favour. Since Linux 6.12 the EEVDF
+//! CPU that can be the rest of the neighbour's slice later (milliseconds).
+//! Since Linux 6.12 the EEVDF
 //! scheduler lets any thread ask for its own slice, without privilege
 //! (`sched_attr.sched_runtime` of a `SCHED_OTHER` thread, 0.1-100 ms), and
 //! a waking thread whose slice is shorter than the running one's preempts
