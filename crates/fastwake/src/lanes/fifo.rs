@@ -181,21 +181,28 @@ impl Fifo {
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         let mut s = self.fifo.lock();
-        if s.owed(monotonic_ns(), self.fifo.starve_ns) {
+        let wake = if s.owed(monotonic_ns(), self.fifo.starve_ns) {
             let next = s.queue.pop_front().expect("owed: a waiter");
             if next.kind == TurnKind::InOrder {
                 s.in_order -= 1;
             }
             s.owner = Some(id_of(&next.thread));
-            next.thread.unpark();
-            return;
-        }
-        s.owner = None;
-        // The oldest stays queued and takes the turn if it is still free
-        // when it runs.
-        if let Some(w) = s.queue.front() {
-            w.thread.unpark();
-        }
+            next.thread
+        } else {
+            s.owner = None;
+            // The oldest stays queued and takes the turn if it is still
+            // free when it runs.
+            match s.queue.front() {
+                Some(w) => w.thread.clone(),
+                None => return,
+            }
+        };
+        // Unpark outside the lock: the woken thread may take the CPU at
+        // once, and must not find the lock held. (Should the oldest have
+        // taken a turn meanwhile, the unpark is a spurious wake-up, which
+        // its loop absorbs.)
+        drop(s);
+        wake.unpark();
     }
 }
 
