@@ -229,8 +229,20 @@ check_ucx() {
 # synthesized from CQEs the shim looked at, and those CQEs delivered to the
 # program's batches (stashed_cqes_delivered > 0: the receive CQs are read
 # only through start_poll); under dispatch in the epoll form, waits handed
-# off.
+# off (a run in which every wait fell back is run once more).
 check_cq_ex() {
+    check_cq_ex_once "$@" && return 0
+    # Under dispatch a run can have every wait fall back to interrupt mode:
+    # a waiter does not count on a dispatcher that is stale (SCHED_IDLE, it
+    # got no CPU for a while, as on an emulated vCPU kept busy). That is
+    # the fallback doing its job, not a broken hand-off; a second run must
+    # show one.
+    [ "$2" = dispatch ] && grep -q 'no wait was handed off' "$RXE_CUR_REASON" 2>/dev/null || return 1
+    rxe_info "first run: no hand-off ($(cat "$RXE_CUR_REASON")); once more"
+    check_cq_ex_once "$@"
+}
+
+check_cq_ex_once() {
     local how=$1 mode=$2 seed=${3:-} exe out
     local tag="cq_ex/$how/$mode${seed:+ (stress seed $seed)}"
     local ref="$RXE_LOGDIR/.channel-wait-cqex-$how${seed:+-stress}.ref"
