@@ -103,11 +103,7 @@ fn parse_run_mode(s: &str) -> std::result::Result<String, String> {
 }
 
 fn parse_slice(s: &str) -> std::result::Result<std::time::Duration, String> {
-    let d = fastwake::grammar::duration(s).map_err(|e| e.to_string())?;
-    if !(fastwake::slice::MIN..=fastwake::slice::MAX).contains(&d) {
-        return Err("a slice is 100us to 100ms".into());
-    }
-    Ok(d)
+    fastwake::slice::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_budget(s: &str) -> std::result::Result<std::time::Duration, String> {

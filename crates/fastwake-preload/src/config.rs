@@ -232,16 +232,10 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
     if let Some(v) = get("FASTWAKE_SLICE") {
         c.slice = match v.trim() {
             "" | "off" => None,
-            t => {
-                let d = fastwake::grammar::duration(t)
-                    .map_err(|e| format!("FASTWAKE_SLICE: {e}; passing through"))?;
-                if !(fastwake::slice::MIN..=fastwake::slice::MAX).contains(&d) {
-                    return Err(format!(
-                        "FASTWAKE_SLICE='{v}': a slice is 100us to 100ms; passing through"
-                    ));
-                }
-                Some(d)
-            }
+            t => Some(
+                fastwake::slice::parse(t)
+                    .map_err(|e| format!("FASTWAKE_SLICE: {e}; passing through"))?,
+            ),
         };
     }
     Ok(c)

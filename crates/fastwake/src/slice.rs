@@ -78,6 +78,25 @@ pub fn get_slice() -> Result<Option<Duration>> {
     )
 }
 
+/// `s` is a slice the kernel takes ([`MIN`]..=[`MAX`]); `EINVAL` in one
+/// line if not.
+fn in_range(s: Duration) -> Result<Duration> {
+    if (MIN..=MAX).contains(&s) {
+        Ok(s)
+    } else {
+        Err(Fail::invalid(format!(
+            "a slice of {s:?} is outside the kernel's 100us to 100ms"
+        )))
+    }
+}
+
+/// A slice in the one grammar ([`crate::grammar::duration`]: `100us`,
+/// `0.5ms`), within [`MIN`]..=[`MAX`]: what `--slice` and
+/// `FASTWAKE_SLICE` take.
+pub fn parse(s: &str) -> Result<Duration> {
+    in_range(crate::grammar::duration(s)?)
+}
+
 /// Ask the scheduler for a slice of `slice` for the calling thread (see
 /// the module docs); `None` goes back to the default. Its policy and nice
 /// value stay as they are.
@@ -86,12 +105,8 @@ pub fn get_slice() -> Result<Option<Duration>> {
 /// a thread not under the fair scheduler (`EINVAL`), and a kernel that
 /// does not keep the slice (`EOPNOTSUPP`: custom slices need Linux 6.12).
 pub fn set_slice(slice: Option<Duration>) -> Result<()> {
-    if let Some(s) = slice
-        && !(MIN..=MAX).contains(&s)
-    {
-        return Err(Fail::invalid(format!(
-            "a slice of {s:?} is outside the kernel's 100us..=100ms"
-        )));
+    if let Some(s) = slice {
+        in_range(s)?;
     }
     let mut a = get()?;
     if !fair(a.sched_policy) {
@@ -145,6 +160,12 @@ mod tests {
                     eprintln!("SKIPPED slice read-back: {e}");
                 }
                 Err(e) => panic!("set_slice: {e}"),
+            }
+            assert_eq!(parse("0.3ms").unwrap(), Duration::from_micros(300));
+            for bad in ["99us", "101ms", "soon"] {
+                let e = parse(bad).unwrap_err();
+                assert_eq!(e.errno(), libc::EINVAL);
+                assert!(!e.to_string().contains('\n'));
             }
             for bad in [Duration::from_micros(99), Duration::from_millis(101)] {
                 let e = set_slice(Some(bad)).unwrap_err();

@@ -634,11 +634,7 @@ fn run_scenario(
 
 /// `--slice`: a duration in the one grammar, within the kernel's range.
 fn parse_slice(s: &str) -> std::result::Result<Duration, String> {
-    let d = fastwake::grammar::duration(s).map_err(|e| e.to_string())?;
-    if !(fastwake::slice::MIN..=fastwake::slice::MAX).contains(&d) {
-        return Err("a slice is 100us to 100ms".into());
-    }
-    Ok(d)
+    fastwake::slice::parse(s).map_err(|e| e.to_string())
 }
 
 /// The calling thread (a consumer) asks for `--slice`, if given.

@@ -127,7 +127,8 @@ pub(super) fn judge_waiter_slice(
         Ok(Some(s)) => f(
             Level::Ok,
             format!(
-                "a thread may ask for its own slice (asked 100us, got {s:?}): fastwake::slice::set_slice lets a waiting thread preempt a busy neighbour when it wakes"
+                "a thread may ask for its own slice (asked {:?}, got {s:?}): fastwake::slice::set_slice lets a waiting thread preempt a busy neighbour when it wakes",
+                fastwake::slice::MIN
             ),
         ),
         Ok(None) => f(
