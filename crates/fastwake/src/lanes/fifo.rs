@@ -49,8 +49,6 @@ struct State {
     owner: Option<ThreadId>,
     /// Threads waiting for a turn, oldest first.
     queue: VecDeque<Waiting>,
-    /// How many of them are [`TurnKind::InOrder`].
-    in_order: usize,
 }
 
 /// Turns (see the module docs).
@@ -72,10 +70,6 @@ pub(super) struct Turn<'a> {
     fifo: &'a Fifo,
 }
 
-fn id_of(t: &Thread) -> ThreadId {
-    t.id()
-}
-
 impl State {
     /// The oldest waiter is owed the turn: it waits for bulk, or has
     /// waited `starve_ns`.
@@ -88,14 +82,13 @@ impl State {
     /// A free turn may go to a `kind` sender that is not the oldest
     /// waiter.
     fn may_barge(&self, kind: TurnKind, now: u64, starve_ns: u64) -> bool {
-        kind == TurnKind::Barging && self.in_order == 0 && !self.owed(now, starve_ns)
+        kind == TurnKind::Barging
+            && !self.queue.iter().any(|w| w.kind == TurnKind::InOrder)
+            && !self.owed(now, starve_ns)
     }
 
     fn remove(&mut self, me: ThreadId) {
-        if let Some(p) = self.queue.iter().position(|w| id_of(&w.thread) == me) {
-            if self.queue[p].kind == TurnKind::InOrder {
-                self.in_order -= 1;
-            }
+        if let Some(p) = self.queue.iter().position(|w| w.thread.id() == me) {
             self.queue.remove(p);
         }
     }
@@ -124,16 +117,13 @@ impl Fifo {
     /// Wait for this thread's turn.
     pub(super) fn enter(&self, kind: TurnKind) -> Turn<'_> {
         let me = current_thread();
-        let my_id = id_of(&me);
+        let my_id = me.id();
         let mut s = self.lock();
         if s.owner.is_none()
             && (s.queue.is_empty() || s.may_barge(kind, monotonic_ns(), self.starve_ns))
         {
             s.owner = Some(my_id);
             return Turn { fifo: self };
-        }
-        if kind == TurnKind::InOrder {
-            s.in_order += 1;
         }
         s.queue.push_back(Waiting {
             thread: me,
@@ -150,7 +140,7 @@ impl Fifo {
                 return Turn { fifo: self };
             }
             if s.owner.is_none() {
-                let first = s.queue.front().is_some_and(|w| id_of(&w.thread) == my_id);
+                let first = s.queue.front().is_some_and(|w| w.thread.id() == my_id);
                 if first || s.may_barge(kind, monotonic_ns(), self.starve_ns) {
                     s.remove(my_id);
                     s.owner = Some(my_id);
@@ -173,7 +163,7 @@ impl Fifo {
         if s.owner.is_some() || !s.queue.is_empty() {
             return None;
         }
-        s.owner = Some(id_of(&current_thread()));
+        s.owner = Some(current_thread().id());
         Some(Turn { fifo: self })
     }
 }
@@ -183,10 +173,7 @@ impl Drop for Turn<'_> {
         let mut s = self.fifo.lock();
         let wake = if s.owed(monotonic_ns(), self.fifo.starve_ns) {
             let next = s.queue.pop_front().expect("owed: a waiter");
-            if next.kind == TurnKind::InOrder {
-                s.in_order -= 1;
-            }
-            s.owner = Some(id_of(&next.thread));
+            s.owner = Some(next.thread.id());
             next.thread
         } else {
             s.owner = None;
