@@ -122,6 +122,18 @@ fn lanes_rdma_every_message_whole_and_in_order_one_doorbell_each() {
     run("lanes_rdma_unbatched", None, 120, 9);
 }
 
+/// Reader `id`'s `seq`-th request (and its reply) carry this tag.
+fn tag(id: u64, seq: u64) -> u64 {
+    id << 32 | seq
+}
+
+/// The tag of a request or reply of `len` bytes, the whole message checked.
+fn checked_tag(m: &[u8], len: usize) -> u64 {
+    let t = u64::from_le_bytes(m[..8].try_into().unwrap());
+    assert_eq!(m, &message(t, len)[..], "message {t:#x}");
+    t
+}
+
 /// The bench's experiment over RDMA, for counters (timings under a TCG
 /// guest are not performance figures): synchronous readers (one 16-byte
 /// request outstanding each, a 4 KiB reply) on the latency lane beside a
@@ -150,17 +162,11 @@ fn lanes_rdma_readers_beside_a_streaming_writer() {
         let server = server.clone();
         std::thread::spawn(move || {
             for _ in 0..READERS * READS {
-                let (id, seq) = server
-                    .recv_with(Class::Latency, |m| {
-                        assert_eq!(m.len(), 16, "request size");
-                        (
-                            u64::from_le_bytes(m[..8].try_into().unwrap()),
-                            u64::from_le_bytes(m[8..].try_into().unwrap()),
-                        )
-                    })
+                let tag = server
+                    .recv_with(Class::Latency, |m| checked_tag(m, 16))
                     .expect("request");
                 server
-                    .send_as(&message(id << 32 | seq, 4096), Class::Latency)
+                    .send_as(&message(tag, 4096), Class::Latency)
                     .expect("reply");
             }
         })
@@ -200,10 +206,9 @@ fn lanes_rdma_readers_beside_a_streaming_writer() {
         let client = client.clone();
         readers.push(std::thread::spawn(move || {
             for seq in 0..READS {
-                let mut req = [0u8; 16];
-                req[..8].copy_from_slice(&id.to_le_bytes());
-                req[8..].copy_from_slice(&seq.to_le_bytes());
-                client.send_as(&req, Class::Latency).expect("request");
+                client
+                    .send_as(&message(tag(id, seq), 16), Class::Latency)
+                    .expect("request");
                 assert_eq!(
                     rx.recv().expect("reply"),
                     seq,
@@ -216,13 +221,10 @@ fn lanes_rdma_readers_beside_a_streaming_writer() {
         let client = client.clone();
         std::thread::spawn(move || {
             for _ in 0..READERS * READS {
-                let (id, seq) = client
-                    .recv_with(Class::Latency, |m| {
-                        let tag = u64::from_le_bytes(m[..8].try_into().unwrap());
-                        assert_eq!(m, &message(tag, 4096)[..], "reply {tag:#x}");
-                        (tag >> 32, tag & 0xffff_ffff)
-                    })
+                let t = client
+                    .recv_with(Class::Latency, |m| checked_tag(m, 4096))
                     .expect("reply");
+                let (id, seq) = (t >> 32, t & 0xffff_ffff);
                 to_reader[id as usize].send(seq).expect("reader alive");
             }
         })
