@@ -337,7 +337,8 @@ struct fw_lanes_stats {
     uint64_t batched;        /* of those, carrying parts of more than one message */
     uint64_t polite;         /* of those, cut to the polite chunk */
     uint64_t chunked;        /* messages that went out in more than one sendmsg */
-    uint64_t queued;         /* messages (or tails) copied to the batch queue: the socket was full */
+    uint64_t queued;         /* messages (or tails) copied to the batch queue (sent with more,
+                                socket full, or ending a batch) */
     uint64_t room_polls;     /* syscalls spent waiting for room */
     uint64_t queued_bytes;   /* bytes in the batch queue now */
     uint64_t received;       /* whole messages received */
@@ -360,7 +361,8 @@ int fw_lanes_connect(const char *address, const fw_lanes_config *c, fw_lanes **o
  * follow: it may wait in the lane's batch (up to 16 messages, 64 KiB or
  * 50 us, i10's rule) to go out in one sendmsg with them. A bulk message
  * that finds the socket full may be queued (copied) too. Queued bytes are
- * pushed by the next send without FW_LANES_MORE, by a thread waiting in
+ * pushed by the next send without FW_LANES_MORE (in the same sendmsg when
+ * it fits the batch), by a thread waiting in
  * fw_lanes_recv once they are 50 us old, or by fw_lanes_flush. EINVAL:
  * over max_message, or an unknown lane; EPIPE: the peer is gone. */
 int fw_lanes_send(const fw_lanes *e, const void *data, size_t len, int lane);
@@ -371,6 +373,12 @@ int fw_lanes_send(const fw_lanes *e, const void *data, size_t len, int lane);
  * the peer closed mid-message (nothing of it delivered). */
 int fw_lanes_recv(const fw_lanes *e, int lane, int64_t timeout_ns, void *buf, size_t cap,
                   size_t *len);
+/* *out = 1 when a whole message waits in lane's receive buffer, so the
+ * next fw_lanes_recv on it returns without a syscall, else 0 (also while
+ * another thread receives on the lane). A server answers with
+ * FW_LANES_MORE while this is 1 and without it for the last answer: the
+ * answers to requests that arrived together leave in one sendmsg. */
+int fw_lanes_buffered(const fw_lanes *e, int lane, int *out);
 /* Push every queued bulk byte, waiting for room as long as it takes. */
 int fw_lanes_flush(const fw_lanes *e);
 int fw_lanes_stats(const fw_lanes *e, int lane, struct fw_lanes_stats *out);

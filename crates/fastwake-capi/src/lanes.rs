@@ -252,6 +252,27 @@ pub unsafe extern "C" fn fw_lanes_recv(
 }
 
 /// # Safety
+/// `e` from this library; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fw_lanes_buffered(
+    e: *const fw_lanes,
+    lane: c_int,
+    out: *mut c_int,
+) -> c_int {
+    guard(|| {
+        let e = obj_ref(e)?;
+        let class = class(lane)?;
+        if out.is_null() {
+            return Err(Fail::invalid("out pointer is NULL"));
+        }
+        let b = c_int::from(e.0.buffered(class));
+        // SAFETY: non-null and writable per the header.
+        unsafe { *out = b };
+        Ok(())
+    })
+}
+
+/// # Safety
 /// `e` from this library.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_lanes_flush(e: *const fw_lanes) -> c_int {

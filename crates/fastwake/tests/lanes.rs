@@ -564,3 +564,45 @@ fn lanes_listener_pairs_the_lanes_of_endpoints_that_connect_at_once() {
     assert_eq!(e.errno(), libc::EPROTO, "{e}");
     assert!(e.to_string().contains("twice"), "{e}");
 }
+
+#[test]
+fn lanes_answers_to_requests_that_arrived_together_leave_in_one_sendmsg() {
+    for layout in [Layout::Lanes, Layout::Shared] {
+        let (a, b) = pair(quiet(layout));
+        assert!(!b.buffered(Class::Latency), "nothing sent yet");
+        let n = 5u64;
+        for seq in 0..n {
+            a.send_as(&message(1, seq, 64), Class::Latency).unwrap();
+        }
+        // Loopback delivers a send before it returns, so the first
+        // receive reads all five; the server answers while more wait.
+        let before = b.stats(Class::Latency).send;
+        let mut answered = 0;
+        loop {
+            let seq = b.recv_with(Class::Latency, |m| m[1]).unwrap() as u64;
+            assert_eq!(seq, answered, "{layout:?}: requests in order");
+            answered += 1;
+            let answer = message(2, seq, 4096);
+            if b.buffered(Class::Latency) {
+                let s = b.send_more_as(&answer, Class::Latency).unwrap();
+                assert!(s.queued && s.syscalls == 0, "{layout:?}: {s:?}");
+            } else {
+                b.send_as(&answer, Class::Latency).unwrap();
+                break;
+            }
+        }
+        assert_eq!(answered, n, "{layout:?}: buffered() missed a request");
+        let s = b.stats(Class::Latency).send;
+        // The last answer joins the batch: one sendmsg for all five.
+        assert_eq!(
+            (s.sendmsgs - before.sendmsgs, s.batched - before.batched),
+            (1, 1),
+            "{layout:?}: {s:?}"
+        );
+        assert_eq!(s.queued_bytes, 0);
+        for seq in 0..n {
+            check(&a.recv(Class::Latency).unwrap(), 2, seq);
+        }
+        assert!(!b.buffered(Class::Latency));
+    }
+}

@@ -361,8 +361,31 @@ impl Endpoint {
         Ok(Some(f(rx.frames.message())))
     }
 
+    /// Does a whole message wait in `class`'s receive buffer, so that
+    /// the next receive on that lane returns it without a syscall? A
+    /// server answering requests sends its answers with
+    /// [`Endpoint::send_more_as`] while this holds and a plain send for
+    /// the last one: the answers to requests that arrived together leave
+    /// in one `sendmsg` (the NVMe/TCP host's `MSG_MORE` while more is
+    /// queued). False while another thread receives on the lane.
+    pub fn buffered(&self, class: Class) -> bool {
+        match self.lane(class).rx.try_lock() {
+            Ok(rx) => rx.frames.buffered(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().frames.buffered(),
+            Err(std::sync::TryLockError::WouldBlock) => false,
+        }
+    }
+
+    /// `class`'s lane's sending counters alone (the one connection's in a
+    /// shared layout): unlike [`Endpoint::stats`], this does not wait for
+    /// a thread that is receiving on the lane.
+    pub fn send_counters(&self, class: Class) -> SendCounters {
+        self.lane(class).tx.counters()
+    }
+
     /// `class`'s lane's counters (the one connection's in a shared
-    /// layout).
+    /// layout). The receiving half waits for a thread that is receiving
+    /// on the lane to take its message.
     pub fn stats(&self, class: Class) -> LaneStats {
         let lane = self.lane(class);
         let rx = lock(&lane.rx);

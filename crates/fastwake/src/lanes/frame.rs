@@ -124,10 +124,21 @@ impl Frames {
         Ok(Some(len))
     }
 
-    /// Is a whole message buffered after the one held?
-    fn buffered(&self) -> bool {
-        matches!(self.next_len(), Ok(Some(n)) if self.end - self.start >= HEADER + n)
-            || self.next_len().is_err()
+    /// Is a whole message buffered after the one held (or a header over
+    /// the limit, which the next take reports)?
+    pub(super) fn buffered(&self) -> bool {
+        let start = if self.held.end > 0 {
+            self.held.end
+        } else {
+            self.start
+        };
+        if self.end - start < HEADER {
+            return false;
+        }
+        let mut h = [0u8; HEADER];
+        h.copy_from_slice(&self.buf[start..start + HEADER]);
+        let len = u32::from_le_bytes(h) as usize;
+        len > self.max_message || self.end - start >= HEADER + len
     }
 
     /// Room for `need` bytes from `start`: move the unread bytes to the

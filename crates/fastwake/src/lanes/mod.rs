@@ -35,7 +35,7 @@
 //! own (what Linux's NVMe/TCP queue maps arrange) keeps full chunks: there,
 //! small chunks only cost throughput.
 //!
-//! With [`Config::batch`] set (the default, i10's numbers), bulk sends
+//! With [`Config::batch`] set (the default, i10's numbers), a lane's sends
 //! batch in two cases. A sender that says more messages follow
 //! ([`Endpoint::send_more`], `MSG_MORE` at the level of messages) leaves
 //! its message in the lane's batch without a syscall while the batch has
@@ -45,12 +45,24 @@
 //! (copied) when it fits the batch. The queue goes out in `sendmsg`s of
 //! at most a batch each, flagged `MSG_MORE` while more of it follows; a
 //! message's own chunks carry `MSG_MORE` but the last. A message too big
-//! for the batch waits for room in the calling thread, through the bulk
-//! lane's wait mode. Queued bytes are pushed by the next plain send, by
-//! any thread waiting in [`Endpoint::recv`] once they are
-//! [`Batch::delay`] old (the waiting thread itself takes the socket's
-//! room: there is no I/O thread), and by [`Endpoint::flush`], which a
-//! program that stops sending and does not receive must call.
+//! for the batch waits for room in the calling thread, through the
+//! lane's wait mode. Queued bytes are pushed by the next plain send (in
+//! the same `sendmsg` when it fits the batch), by a thread in
+//! [`Endpoint::recv`] once they are [`Batch::delay`] old (a receive that
+//! finds bytes queued when it starts or when its wait ends waits in
+//! slices of the delay and pushes them itself: there is no I/O thread;
+//! one already asleep when they were queued pushes them when it next
+//! wakes), and by [`Endpoint::flush`], which a program that stops sending
+//! and does not receive must call.
+//!
+//! Batching serves the latency lane too, where a request/answer server
+//! meets it: requests that arrive together are read by one `recv`, and
+//! while [`Endpoint::buffered`] says another whole one waits, the server
+//! answers with [`Endpoint::send_more_as`] and sends the last answer
+//! plainly, so all the answers leave in one `sendmsg` (the NVMe/TCP
+//! host's `MSG_MORE` while more is queued). A client whose threads know
+//! that others send right after them does the same with its requests
+//! (`fastwake bench lanes` does both).
 //!
 //! # No needless context switch
 //!

@@ -59,8 +59,9 @@ pub struct SendCounters {
     pub polite: u64,
     /// Messages that went out in more than one `sendmsg`.
     pub chunked: u64,
-    /// Messages (or their tails) copied into the batch queue because the
-    /// socket was full.
+    /// Messages (or their tails) copied into the batch queue: said to
+    /// have more behind them, found the socket full, or ended a batch
+    /// (to leave in its `sendmsg`).
     pub queued: u64,
     /// Syscalls spent waiting for room (peeks and sleeps).
     pub room_polls: u64,
@@ -158,15 +159,19 @@ impl Tx {
         let hdr = header(msg.len());
         let total = HEADER + msg.len();
         if st.queued > 0 {
-            // Behind a batch: push it first (this message ends it); if the
-            // socket stays full, join the queue when it fits, else wait
-            // for room.
-            st.drain(&self.sock, self.batch, pace, false)?;
-            if st.queued > 0 {
-                if self
-                    .batch
+            // Behind a batch: this message ends it. It joins the batch
+            // when it fits, so the batch and its end leave in one
+            // `sendmsg` (what the socket does not take stays queued); else
+            // the batch goes first, waiting for room if it must.
+            let fits = |st: &State| {
+                self.batch
                     .is_some_and(|b| st.queued + total <= b.bytes && st.queue.len() < b.messages)
-                {
+            };
+            if !fits(&st) {
+                st.drain(&self.sock, self.batch, pace, false)?;
+            }
+            if st.queued > 0 {
+                if fits(&st) {
                     st.enqueue(&hdr, msg, 0);
                     st.drain(&self.sock, self.batch, pace, false)?;
                     return Ok(st.done(before, st.queued > 0));

@@ -59,6 +59,8 @@ pub struct Plan {
 pub struct Arrangement {
     pub plan: Plan,
     eps: Vec<Arc<Endpoint>>,
+    /// The servers' endpoints (they send nothing but answers).
+    answering: Vec<Arc<Endpoint>>,
     replies: Vec<Arc<Replies>>,
     /// Bulk payload bytes the servers received.
     bulk_bytes: Arc<AtomicU64>,
@@ -73,8 +75,35 @@ pub struct Turn {
     pub bulk_bytes: u64,
     pub bulk_sent_bytes: u64,
     pub bulk_syscalls: u64,
-    /// Sends on the readers' lanes that parked for a turn.
-    pub read_turn_waits: u64,
+    /// What the sends of reads did.
+    pub read_sends: ReadSends,
+}
+
+/// The sends of reads, summed over the lanes that carry them.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReadSends {
+    /// Requests' sends that parked for a turn on their lane.
+    pub turn_waits: u64,
+    /// `sendmsg`s on the readers' lanes: requests only, unless
+    /// `with_bulk`.
+    pub request_sendmsgs: u64,
+    /// The writer's bulk goes on a readers' lane too (one shared
+    /// connection), so `request_sendmsgs` counts its `sendmsg`s as well.
+    pub with_bulk: bool,
+    /// `sendmsg`s that carried answers (servers' lanes).
+    pub answer_sendmsgs: u64,
+}
+
+impl std::ops::Sub for ReadSends {
+    type Output = ReadSends;
+    fn sub(self, o: ReadSends) -> ReadSends {
+        ReadSends {
+            turn_waits: self.turn_waits - o.turn_waits,
+            request_sendmsgs: self.request_sendmsgs - o.request_sendmsgs,
+            answer_sendmsgs: self.answer_sendmsgs - o.answer_sendmsgs,
+            with_bulk: self.with_bulk,
+        }
+    }
 }
 
 /// Serve one lane of a server endpoint: answer requests with a
@@ -87,7 +116,15 @@ fn serve(ep: Arc<Endpoint>, class: Class, reply: usize, bulk: Arc<AtomicU64>, cp
         match got {
             Ok((REQUEST, id, _)) => {
                 answer[..4].copy_from_slice(&(id as u32).to_le_bytes());
-                if ep.send_as(&answer, Class::Latency).is_err() {
+                // Requests that arrived together are answered in one
+                // `sendmsg` (the NVMe/TCP host's `MSG_MORE` while more is
+                // queued), in every arrangement alike.
+                let sent = if ep.buffered(class) {
+                    ep.send_more_as(&answer, Class::Latency)
+                } else {
+                    ep.send_as(&answer, Class::Latency)
+                };
+                if sent.is_err() {
                     return;
                 }
             }
@@ -123,8 +160,10 @@ impl Arrangement {
             .map_err(|_| Fail::new(libc::EIO, "accepting thread panicked"))??;
         let bulk_bytes = Arc::new(AtomicU64::new(0));
         let mut servers = Vec::new();
+        let mut answering = Vec::new();
         for (i, ep) in accepted.into_iter().enumerate() {
             let ep = Arc::new(ep);
+            answering.push(ep.clone());
             let classes = if ep.connections() == 2 {
                 vec![(Class::Latency, cpus.latency), (Class::Bulk, cpus.bulk)]
             } else if i == plan.writer {
@@ -150,6 +189,7 @@ impl Arrangement {
             replies: per_ep.iter().map(|&k| Arc::new(Replies::new(k))).collect(),
             plan,
             eps,
+            answering,
             bulk_bytes,
             servers,
         })
@@ -175,13 +215,19 @@ impl Arrangement {
                 let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
                     .map_err(|e| Fail::invalid(format!("histogram: {e}")))?;
                 let req = message(slot as u32, REQUEST, request);
+                let mut more = false;
                 while !stop.load(Ordering::Relaxed) {
                     let t0 = Instant::now();
-                    ep.send_as(&req, Class::Latency)?;
+                    if more {
+                        ep.send_more_as(&req, Class::Latency)?;
+                    } else {
+                        ep.send_as(&req, Class::Latency)?;
+                    }
                     replies.wait(&ep, slot)?;
                     if measuring.load(Ordering::Relaxed) {
                         h.saturating_record(t0.elapsed().as_nanos() as u64);
                     }
+                    more = replies.more_follow();
                 }
                 Ok(h)
             }));
@@ -216,7 +262,7 @@ impl Arrangement {
             })
         };
         std::thread::sleep(SETTLE);
-        let w0 = self.read_turn_waits();
+        let s0 = self.read_sends();
         let b0 = self.bulk_bytes.load(Ordering::Relaxed);
         let c0 = process_cpu();
         let t0 = Instant::now();
@@ -224,7 +270,7 @@ impl Arrangement {
         std::thread::sleep(len);
         measuring.store(false, Ordering::Relaxed);
         let wall = t0.elapsed();
-        let read_turn_waits = self.read_turn_waits() - w0;
+        let read_sends = self.read_sends() - s0;
         let cpu_used = process_cpu().saturating_sub(c0);
         let bulk_bytes = self.bulk_bytes.load(Ordering::Relaxed) - b0;
         stop.store(true, Ordering::Relaxed);
@@ -249,18 +295,30 @@ impl Arrangement {
             bulk_bytes,
             bulk_sent_bytes,
             bulk_syscalls,
-            read_turn_waits,
+            read_sends,
         })
     }
 
-    /// Turn waits so far on the lanes the readers send on (each reader
-    /// endpoint's latency lane, counted once).
-    fn read_turn_waits(&self) -> u64 {
+    /// The sends of reads so far: the latency lanes of the readers'
+    /// endpoints (each counted once) and of the servers' endpoints (only
+    /// answers go out there).
+    fn read_sends(&self) -> ReadSends {
         let mut eps: Vec<usize> = self.plan.readers.iter().map(|r| r.0).collect();
         eps.dedup();
-        eps.iter()
-            .map(|&e| self.eps[e].stats(Class::Latency).send.turn_waits)
-            .sum()
+        let mut s = ReadSends {
+            with_bulk: eps.contains(&self.plan.writer)
+                && self.eps[self.plan.writer].connections() == 1,
+            ..ReadSends::default()
+        };
+        for &e in &eps {
+            let c = self.eps[e].send_counters(Class::Latency);
+            s.turn_waits += c.turn_waits;
+            s.request_sendmsgs += c.sendmsgs;
+        }
+        for ep in &self.answering {
+            s.answer_sendmsgs += ep.send_counters(Class::Latency).sendmsgs;
+        }
+        s
     }
 
     /// Close the client endpoints and wait for the servers to see it.

@@ -7,11 +7,18 @@
 //! until its own comes, then passes the lead to a reader still waiting.
 //! On a connection of its own a reader always leads, so every arrangement
 //! runs the same code.
+//!
+//! The replies also say when requests can batch: a reader handed its
+//! reply sends its next request at once, so while other readers have
+//! been handed theirs and not yet sent, more requests are about to
+//! follow, and this one may wait for them in the lane's batch (the
+//! NVMe/TCP host's `MSG_MORE` while more is queued). The last of them
+//! sends plainly, which pushes the batch in the same `sendmsg`.
 
 use fastwake::Result;
 use fastwake::lanes::{Class, Endpoint};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::thread::Thread;
 
 const WAITING: u32 = 0;
@@ -34,6 +41,8 @@ struct Lead {
 pub struct Replies {
     slots: Vec<Slot>,
     lead: Mutex<Lead>,
+    /// Readers handed their reply that have not yet sent again.
+    handed: AtomicUsize,
 }
 
 /// The reader a reply (or request) is for: its first four bytes.
@@ -50,11 +59,20 @@ impl Replies {
                 })
                 .collect(),
             lead: Mutex::new(Lead::default()),
+            handed: AtomicUsize::new(0),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Lead> {
         self.lead.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A reader that was handed its reply is about to send its next
+    /// request: do other readers' requests follow at once (readers handed
+    /// their reply that have not sent yet)? Call once after every
+    /// [`Replies::wait`], whether a request follows or not.
+    pub fn more_follow(&self) -> bool {
+        self.handed.fetch_sub(1, Ordering::AcqRel) > 1
     }
 
     /// Reader `me` (its index on this connection) waits for the reply to
@@ -95,6 +113,7 @@ impl Replies {
                     return Err(e);
                 }
             };
+            self.handed.fetch_add(1, Ordering::AcqRel);
             if id == me {
                 self.hand_on();
                 return Ok(());

@@ -1,6 +1,6 @@
 //! `bench lanes`' rows, tables, ratios and JSON.
 
-use super::arrangement::{Plan, Turn};
+use super::arrangement::{Plan, ReadSends, Turn};
 use fastwake::{Fail, Result};
 use hdrhistogram::Histogram;
 use std::time::Duration;
@@ -16,8 +16,7 @@ pub struct Row {
     bulk_bytes: u64,
     sent_bytes: u64,
     syscalls: u64,
-    /// Sends on the readers' lanes that parked for a turn.
-    turn_waits: u64,
+    read_sends: ReadSends,
 }
 
 const MIB: f64 = (1 << 20) as f64;
@@ -34,7 +33,7 @@ impl Row {
             bulk_bytes: 0,
             sent_bytes: 0,
             syscalls: 0,
-            turn_waits: 0,
+            read_sends: ReadSends::default(),
         }
     }
 
@@ -47,7 +46,11 @@ impl Row {
         self.bulk_bytes += t.bulk_bytes;
         self.sent_bytes += t.bulk_sent_bytes;
         self.syscalls += t.bulk_syscalls;
-        self.turn_waits += t.read_turn_waits;
+        let s = &mut self.read_sends;
+        s.turn_waits += t.read_sends.turn_waits;
+        s.request_sendmsgs += t.read_sends.request_sendmsgs;
+        s.answer_sendmsgs += t.read_sends.answer_sendmsgs;
+        s.with_bulk |= t.read_sends.with_bulk;
         Ok(())
     }
 
@@ -90,6 +93,7 @@ impl Row {
                 serde_json::Value::Null
             }
         };
+        let per_read = |n: u64| n as f64 / self.reads().max(1) as f64;
         serde_json::json!({
             "arrangement": self.name,
             "connections": self.connections,
@@ -104,7 +108,14 @@ impl Row {
             "write_mib_s": f(self.write_mib_s()),
             "cpu_us_per_op": f(self.cpu_us_per_op()),
             "bulk_syscalls_per_mib": f(self.syscalls_per_mib()),
-            "read_turn_waits_per_read": f(self.turn_waits as f64 / self.reads().max(1) as f64),
+            "read_turn_waits_per_read": f(per_read(self.read_sends.turn_waits)),
+            // Null where the writer's sendmsgs share the readers' lane.
+            "request_sendmsgs_per_read": if self.read_sends.with_bulk {
+                serde_json::Value::Null
+            } else {
+                f(per_read(self.read_sends.request_sendmsgs))
+            },
+            "answer_sendmsgs_per_read": f(per_read(self.read_sends.answer_sendmsgs)),
         })
     }
 }
@@ -284,7 +295,7 @@ mod tests {
             bulk_bytes: 0,
             bulk_sent_bytes: 0,
             bulk_syscalls: 0,
-            read_turn_waits: 0,
+            read_sends: Default::default(),
         };
         r.add(&t).unwrap();
         r
