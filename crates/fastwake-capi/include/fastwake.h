@@ -343,6 +343,9 @@ struct fw_lanes_stats {
     uint64_t queued_bytes;   /* bytes in the batch queue now */
     uint64_t received;       /* whole messages received */
     uint64_t received_bytes; /* their payload bytes */
+    uint64_t turn_waits;     /* sends that found the lane's turn taken and waited for it */
+    uint64_t handed;         /* small messages that found the turn taken and were left with
+                                the thread holding it, which sent them before leaving */
 };
 /* Listen on address ("IP:PORT"; port 0: any, see fw_lanes_listener_port).
  * The config's layout is ignored: an accepted endpoint has the layout its

@@ -51,7 +51,11 @@ fn struct_layouts_match_the_header() {
         std::mem::offset_of!(crate::lanes::fw_lanes_config, bulk_mode),
         64
     );
-    assert_eq!(std::mem::size_of::<crate::lanes::fw_lanes_stats>(), 96);
+    assert_eq!(std::mem::size_of::<crate::lanes::fw_lanes_stats>(), 112);
+    assert_eq!(
+        std::mem::offset_of!(crate::lanes::fw_lanes_stats, handed),
+        104
+    );
     assert_eq!(
         std::mem::offset_of!(crate::lanes::fw_lanes_stats, received),
         80

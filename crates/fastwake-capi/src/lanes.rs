@@ -43,6 +43,8 @@ pub struct fw_lanes_stats {
     pub queued_bytes: u64,
     pub received: u64,
     pub received_bytes: u64,
+    pub turn_waits: u64,
+    pub handed: u64,
 }
 
 const LAYOUT_LANES: u32 = 0;
@@ -304,6 +306,8 @@ pub unsafe extern "C" fn fw_lanes_stats(
                 queued_bytes: s.send.queued_bytes,
                 received: s.received,
                 received_bytes: s.received_bytes,
+                turn_waits: s.send.turn_waits,
+                handed: s.send.handed,
             }
         })
     })

@@ -46,7 +46,8 @@ _Static_assert(offsetof(struct fw_shared_cq_stats, reserved) == 72, "fw_shared_c
 _Static_assert(sizeof(fw_lanes_config) == 72, "fw_lanes_config layout");
 _Static_assert(offsetof(fw_lanes_config, batch_bytes) == 48, "fw_lanes_config layout");
 _Static_assert(offsetof(fw_lanes_config, bulk_mode) == 64, "fw_lanes_config layout");
-_Static_assert(sizeof(struct fw_lanes_stats) == 96, "fw_lanes_stats layout");
+_Static_assert(sizeof(struct fw_lanes_stats) == 112, "fw_lanes_stats layout");
+_Static_assert(offsetof(struct fw_lanes_stats, handed) == 104, "fw_lanes_stats layout");
 _Static_assert(offsetof(struct fw_lanes_stats, received) == 80, "fw_lanes_stats layout");
 _Static_assert(sizeof(fw_fetch_config) == 80, "fw_fetch_config layout");
 _Static_assert(offsetof(fw_fetch_config, buckets) == 32, "fw_fetch_config layout");

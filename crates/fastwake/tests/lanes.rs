@@ -64,10 +64,10 @@ fn size(rng: &mut impl Rng) -> usize {
     }
 }
 
-/// Two senders on one endpoint, random sizes and some explicit classes;
-/// one receiving thread per lane checks every message's order per sender
-/// and its bytes.
-fn randomized(config: Config, per_sender: u64, seed: u64) {
+/// `SENDERS` senders on one endpoint, random sizes and some explicit
+/// classes; one receiving thread per lane checks every message's order per
+/// sender and its bytes. Returns the latency lane's send counters.
+fn randomized(config: Config, per_sender: u64, seed: u64) -> fastwake::lanes::SendCounters {
     let (a, b) = pair(config);
     let a = Arc::new(a);
     let b = Arc::new(b);
@@ -78,7 +78,7 @@ fn randomized(config: Config, per_sender: u64, seed: u64) {
         &[Class::Latency, Class::Bulk]
     };
     let mut senders = Vec::new();
-    for from in 0..2u8 {
+    for from in 0..SENDERS as u8 {
         let a = a.clone();
         senders.push(std::thread::spawn(move || {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed + from as u64);
@@ -115,7 +115,7 @@ fn randomized(config: Config, per_sender: u64, seed: u64) {
     for &class in classes {
         let b = b.clone();
         receivers.push(std::thread::spawn(move || {
-            let mut next = [0u64; 2];
+            let mut next = [0u64; SENDERS];
             let mut count = 0u64;
             loop {
                 let got = b
@@ -134,7 +134,7 @@ fn randomized(config: Config, per_sender: u64, seed: u64) {
             }
         }));
     }
-    let mut want = [[0u64; 2]; 2]; // [lane][sender]
+    let mut want = [[0u64; SENDERS]; 2]; // [lane][sender]
     for (from, s) in senders.into_iter().enumerate() {
         let next = s.join().unwrap();
         want[0][from] = next[0];
@@ -149,7 +149,12 @@ fn randomized(config: Config, per_sender: u64, seed: u64) {
         assert!(st.send.messages > 0);
         assert_eq!(st.send.queued_bytes, 0, "flush left bytes queued");
     }
+    a.send_counters(Class::Latency)
 }
+
+/// Senders per randomized run: enough that small senders often find the
+/// latency lane's turn held and leave their messages with its holder.
+const SENDERS: usize = 4;
 
 #[test]
 fn lanes_randomized_order_and_integrity() {
@@ -171,6 +176,62 @@ fn lanes_randomized_without_batching() {
 #[test]
 fn lanes_randomized_shared_layout() {
     randomized(quiet(Layout::Shared), 600, 13);
+}
+
+/// Small senders racing for the latency lane: a sender that finds the
+/// turn held leaves its message with the holder, who sends it before it
+/// leaves; every message still arrives once, whole and in order per
+/// sender.
+#[test]
+fn lanes_small_senders_leave_messages_with_the_turns_holder() {
+    let (a, b) = pair(quiet(Layout::Lanes));
+    let a = Arc::new(a);
+    let n = 5000u64;
+    let senders: Vec<_> = (0..SENDERS as u8)
+        .map(|from| {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                for seq in 0..n {
+                    let m = message(from, seq, 16 + (seq % 200) as usize);
+                    if seq % 3 == 0 {
+                        a.send_more_as(&m, Class::Latency).unwrap();
+                    } else {
+                        a.send_as(&m, Class::Latency).unwrap();
+                    }
+                }
+                a.flush().unwrap();
+            })
+        })
+        .collect();
+    let mut next = [0u64; SENDERS];
+    for _ in 0..SENDERS as u64 * n {
+        b.recv_timeout_with(Class::Latency, Duration::from_secs(5), |m| {
+            let from = m[0] as usize;
+            let seq = u64::from_le_bytes(m[1..9].try_into().unwrap());
+            assert_eq!(seq, next[from], "sender {from}");
+            check(m, from as u8, seq);
+            next[from] += 1;
+        })
+        .unwrap()
+        .expect("a message lost: none within 5 s");
+    }
+    for s in senders {
+        s.join().unwrap();
+    }
+    assert_eq!(next, [n; SENDERS]);
+    assert!(
+        b.recv_timeout_with(Class::Latency, Duration::from_millis(20), |_| ())
+            .unwrap()
+            .is_none(),
+        "a message arrived twice"
+    );
+    let c = a.send_counters(Class::Latency);
+    assert_eq!(c.messages, SENDERS as u64 * n, "{c:?}");
+    assert!(
+        c.handed > 0,
+        "no sender found the turn held in {} messages: {c:?}",
+        c.messages
+    );
 }
 
 #[test]

@@ -22,6 +22,14 @@
 //! when it runs. The oldest is handed the turn (and no one may barge) once
 //! it has waited [`Fifo::STARVE_NS`], which bounds how long barging can
 //! hold a waiter back.
+//!
+//! Better still, a small sender that finds the turn held need not wait
+//! for it at all: where the lane batches, it leaves its framed message
+//! with the holder ([`Fifo::enter_or_hand`]), who sends it with its own
+//! before leaving the turn ([`Turn::try_leave`]), in the same `sendmsg`
+//! when both fit. No park, no wake-up, no context switch, and the holder
+//! was going to make a `sendmsg` anyway (flat combining). Only while no
+//! bulk sender waits, and only as much as one batch holds.
 
 use crate::cpu::monotonic_ns;
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, Thread, ThreadId, current_thread, park};
@@ -47,8 +55,23 @@ struct Waiting {
 struct State {
     /// The thread whose turn it is.
     owner: Option<ThreadId>,
+    /// What it sends: messages are left only with a small sender, whose
+    /// `sendmsg` comes soon (a bulk one's may wait for room for long).
+    owner_kind: Option<TurnKind>,
     /// Threads waiting for a turn, oldest first.
     queue: VecDeque<Waiting>,
+    /// Framed messages left for the holder to send, oldest first, and
+    /// their bytes.
+    inbox: Vec<Vec<u8>>,
+    inbox_bytes: usize,
+}
+
+/// What [`Fifo::enter_or_hand`] did.
+pub(super) enum Entry<'a> {
+    /// This thread's turn.
+    Turn(Turn<'a>),
+    /// The turn was held: the message was left for its holder to send.
+    Handed,
 }
 
 /// Turns (see the module docs).
@@ -57,6 +80,8 @@ pub(super) struct Fifo {
     starve_ns: u64,
     /// Turns a thread parked for.
     waits: AtomicU64,
+    /// Messages left for a holder.
+    handed: AtomicU64,
 }
 
 impl Default for Fifo {
@@ -65,9 +90,12 @@ impl Default for Fifo {
     }
 }
 
-/// A turn; freed (or handed on) when dropped.
+/// A turn; freed (or handed on) by [`Turn::try_leave`] or when dropped.
+/// Messages left with it that its holder did not take stay in the inbox
+/// for the next holder.
 pub(super) struct Turn<'a> {
     fifo: &'a Fifo,
+    left: bool,
 }
 
 impl State {
@@ -106,6 +134,7 @@ impl Fifo {
             state: Mutex::new(State::default()),
             starve_ns,
             waits: AtomicU64::new(0),
+            handed: AtomicU64::new(0),
         }
     }
 
@@ -116,14 +145,48 @@ impl Fifo {
 
     /// Wait for this thread's turn.
     pub(super) fn enter(&self, kind: TurnKind) -> Turn<'_> {
+        let s = self.lock();
+        self.enter_locked(s, kind)
+    }
+
+    /// Take a free turn as [`Fifo::enter`] does; but a small sender that
+    /// finds the turn held while no bulk sender waits leaves its message
+    /// (`framed()`, `len` bytes) with the holder instead of waiting, when
+    /// `fits(messages, bytes)` holds for the inbox with it.
+    pub(super) fn enter_or_hand(
+        &self,
+        kind: TurnKind,
+        len: usize,
+        fits: impl Fn(usize, usize) -> bool,
+        framed: impl FnOnce() -> Vec<u8>,
+    ) -> Entry<'_> {
+        let mut s = self.lock();
+        if kind == TurnKind::Barging
+            && s.owner_kind == Some(TurnKind::Barging)
+            && !s.queue.iter().any(|w| w.kind == TurnKind::InOrder)
+            && fits(s.inbox.len() + 1, s.inbox_bytes + len)
+        {
+            s.inbox.push(framed());
+            s.inbox_bytes += len;
+            drop(s);
+            self.handed.fetch_add(1, Ordering::Relaxed);
+            return Entry::Handed;
+        }
+        Entry::Turn(self.enter_locked(s, kind))
+    }
+
+    fn enter_locked<'a>(&'a self, mut s: MutexGuard<'a, State>, kind: TurnKind) -> Turn<'a> {
         let me = current_thread();
         let my_id = me.id();
-        let mut s = self.lock();
         if s.owner.is_none()
             && (s.queue.is_empty() || s.may_barge(kind, monotonic_ns(), self.starve_ns))
         {
             s.owner = Some(my_id);
-            return Turn { fifo: self };
+            s.owner_kind = Some(kind);
+            return Turn {
+                fifo: self,
+                left: false,
+            };
         }
         s.queue.push_back(Waiting {
             thread: me,
@@ -137,14 +200,21 @@ impl Fifo {
             let mut s = self.lock();
             if s.owner == Some(my_id) {
                 // Handed to us: the leaver took us off the queue.
-                return Turn { fifo: self };
+                return Turn {
+                    fifo: self,
+                    left: false,
+                };
             }
             if s.owner.is_none() {
                 let first = s.queue.front().is_some_and(|w| w.thread.id() == my_id);
                 if first || s.may_barge(kind, monotonic_ns(), self.starve_ns) {
                     s.remove(my_id);
                     s.owner = Some(my_id);
-                    return Turn { fifo: self };
+                    s.owner_kind = Some(kind);
+                    return Turn {
+                        fifo: self,
+                        left: false,
+                    };
                 }
             }
             // Passed by a barging sender (or woken for nothing): the
@@ -157,6 +227,11 @@ impl Fifo {
         self.waits.load(Ordering::Relaxed)
     }
 
+    /// Messages left with a holder, since the start.
+    pub(super) fn handed(&self) -> u64 {
+        self.handed.load(Ordering::Relaxed)
+    }
+
     /// A turn now, if no one has it or waits for it.
     pub(super) fn try_enter(&self) -> Option<Turn<'_>> {
         let mut s = self.lock();
@@ -164,19 +239,60 @@ impl Fifo {
             return None;
         }
         s.owner = Some(current_thread().id());
-        Some(Turn { fifo: self })
+        // A receiver's push of queued bytes (`Tx::tick`): short, and it
+        // never waits for room, so a small sender may leave its message.
+        s.owner_kind = Some(TurnKind::Barging);
+        Some(Turn {
+            fifo: self,
+            left: false,
+        })
+    }
+}
+
+impl Turn<'_> {
+    /// The messages left with this turn's holder so far (oldest first),
+    /// taken out of the inbox.
+    pub(super) fn take_handed(&self) -> Vec<Vec<u8>> {
+        let mut s = self.fifo.lock();
+        s.inbox_bytes = 0;
+        std::mem::take(&mut s.inbox)
+    }
+
+    /// Leave the turn, unless messages were left with it meanwhile: then
+    /// keep it and return them (send them, and try again). Checked and
+    /// left under the lock the senders leave messages under, so none is
+    /// left with a turn that is gone.
+    pub(super) fn try_leave(&mut self) -> Option<Vec<Vec<u8>>> {
+        let mut s = self.fifo.lock();
+        if !s.inbox.is_empty() {
+            s.inbox_bytes = 0;
+            return Some(std::mem::take(&mut s.inbox));
+        }
+        self.left = true;
+        self.fifo.release(s);
+        None
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        let mut s = self.fifo.lock();
-        let wake = if s.owed(monotonic_ns(), self.fifo.starve_ns) {
+        if !self.left {
+            self.fifo.release(self.fifo.lock());
+        }
+    }
+}
+
+impl Fifo {
+    /// Free the turn held (or hand it to the oldest waiter if owed).
+    fn release(&self, mut s: MutexGuard<'_, State>) {
+        let wake = if s.owed(monotonic_ns(), self.starve_ns) {
             let next = s.queue.pop_front().expect("owed: a waiter");
             s.owner = Some(next.thread.id());
+            s.owner_kind = Some(next.kind);
             next.thread
         } else {
             s.owner = None;
+            s.owner_kind = None;
             // The oldest stays queued and takes the turn if it is still
             // free when it runs.
             match s.queue.front() {
@@ -195,7 +311,7 @@ impl Drop for Turn<'_> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{Fifo, TurnKind};
+    use super::{Entry, Fifo, TurnKind};
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
@@ -285,6 +401,53 @@ mod tests {
         assert_eq!(bounded, ['a', 'b', 'm']);
     }
 
+    /// A small sender that finds a small sender's turn held leaves its
+    /// message with it instead of waiting; the holder cannot leave before
+    /// taking it. A bulk holder is not handed anything, nor is a holder
+    /// while a bulk sender waits.
+    #[test]
+    fn a_small_sender_leaves_its_message_with_a_small_holder() {
+        let fifo = Arc::new(Fifo::default());
+        let hand = |fifo: &Fifo, id: u8| {
+            matches!(
+                fifo.enter_or_hand(TurnKind::Barging, 1, |_, _| true, || vec![id]),
+                Entry::Handed
+            )
+        };
+        let Entry::Turn(mut t) = fifo.enter_or_hand(TurnKind::Barging, 1, |_, _| true, || vec![0])
+        else {
+            panic!("a free turn was not taken");
+        };
+        let f2 = fifo.clone();
+        assert!(std::thread::spawn(move || hand(&f2, 1)).join().unwrap());
+        // A full inbox: the sender waits for a turn instead.
+        let f3 = fifo.clone();
+        let waiter = std::thread::spawn(move || {
+            matches!(
+                f3.enter_or_hand(TurnKind::Barging, 1, |n, _| n <= 1, || vec![2]),
+                Entry::Turn(_)
+            )
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(t.try_leave(), Some(vec![vec![1]]));
+        assert_eq!(t.try_leave(), None);
+        assert!(
+            waiter.join().unwrap(),
+            "the sender whose message did not fit got no turn"
+        );
+        assert_eq!(fifo.handed(), 1);
+        // A bulk holder takes no messages.
+        let bulk = fifo.enter(TurnKind::InOrder);
+        let f4 = fifo.clone();
+        let small = std::thread::spawn(move || hand(&f4, 3));
+        std::thread::sleep(Duration::from_millis(30));
+        drop(bulk);
+        assert!(
+            !small.join().unwrap(),
+            "a message was left with a bulk holder"
+        );
+    }
+
     /// Many threads, both kinds, random hold times: every turn is held by
     /// one thread at a time and every thread gets all its turns.
     #[test]
@@ -340,7 +503,7 @@ mod loom_tests {
     //! wake-up shows as a loom deadlock). The hand-off bound reads the
     //! clock, which loom cannot replay, so each model runs with the bound
     //! at 0 (every turn handed on in order) and at never (barging).
-    use super::{Fifo, TurnKind};
+    use super::{Entry, Fifo, TurnKind};
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicU32, Ordering};
 
@@ -368,6 +531,47 @@ mod loom_tests {
                 t.join().unwrap();
             }
             assert!(fifo.try_enter().is_some());
+        });
+    }
+
+    /// Three small senders, each of which may leave its message with the
+    /// holder: every message is sent once, by its sender or by a holder
+    /// before it leaves, and none is left in the inbox of a turn that is
+    /// gone.
+    #[test]
+    fn loom_small_senders_leave_messages_with_the_holder() {
+        loom::model(|| {
+            let fifo = Arc::new(Fifo::with_bound(u64::MAX));
+            let sent = Arc::new(loom::sync::Mutex::new(Vec::new()));
+            let send = |fifo: &Fifo, sent: &loom::sync::Mutex<Vec<u8>>, id: u8| {
+                if let Entry::Turn(mut t) =
+                    fifo.enter_or_hand(TurnKind::Barging, 1, |n, _| n <= 2, || vec![id])
+                {
+                    let mut out = sent.lock().unwrap();
+                    out.extend(t.take_handed().concat());
+                    out.push(id);
+                    drop(out);
+                    while let Some(left) = t.try_leave() {
+                        sent.lock().unwrap().extend(left.concat());
+                    }
+                }
+            };
+            let threads: Vec<_> = [1u8, 2]
+                .into_iter()
+                .map(|id| {
+                    let (fifo, sent) = (fifo.clone(), sent.clone());
+                    loom::thread::spawn(move || send(&fifo, &sent, id))
+                })
+                .collect();
+            send(&fifo, &sent, 0);
+            for t in threads {
+                t.join().unwrap();
+            }
+            let mut got = sent.lock().unwrap().clone();
+            got.sort();
+            assert_eq!(got, [0, 1, 2], "each message sent once");
+            let t = fifo.try_enter().expect("a free turn");
+            assert!(t.take_handed().is_empty());
         });
     }
 

@@ -3,7 +3,7 @@
 //! for the rules and their numbers).
 
 use super::Batch;
-use super::fifo::{Fifo, TurnKind};
+use super::fifo::{Entry, Fifo, Turn, TurnKind};
 use super::frame::{HEADER, header};
 use super::room::Room;
 use crate::cpu::monotonic_ns;
@@ -69,6 +69,9 @@ pub struct SendCounters {
     pub queued_bytes: u64,
     /// Sends that found the lane's turn taken and parked for it.
     pub turn_waits: u64,
+    /// Small messages that found the turn taken and were left with the
+    /// thread holding it, which sent them before leaving its turn.
+    pub handed: u64,
 }
 
 /// One send's outcome.
@@ -80,6 +83,13 @@ pub(super) struct SendDone {
     /// Its tail (or all of it) waits in the batch queue.
     pub queued: bool,
 }
+
+/// A send left with the thread holding the turn: no syscall of its own,
+/// and it waits in that thread's hands until sent.
+const HANDED: SendDone = SendDone {
+    syscalls: 0,
+    queued: true,
+};
 
 struct State {
     /// Framed bytes the kernel has not taken yet; the front one from
@@ -144,16 +154,52 @@ impl Tx {
         c.room_polls = st.room.polls;
         c.queued_bytes = st.queued as u64;
         c.turn_waits = self.turns.waits();
+        c.handed = self.turns.handed();
         c
+    }
+
+    /// Take the lane's turn, or leave `msg` with the thread holding it
+    /// (a small message, where the lane batches and it fits a batch).
+    fn enter(&self, kind: TurnKind, msg: &[u8]) -> Entry<'_> {
+        match self.batch {
+            Some(b) if HEADER + msg.len() <= b.bytes => self.turns.enter_or_hand(
+                kind,
+                HEADER + msg.len(),
+                |n, bytes| n <= b.messages && bytes <= b.bytes,
+                || [&header(msg.len())[..], msg].concat(),
+            ),
+            _ => Entry::Turn(self.turns.enter(kind)),
+        }
+    }
+
+    /// Leave the turn, first sending (or queueing, where the socket is
+    /// full) the messages left with it.
+    fn finish(&self, turn: &mut Turn<'_>, st: &mut State, pace: &Pace<'_>) -> Result<()> {
+        while let Some(left) = turn.try_leave() {
+            st.absorb(left);
+            st.drain(&self.sock, self.batch, pace, false)?;
+        }
+        Ok(())
     }
 
     /// Send one message: straight to the kernel when nothing is queued,
     /// waiting for room in the lane's mode unless its tail fits the batch
-    /// queue.
+    /// queue; or left with the thread whose turn it is (see
+    /// [`Fifo::enter_or_hand`]).
     pub(super) fn send(&self, msg: &[u8], pace: &Pace<'_>) -> Result<SendDone> {
-        let _turn = self.turns.enter(pace.turn);
+        let mut turn = match self.enter(pace.turn, msg) {
+            Entry::Handed => return Ok(HANDED),
+            Entry::Turn(t) => t,
+        };
         let mut st = self.lock();
         let before = st.syscalls();
+        st.absorb(turn.take_handed());
+        self.send_turn(&mut st, msg, pace)?;
+        self.finish(&mut turn, &mut st, pace)?;
+        Ok(st.done(before, st.queued > 0))
+    }
+
+    fn send_turn(&self, st: &mut State, msg: &[u8], pace: &Pace<'_>) -> Result<()> {
         st.counters.messages += 1;
         st.counters.bytes += msg.len() as u64;
         let hdr = header(msg.len());
@@ -167,14 +213,13 @@ impl Tx {
                 self.batch
                     .is_some_and(|b| st.queued + total <= b.bytes && st.queue.len() < b.messages)
             };
-            if !fits(&st) {
+            if !fits(st) {
                 st.drain(&self.sock, self.batch, pace, false)?;
             }
             if st.queued > 0 {
-                if fits(&st) {
+                if fits(st) {
                     st.enqueue(&hdr, msg, 0);
-                    st.drain(&self.sock, self.batch, pace, false)?;
-                    return Ok(st.done(before, st.queued > 0));
+                    return st.drain(&self.sock, self.batch, pace, false);
                 }
                 st.drain(&self.sock, self.batch, pace, true)?;
             }
@@ -205,8 +250,7 @@ impl Tx {
         if calls > 1 {
             st.counters.chunked += 1;
         }
-        let queued = st.queued > 0;
-        Ok(st.done(before, queued))
+        Ok(())
     }
 
     /// Send one message that more will follow: i10's delayed doorbell. It
@@ -223,9 +267,13 @@ impl Tx {
         if total > b.bytes {
             return self.send(msg, pace);
         }
-        let _turn = self.turns.enter(pace.turn);
+        let mut turn = match self.enter(pace.turn, msg) {
+            Entry::Handed => return Ok(HANDED),
+            Entry::Turn(t) => t,
+        };
         let mut st = self.lock();
         let before = st.syscalls();
+        st.absorb(turn.take_handed());
         st.counters.messages += 1;
         st.counters.bytes += msg.len() as u64;
         let room = |st: &State| st.queued + total <= b.bytes && st.queue.len() < b.messages;
@@ -241,6 +289,7 @@ impl Tx {
         if st.queued >= b.bytes || st.queue.len() >= b.messages {
             st.drain(&self.sock, self.batch, pace, false)?;
         }
+        self.finish(&mut turn, &mut st, pace)?;
         Ok(st.done(before, st.queued > 0))
     }
 
@@ -248,23 +297,25 @@ impl Tx {
     /// (without blocking, and without waiting for a sender that holds the
     /// lane: that one drains it). Returns whether bytes stay queued.
     pub(super) fn tick(&self, delay: Duration, pace: &Pace<'_>) -> Result<bool> {
-        let Some(_turn) = self.turns.try_enter() else {
+        let Some(mut turn) = self.turns.try_enter() else {
             return Ok(false);
         };
         let mut st = self.lock();
-        if st.queued == 0 {
-            return Ok(false);
-        }
-        if monotonic_ns().saturating_sub(st.oldest_ns) >= delay.as_nanos() as u64 {
+        st.absorb(turn.take_handed());
+        if st.queued > 0 && monotonic_ns().saturating_sub(st.oldest_ns) >= delay.as_nanos() as u64 {
             st.drain(&self.sock, self.batch, pace, false)?;
         }
+        self.finish(&mut turn, &mut st, pace)?;
         Ok(st.queued > 0)
     }
 
     /// Send everything queued, waiting for room as long as it takes.
     pub(super) fn flush(&self, pace: &Pace<'_>) -> Result<()> {
-        let _turn = self.turns.enter(TurnKind::InOrder);
+        let mut turn = self.turns.enter(TurnKind::InOrder);
         let mut st = self.lock();
+        st.absorb(turn.take_handed());
+        st.drain(&self.sock, self.batch, pace, true)?;
+        self.finish(&mut turn, &mut st, pace)?;
         st.drain(&self.sock, self.batch, pace, true)
     }
 }
@@ -289,12 +340,25 @@ impl State {
         } else {
             v.extend_from_slice(&msg[off - HEADER..]);
         }
+        self.push(v);
+    }
+
+    fn push(&mut self, framed: Vec<u8>) {
         if self.queued == 0 {
             self.oldest_ns = monotonic_ns();
         }
-        self.queued += v.len();
-        self.queue.push_back(v);
+        self.queued += framed.len();
+        self.queue.push_back(framed);
         self.counters.queued += 1;
+    }
+
+    /// Queue whole framed messages other senders left with the turn.
+    fn absorb(&mut self, handed: Vec<Vec<u8>>) {
+        for framed in handed {
+            self.counters.messages += 1;
+            self.counters.bytes += (framed.len() - HEADER) as u64;
+            self.push(framed);
+        }
     }
 
     fn wait_room(&mut self) -> Result<()> {

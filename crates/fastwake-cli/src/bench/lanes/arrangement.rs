@@ -84,6 +84,8 @@ pub struct Turn {
 pub struct ReadSends {
     /// Requests' sends that parked for a turn on their lane.
     pub turn_waits: u64,
+    /// Requests left with the thread holding their lane's turn.
+    pub handed: u64,
     /// `sendmsg`s on the readers' lanes: requests only, unless
     /// `with_bulk`.
     pub request_sendmsgs: u64,
@@ -99,6 +101,7 @@ impl std::ops::Sub for ReadSends {
     fn sub(self, o: ReadSends) -> ReadSends {
         ReadSends {
             turn_waits: self.turn_waits - o.turn_waits,
+            handed: self.handed - o.handed,
             request_sendmsgs: self.request_sendmsgs - o.request_sendmsgs,
             answer_sendmsgs: self.answer_sendmsgs - o.answer_sendmsgs,
             with_bulk: self.with_bulk,
@@ -313,6 +316,7 @@ impl Arrangement {
         for &e in &eps {
             let c = self.eps[e].send_counters(Class::Latency);
             s.turn_waits += c.turn_waits;
+            s.handed += c.handed;
             s.request_sendmsgs += c.sendmsgs;
         }
         for ep in &self.answering {

@@ -48,6 +48,7 @@ impl Row {
         self.syscalls += t.bulk_syscalls;
         let s = &mut self.read_sends;
         s.turn_waits += t.read_sends.turn_waits;
+        s.handed += t.read_sends.handed;
         s.request_sendmsgs += t.read_sends.request_sendmsgs;
         s.answer_sendmsgs += t.read_sends.answer_sendmsgs;
         s.with_bulk |= t.read_sends.with_bulk;
@@ -109,6 +110,7 @@ impl Row {
             "cpu_us_per_op": f(self.cpu_us_per_op()),
             "bulk_syscalls_per_mib": f(self.syscalls_per_mib()),
             "read_turn_waits_per_read": f(per_read(self.read_sends.turn_waits)),
+            "read_handed_per_read": f(per_read(self.read_sends.handed)),
             // Null where the writer's sendmsgs share the readers' lane.
             "request_sendmsgs_per_read": if self.read_sends.with_bulk {
                 serde_json::Value::Null
