@@ -11,6 +11,7 @@ use crate::{Fail, Result, WaitMode, Waiter};
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -115,6 +116,11 @@ pub(super) struct Tx {
     /// Locked only by the thread whose turn it is (and briefly by
     /// [`Tx::counters`]).
     state: Mutex<State>,
+    /// Bytes were queued when the last turn ended: a receiver's
+    /// [`Tx::tick`] looks here first, so that it takes no turn (and holds
+    /// no lock a sender may need) on a lane with nothing to push, such as
+    /// a bulk lane's receiver on its CPU ticking the latency lane.
+    pending: AtomicBool,
 }
 
 fn closed_or(e: rustix::io::Errno) -> Fail {
@@ -138,6 +144,7 @@ impl Tx {
                 waiter: Waiter::new(mode),
                 counters: SendCounters::default(),
             }),
+            pending: AtomicBool::new(false),
             sock,
         })
     }
@@ -179,6 +186,7 @@ impl Tx {
             st.absorb(left);
             st.drain(&self.sock, self.batch, pace, false)?;
         }
+        self.pending.store(st.queued > 0, Ordering::Release);
         Ok(())
     }
 
@@ -297,6 +305,9 @@ impl Tx {
     /// (without blocking, and without waiting for a sender that holds the
     /// lane: that one drains it). Returns whether bytes stay queued.
     pub(super) fn tick(&self, delay: Duration, pace: &Pace<'_>) -> Result<bool> {
+        if !self.pending.load(Ordering::Acquire) {
+            return Ok(false);
+        }
         let Some(mut turn) = self.turns.try_enter() else {
             return Ok(false);
         };
@@ -316,7 +327,9 @@ impl Tx {
         st.absorb(turn.take_handed());
         st.drain(&self.sock, self.batch, pace, true)?;
         self.finish(&mut turn, &mut st, pace)?;
-        st.drain(&self.sock, self.batch, pace, true)
+        st.drain(&self.sock, self.batch, pace, true)?;
+        self.pending.store(st.queued > 0, Ordering::Release);
+        Ok(())
     }
 }
 
