@@ -135,6 +135,7 @@ fn json_is_one_document_with_the_schema_and_anchors_that_exist() {
         "io_uring",
         "wake_up_latency",
         "timed_sleep",
+        "cpu_gaps",
     ] {
         assert!(ids.iter().any(|i| i == id), "no {id} finding: {ids:?}");
     }
@@ -155,6 +156,19 @@ fn json_is_one_document_with_the_schema_and_anchors_that_exist() {
         missing > 0,
         "an error exactly when a series is missing: {w}"
     );
+    // The CPU gaps: counts per CPU watched, or why not.
+    let g = &j["cpu_gaps"];
+    let cpus = g["cpus"].as_array().expect("cpu_gaps.cpus");
+    assert_eq!(g["error"].is_string(), cpus.is_empty(), "{g}");
+    for c in cpus {
+        let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k} in {c}"));
+        assert!(
+            n("over_50us") >= n("over_200us") && n("over_200us") >= n("over_1ms"),
+            "{c}"
+        );
+        assert!(c["watched_ms"].as_f64().unwrap() >= 500.0, "{c}");
+        assert!(c["max_us"].as_f64().unwrap() >= 0.0, "{c}");
+    }
     // The timed sleeps: lateness and CPU, or why not. A sleep ends at
     // or after its deadline and costs some CPU.
     let t = &j["timed_sleep"];

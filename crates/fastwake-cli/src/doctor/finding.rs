@@ -250,6 +250,7 @@ pub(super) mod check {
     );
     pub const TIMED_SLEEP: Check =
         Check::new("timed_sleep", Area::Cpu, "timed sleep", anchor::TIMED_SLEEP);
+    pub const CPU_GAPS: Check = Check::new("cpu_gaps", Area::Cpu, "cpu gaps", anchor::CPUS);
 }
 
 impl Finding {

@@ -25,8 +25,8 @@ pub struct Args {
     /// Print one JSON document instead of the report
     ///
     /// Prints one JSON document (version, host, date, kernel, findings,
-    /// warnings, the wake-up and timed-sleep measurements) instead of the text
-    /// report.
+    /// warnings, the wake-up, timed-sleep and CPU-gap measurements)
+    /// instead of the text report.
     #[arg(long)]
     pub json: bool,
 }
@@ -35,6 +35,7 @@ pub struct Args {
 mod anchors;
 mod cpu;
 mod finding;
+mod gaps;
 mod host;
 mod net;
 mod odp;
@@ -47,6 +48,7 @@ mod wake;
 pub use cpu::guest_halt_poll_ns;
 use cpu::*;
 pub use finding::*;
+use gaps::*;
 use host::*;
 use net::*;
 use odp::*;
@@ -70,6 +72,7 @@ pub struct Report {
     pub bad: usize,
     pub wake_up: WakeUp,
     pub timed_sleep: TimedSleep,
+    pub cpu_gaps: Gaps,
 }
 
 impl Report {
@@ -82,6 +85,7 @@ impl Report {
             bad: 0,
             wake_up: WakeUp::default(),
             timed_sleep: TimedSleep::default(),
+            cpu_gaps: Gaps::default(),
         }
     }
     fn push(&mut self, f: Finding) {
@@ -222,6 +226,9 @@ pub fn inspect() -> Report {
     r.push(f);
     let (t, f) = timed_sleep();
     r.timed_sleep = t;
+    r.push(f);
+    let (g, f) = cpu_gaps();
+    r.cpu_gaps = g;
     r.push(f);
     r.findings.sort_by_key(|f| f.area);
     r

@@ -171,7 +171,7 @@ pub fn thin_tail(rows: &[Row], readers: usize) -> Option<String> {
     let iops = rows.iter().map(Row::iops).fold(f64::INFINITY, f64::min);
     let secs = (need as f64 * 10_000.0 / iops.max(1.0)).ceil();
     Some(format!(
-        "fastwake bench lanes: p99.99 of {} rests on its slowest {} of {} reads; one stall of the read CPU (a few ms on a VM whose host takes the vCPU away) delays all {readers} reads in flight and can set it alone: --seconds {secs} or more covers {STALLS} such stalls per arrangement",
+        "fastwake bench lanes: p99.99 of {} rests on its slowest {} of {} reads; one stall of the read CPU (a few ms on a VM whose host takes the vCPU away) delays all {readers} reads in flight and can set it alone (`fastwake doctor` counts such stalls: cpu gaps): --seconds {secs} or more covers {STALLS} such stalls per arrangement",
         thin.name,
         thin.reads() / 10_000,
         thin.reads(),

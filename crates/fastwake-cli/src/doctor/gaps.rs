@@ -1,0 +1,174 @@
+//! The third measurement: how often, and for how long, a CPU is taken
+//! away from a thread that wants it without pause. A thread pinned to the
+//! CPU reads the clock in a tight loop; a gap between two reads is time
+//! the thread did not run: an interrupt, a kernel thread, or (in a guest)
+//! the host running something else on the vCPU's core. Nothing in user
+//! space can shorten such a gap, and it delays every request in flight on
+//! that CPU at once, so it is what sets a four-nines tail once the
+//! program's own tail is shorter (`fastwake bench lanes` reads 16 requests
+//! in flight on one CPU: one 500 µs gap is 16 reads 500 µs late).
+
+use super::finding::*;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// How long each CPU is watched.
+const WATCH: Duration = Duration::from_millis(500);
+/// CPUs watched at most (the first online ones), one after the other.
+const MAX_CPUS: usize = 4;
+/// Gaps shorter than this are the loop's own noise (a clock read, a tick).
+const GAP: Duration = Duration::from_micros(50);
+/// A gap this long or longer is one a four-nines tail feels.
+const LONG: Duration = Duration::from_micros(200);
+
+/// One CPU watched.
+#[derive(Serialize, Debug, Clone, Default, PartialEq)]
+pub struct CpuGaps {
+    pub cpu: u32,
+    /// Time watched (ms).
+    pub watched_ms: f64,
+    /// Gaps of at least 50 µs, 200 µs and 1 ms.
+    pub over_50us: u64,
+    pub over_200us: u64,
+    pub over_1ms: u64,
+    /// The longest gap (µs).
+    pub max_us: f64,
+    /// Time lost in gaps of at least 50 µs, per second watched (µs).
+    pub lost_us_per_s: f64,
+}
+
+/// The gaps measurement.
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct Gaps {
+    pub cpus: Vec<CpuGaps>,
+    /// Why there are no figures (`null` when there are).
+    pub error: Option<String>,
+}
+
+/// Watch `cpu` for `watch`: the gaps between consecutive clock reads.
+fn watch(cpu: u32, watch: Duration) -> Result<CpuGaps, String> {
+    std::thread::spawn(move || {
+        fastwake::cpu::pin(cpu).map_err(|e| format!("pin to CPU {cpu}: {e}"))?;
+        let mut g = CpuGaps {
+            cpu,
+            ..CpuGaps::default()
+        };
+        let start = Instant::now();
+        let mut last = start;
+        let mut lost = Duration::ZERO;
+        loop {
+            let now = Instant::now();
+            let gap = now - last;
+            last = now;
+            if gap >= GAP {
+                g.over_50us += 1;
+                g.over_200us += u64::from(gap >= LONG);
+                g.over_1ms += u64::from(gap >= Duration::from_millis(1));
+                lost += gap;
+                g.max_us = g.max_us.max(gap.as_secs_f64() * 1e6);
+            }
+            if now - start >= watch {
+                break;
+            }
+        }
+        let secs = (last - start).as_secs_f64();
+        g.watched_ms = secs * 1e3;
+        g.lost_us_per_s = lost.as_secs_f64() * 1e6 / secs.max(1e-9);
+        Ok(g)
+    })
+    .join()
+    .map_err(|_| "watching thread panicked".to_string())?
+}
+
+/// The finding for what was watched.
+pub(super) fn judge_gaps(cpus: &[CpuGaps]) -> Finding {
+    let long: u64 = cpus.iter().map(|c| c.over_200us).sum();
+    let each = cpus
+        .iter()
+        .map(|c| {
+            format!(
+                "CPU {}: {} gaps of 50 µs or more, {} of 200 µs or more, longest {:.0} µs",
+                c.cpu, c.over_50us, c.over_200us, c.max_us
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let ms = cpus.first().map_or(0.0, |c| c.watched_ms);
+    let detail = format!(
+        "a thread that never blocks lost its CPU in {each} (each watched {ms:.0} ms): every request in flight on a CPU waits out such a gap, so a tail beyond them (a four-nines latency) is the host's"
+    );
+    if long > 0 {
+        check::CPU_GAPS.found(Level::Warn, detail).advice(
+            "gaps of 200 µs or more come from interrupts, kernel threads or (in a guest) the host taking the vCPU; compare four-nines tails within one run, and on a guest ask for dedicated cores",
+        )
+    } else {
+        check::CPU_GAPS.found(Level::Ok, detail)
+    }
+}
+
+pub(super) fn cpu_gaps() -> (Gaps, Finding) {
+    let mut g = Gaps::default();
+    let mut last_error = None;
+    // CPUs outside this process's affinity mask cannot be watched: skip.
+    for c in super::host::online_cpus() {
+        if g.cpus.len() == MAX_CPUS {
+            break;
+        }
+        match watch(c, WATCH) {
+            Ok(w) => g.cpus.push(w),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    if g.cpus.is_empty() {
+        let e = last_error.unwrap_or_else(|| "no online CPU".to_string());
+        g.error = Some(e.clone());
+        return (
+            g,
+            check::CPU_GAPS.found(Level::Info, format!("not measured: {e}")),
+        );
+    }
+    let f = judge_gaps(&g.cpus);
+    (g, f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu(over_200us: u64) -> CpuGaps {
+        CpuGaps {
+            cpu: 0,
+            watched_ms: 500.0,
+            over_50us: 3 + over_200us,
+            over_200us,
+            over_1ms: 0,
+            max_us: if over_200us > 0 { 450.0 } else { 80.0 },
+            lost_us_per_s: 500.0,
+        }
+    }
+
+    #[test]
+    fn a_gap_of_200us_is_a_warning_and_none_is_ok() {
+        let w = judge_gaps(&[cpu(0), cpu(2)]);
+        assert_eq!(w.level, Level::Warn);
+        assert!(
+            w.detail.contains("2 of 200 µs or more, longest 450 µs"),
+            "{}",
+            w.detail
+        );
+        assert!(w.advice.is_some());
+        assert_eq!(judge_gaps(&[cpu(0)]).level, Level::Ok);
+    }
+
+    #[test]
+    fn watching_a_cpu_counts_its_time() {
+        let cpu = fastwake::cpu::current().unwrap_or(0);
+        let g = watch(cpu, Duration::from_millis(20)).unwrap();
+        assert!(g.watched_ms >= 20.0 && g.watched_ms < 1000.0, "{g:?}");
+        assert!(
+            g.over_50us >= g.over_200us && g.over_200us >= g.over_1ms,
+            "{g:?}"
+        );
+        assert!(g.lost_us_per_s <= 1e6, "{g:?}");
+    }
+}
