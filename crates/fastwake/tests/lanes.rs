@@ -667,20 +667,3 @@ fn lanes_answers_to_requests_that_arrived_together_leave_in_one_sendmsg() {
         assert!(!b.buffered(Class::Latency));
     }
 }
-
-#[test]
-fn lanes_flush_lane_pushes_one_lane_only() {
-    let (a, b) = pair(quiet(Layout::Lanes));
-    a.send_more_as(b"small, held", Class::Latency).unwrap();
-    a.send_more_as(&[7u8; 20_000], Class::Bulk).unwrap();
-    assert!(a.send_counters(Class::Latency).queued_bytes > 0);
-    a.flush_lane(Class::Latency).unwrap();
-    assert_eq!(a.send_counters(Class::Latency).queued_bytes, 0);
-    assert!(
-        a.send_counters(Class::Bulk).queued_bytes > 0,
-        "the bulk lane was pushed too"
-    );
-    assert_eq!(b.recv(Class::Latency).unwrap(), b"small, held");
-    a.flush_lane(Class::Bulk).unwrap();
-    assert_eq!(b.recv(Class::Bulk).unwrap(), vec![7u8; 20_000]);
-}
