@@ -267,8 +267,8 @@ impl Endpoint {
         self.send_with(msg, class, true)
     }
 
-    /// Push every queued byte of both lanes to the kernel, waiting for
-    /// room as long as that takes.
+    /// Push every queued bulk byte to the kernel, waiting for room as long
+    /// as that takes.
     pub fn flush(&self) -> Result<()> {
         let polite = || self.polite();
         for (i, lane) in self.lanes.iter().enumerate() {
@@ -276,15 +276,6 @@ impl Endpoint {
             lane.tx.flush(&self.pace(class, &polite))?;
         }
         Ok(())
-    }
-
-    /// Push every byte queued on `class`'s lane (the one connection's in
-    /// a shared layout), waiting for room as long as that takes. The other
-    /// lane is left alone: a small sender need not wait for a bulk
-    /// sender's turn to push its own batch.
-    pub fn flush_lane(&self, class: Class) -> Result<()> {
-        let polite = || self.polite();
-        self.lane(class).tx.flush(&self.pace(class, &polite))
     }
 
     /// The waiting thread's share of i10's timer: push queued bytes whose

@@ -218,9 +218,7 @@ impl Arrangement {
                 let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
                     .map_err(|e| Fail::invalid(format!("histogram: {e}")))?;
                 let req = message(slot as u32, REQUEST, request);
-                // `handed`: this reader holds a reply it has not sent after
-                // (see `Replies::sent`).
-                let (mut more, mut handed) = (false, false);
+                let mut more = false;
                 while !stop.load(Ordering::Relaxed) {
                     let t0 = Instant::now();
                     if more {
@@ -228,18 +226,11 @@ impl Arrangement {
                     } else {
                         ep.send_as(&req, Class::Latency)?;
                     }
-                    if handed {
-                        replies.sent(&ep)?;
-                    }
                     replies.wait(&ep, slot)?;
                     if measuring.load(Ordering::Relaxed) {
                         h.saturating_record(t0.elapsed().as_nanos() as u64);
                     }
                     more = replies.more_follow();
-                    handed = true;
-                }
-                if handed {
-                    replies.sent(&ep)?;
                 }
                 Ok(h)
             }));

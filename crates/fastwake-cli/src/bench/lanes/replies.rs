@@ -12,12 +12,8 @@
 //! reply sends its next request at once, so while other readers have
 //! been handed theirs and not yet sent, more requests are about to
 //! follow, and this one may wait for them in the lane's batch (the
-//! NVMe/TCP host's `MSG_MORE` while more is queued). A reader counts
-//! itself out only after its send, and the one that counts the last out
-//! pushes whatever the lane still holds: every request queued with
-//! "more" was queued before its sender counted itself out, so none is
-//! left waiting for a follower that already sent (the lane's 50 µs timer
-//! would push it, but only a receiver awake to run it).
+//! NVMe/TCP host's `MSG_MORE` while more is queued). The last of them
+//! sends plainly, which pushes the batch in the same `sendmsg`.
 
 use fastwake::Result;
 use fastwake::lanes::{Class, Endpoint};
@@ -71,23 +67,12 @@ impl Replies {
         self.lead.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A reader handed its reply is about to send its next request: will
-    /// others' requests follow at once (readers handed their reply that
-    /// have not sent yet, besides this one)?
+    /// A reader that was handed its reply is about to send its next
+    /// request: do other readers' requests follow at once (readers handed
+    /// their reply that have not sent yet)? Call once after every
+    /// [`Replies::wait`], whether a request follows or not.
     pub fn more_follow(&self) -> bool {
-        self.handed.load(Ordering::Acquire) > 1
-    }
-
-    /// A reader handed its reply has sent its next request (or stopped):
-    /// it counts itself out, and the last out pushes what `ep`'s latency
-    /// lane still holds. Call once after every [`Replies::wait`].
-    pub fn sent(&self, ep: &Endpoint) -> Result<()> {
-        if self.handed.fetch_sub(1, Ordering::AcqRel) == 1
-            && ep.send_counters(Class::Latency).queued_bytes > 0
-        {
-            ep.flush_lane(Class::Latency)?;
-        }
-        Ok(())
+        self.handed.fetch_sub(1, Ordering::AcqRel) > 1
     }
 
     /// Reader `me` (its index on this connection) waits for the reply to
