@@ -160,7 +160,9 @@ fn json_is_one_document_with_the_schema_and_anchors_that_exist() {
     let g = &j["cpu_gaps"];
     let cpus = g["cpus"].as_array().expect("cpu_gaps.cpus");
     assert_eq!(g["error"].is_string(), cpus.is_empty(), "{g}");
-    for c in cpus {
+    let together = g["together"].as_array().expect("cpu_gaps.together");
+    assert!(together.len() <= cpus.len(), "{g}");
+    for c in cpus.iter().chain(together) {
         let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k} in {c}"));
         assert!(
             n("over_50us") >= n("over_200us") && n("over_200us") >= n("over_1ms"),

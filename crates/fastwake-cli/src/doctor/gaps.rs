@@ -7,13 +7,15 @@
 //! that CPU at once, so it is what sets a four-nines tail once the
 //! program's own tail is shorter (`fastwake bench lanes` reads 16 requests
 //! in flight on one CPU: one 500 µs gap is 16 reads 500 µs late).
+//!
+//! Each CPU is watched alone (the others idle), then all of them at once:
+//! a guest's vCPUs may lose their cores far more often when every one of
+//! them is busy, as a benchmark that loads all CPUs keeps them.
 
 use super::finding::*;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
-/// How long each CPU is watched.
-const WATCH: Duration = Duration::from_millis(500);
 /// CPUs watched at most (the first online ones), one after the other.
 const MAX_CPUS: usize = 4;
 /// Gaps shorter than this are the loop's own noise (a clock read, a tick).
@@ -40,51 +42,84 @@ pub struct CpuGaps {
 /// The gaps measurement.
 #[derive(Serialize, Debug, Clone, Default)]
 pub struct Gaps {
+    /// Each CPU watched alone.
     pub cpus: Vec<CpuGaps>,
+    /// The same CPUs watched all at once (empty with one CPU).
+    pub together: Vec<CpuGaps>,
     /// Why there are no figures (`null` when there are).
     pub error: Option<String>,
 }
 
-/// Watch `cpu` for `watch`: the gaps between consecutive clock reads.
+/// Watch `cpu` alone for `watch`.
 fn watch(cpu: u32, watch: Duration) -> Result<CpuGaps, String> {
-    std::thread::spawn(move || {
-        fastwake::cpu::pin(cpu).map_err(|e| format!("pin to CPU {cpu}: {e}"))?;
-        let mut g = CpuGaps {
-            cpu,
-            ..CpuGaps::default()
-        };
-        let start = Instant::now();
-        let mut last = start;
-        let mut lost = Duration::ZERO;
-        loop {
-            let now = Instant::now();
-            let gap = now - last;
-            last = now;
-            if gap >= GAP {
-                g.over_50us += 1;
-                g.over_200us += u64::from(gap >= LONG);
-                g.over_1ms += u64::from(gap >= Duration::from_millis(1));
-                lost += gap;
-                g.max_us = g.max_us.max(gap.as_secs_f64() * 1e6);
-            }
-            if now - start >= watch {
-                break;
-            }
-        }
-        let secs = (last - start).as_secs_f64();
-        g.watched_ms = secs * 1e3;
-        g.lost_us_per_s = lost.as_secs_f64() * 1e6 / secs.max(1e-9);
-        Ok(g)
-    })
-    .join()
-    .map_err(|_| "watching thread panicked".to_string())?
+    std::thread::spawn(move || watch_here(cpu, watch, None))
+        .join()
+        .map_err(|_| "watching thread panicked".to_string())?
 }
 
-/// The finding for what was watched.
-pub(super) fn judge_gaps(cpus: &[CpuGaps]) -> Finding {
-    let long: u64 = cpus.iter().map(|c| c.over_200us).sum();
-    let each = cpus
+/// Watch `cpus` at once, one thread each, started together.
+fn watch_together(cpus: &[u32], watch: Duration) -> Result<Vec<CpuGaps>, String> {
+    let start = std::sync::Arc::new(std::sync::Barrier::new(cpus.len()));
+    let threads: Vec<_> = cpus
         .iter()
+        .map(|&c| {
+            let start = start.clone();
+            std::thread::spawn(move || watch_here(c, watch, Some(&start)))
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| {
+            t.join()
+                .map_err(|_| "watching thread panicked".to_string())?
+        })
+        .collect()
+}
+
+/// The calling thread pins itself to `cpu` and, once every watcher is
+/// pinned (`start`), counts the gaps between its consecutive clock reads
+/// for `watch`.
+fn watch_here(
+    cpu: u32,
+    watch: Duration,
+    start: Option<&std::sync::Barrier>,
+) -> Result<CpuGaps, String> {
+    let pinned = fastwake::cpu::pin(cpu).map_err(|e| format!("pin to CPU {cpu}: {e}"));
+    if let Some(b) = start {
+        // Every watcher reaches the barrier, pinned or not.
+        b.wait();
+    }
+    pinned?;
+    let mut g = CpuGaps {
+        cpu,
+        ..CpuGaps::default()
+    };
+    let start = Instant::now();
+    let mut last = start;
+    let mut lost = Duration::ZERO;
+    loop {
+        let now = Instant::now();
+        let gap = now - last;
+        last = now;
+        if gap >= GAP {
+            g.over_50us += 1;
+            g.over_200us += u64::from(gap >= LONG);
+            g.over_1ms += u64::from(gap >= Duration::from_millis(1));
+            lost += gap;
+            g.max_us = g.max_us.max(gap.as_secs_f64() * 1e6);
+        }
+        if now - start >= watch {
+            break;
+        }
+    }
+    let secs = (last - start).as_secs_f64();
+    g.watched_ms = secs * 1e3;
+    g.lost_us_per_s = lost.as_secs_f64() * 1e6 / secs.max(1e-9);
+    Ok(g)
+}
+
+fn describe(cpus: &[CpuGaps]) -> String {
+    cpus.iter()
         .map(|c| {
             format!(
                 "CPU {}: {} gaps of 50 µs or more, {} of 200 µs or more, longest {:.0} µs",
@@ -92,10 +127,25 @@ pub(super) fn judge_gaps(cpus: &[CpuGaps]) -> Finding {
             )
         })
         .collect::<Vec<_>>()
-        .join("; ");
-    let ms = cpus.first().map_or(0.0, |c| c.watched_ms);
-    let detail = format!(
-        "a thread that never blocks lost its CPU in {each} (each watched {ms:.0} ms): every request in flight on a CPU waits out such a gap, so a tail beyond them (a four-nines latency) is the host's"
+        .join("; ")
+}
+
+/// The finding for what was watched, alone and together.
+pub(super) fn judge_gaps(alone: &[CpuGaps], together: &[CpuGaps]) -> Finding {
+    let long: u64 = alone.iter().chain(together).map(|c| c.over_200us).sum();
+    let ms = alone.first().map_or(0.0, |c| c.watched_ms);
+    let mut detail = format!(
+        "a thread that never blocks lost its CPU, each watched {ms:.0} ms alone: {}",
+        describe(alone)
+    );
+    if !together.is_empty() {
+        detail.push_str(&format!(
+            "; all at once (every one busy): {}",
+            describe(together)
+        ));
+    }
+    detail.push_str(
+        "; every request in flight on a CPU waits out such a gap, so a tail beyond them (a four-nines latency) is the host's",
     );
     if long > 0 {
         check::CPU_GAPS.found(Level::Warn, detail).advice(
@@ -106,7 +156,8 @@ pub(super) fn judge_gaps(cpus: &[CpuGaps]) -> Finding {
     }
 }
 
-pub(super) fn cpu_gaps() -> (Gaps, Finding) {
+/// Watch each CPU alone for `watch`, then all of them at once as long.
+pub(super) fn cpu_gaps(watch_for: Duration) -> (Gaps, Finding) {
     let mut g = Gaps::default();
     let mut last_error = None;
     // CPUs outside this process's affinity mask cannot be watched: skip.
@@ -114,7 +165,7 @@ pub(super) fn cpu_gaps() -> (Gaps, Finding) {
         if g.cpus.len() == MAX_CPUS {
             break;
         }
-        match watch(c, WATCH) {
+        match watch(c, watch_for) {
             Ok(w) => g.cpus.push(w),
             Err(e) => last_error = Some(e),
         }
@@ -122,12 +173,17 @@ pub(super) fn cpu_gaps() -> (Gaps, Finding) {
     if g.cpus.is_empty() {
         let e = last_error.unwrap_or_else(|| "no online CPU".to_string());
         g.error = Some(e.clone());
-        return (
-            g,
-            check::CPU_GAPS.found(Level::Info, format!("not measured: {e}")),
-        );
+        let f = check::CPU_GAPS.found(Level::Info, format!("not measured: {e}"));
+        return (g, f);
     }
-    let f = judge_gaps(&g.cpus);
+    if g.cpus.len() > 1 {
+        let cpus: Vec<u32> = g.cpus.iter().map(|c| c.cpu).collect();
+        match watch_together(&cpus, watch_for) {
+            Ok(t) => g.together = t,
+            Err(e) => g.error = Some(e),
+        }
+    }
+    let f = judge_gaps(&g.cpus, &g.together);
     (g, f)
 }
 
@@ -149,7 +205,7 @@ mod tests {
 
     #[test]
     fn a_gap_of_200us_is_a_warning_and_none_is_ok() {
-        let w = judge_gaps(&[cpu(0), cpu(2)]);
+        let w = judge_gaps(&[cpu(0), cpu(2)], &[]);
         assert_eq!(w.level, Level::Warn);
         assert!(
             w.detail.contains("2 of 200 µs or more, longest 450 µs"),
@@ -157,7 +213,23 @@ mod tests {
             w.detail
         );
         assert!(w.advice.is_some());
-        assert_eq!(judge_gaps(&[cpu(0)]).level, Level::Ok);
+        assert_eq!(judge_gaps(&[cpu(0)], &[cpu(0)]).level, Level::Ok);
+        // Gaps only while every CPU is busy still warn, and say so.
+        let t = judge_gaps(&[cpu(0)], &[cpu(3)]);
+        assert_eq!(t.level, Level::Warn);
+        assert!(
+            t.detail.contains("all at once (every one busy): CPU 0: 6 gaps"),
+            "{}",
+            t.detail
+        );
+    }
+
+    #[test]
+    fn watching_cpus_together_counts_each() {
+        let cpu = fastwake::cpu::current().unwrap_or(0);
+        let g = watch_together(&[cpu], Duration::from_millis(20)).unwrap();
+        assert_eq!(g.len(), 1);
+        assert!(g[0].watched_ms >= 20.0, "{g:?}");
     }
 
     #[test]

@@ -29,6 +29,34 @@ pub struct Args {
     /// instead of the text report.
     #[arg(long)]
     pub json: bool,
+    /// How long the CPU-gap measurement watches each CPU (and all at once)
+    ///
+    /// A thread that never blocks watches each CPU alone for this long,
+    /// then all of them at once for as long (the first four CPUs). Longer
+    /// watches count rarer gaps; 500ms keeps the whole report near 2 s.
+    #[arg(long, default_value = "500ms", value_parser = gap_watch, value_name = "DURATION")]
+    pub gap_watch: std::time::Duration,
+}
+
+/// `500ms`, `5s`, `2.5s`: the grammar's durations stop at 1 s, so whole
+/// seconds are read here.
+fn gap_watch(s: &str) -> Result<std::time::Duration, String> {
+    let secs = s
+        .strip_suffix('s')
+        .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit() || c == '.'));
+    let d = match secs {
+        Some(n) => n
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .map(std::time::Duration::from_secs_f64)
+            .ok_or_else(|| format!("bad duration '{s}'"))?,
+        None => fastwake::grammar::duration(s).map_err(|e| e.to_string())?,
+    };
+    if d < std::time::Duration::from_millis(10) || d > std::time::Duration::from_secs(60) {
+        return Err(format!("{s}: between 10ms and 60s"));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -139,7 +167,7 @@ pub fn render_text(r: &Report) -> String {
 }
 
 pub fn run(a: Args) -> fastwake::Result<()> {
-    let r = inspect();
+    let r = inspect(a.gap_watch);
     if a.json {
         let j = serde_json::to_string_pretty(&r)
             .map_err(|e| fastwake::Fail::invalid(format!("doctor report as JSON: {e}")))?;
@@ -152,7 +180,7 @@ pub fn run(a: Args) -> fastwake::Result<()> {
 
 /// Run every check. The cheap reads come first, so the wake-up
 /// measurement's two threads do not show in what they read (PSI).
-pub fn inspect() -> Report {
+pub fn inspect(gap_watch: std::time::Duration) -> Report {
     let uname = rustix::system::uname();
     let mut r = Report::new(format!(
         "{} {}",
@@ -227,7 +255,7 @@ pub fn inspect() -> Report {
     let (t, f) = timed_sleep();
     r.timed_sleep = t;
     r.push(f);
-    let (g, f) = cpu_gaps();
+    let (g, f) = cpu_gaps(gap_watch);
     r.cpu_gaps = g;
     r.push(f);
     r.findings.sort_by_key(|f| f.area);
