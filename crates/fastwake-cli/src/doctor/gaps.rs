@@ -218,7 +218,8 @@ mod tests {
         let t = judge_gaps(&[cpu(0)], &[cpu(3)]);
         assert_eq!(t.level, Level::Warn);
         assert!(
-            t.detail.contains("all at once (every one busy): CPU 0: 6 gaps"),
+            t.detail
+                .contains("all at once (every one busy): CPU 0: 6 gaps"),
             "{}",
             t.detail
         );
