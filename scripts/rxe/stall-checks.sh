@@ -226,7 +226,7 @@ check_bench_odp() {
 check_doctor_rdma_stalls() {
     rxe_need_fastwake || return
     local out="$RXE_LOGDIR/doctor.out"
-    "$RXE_FASTWAKE" doctor >"$out" 2>&1 || { rxe_fail "fastwake doctor failed: $(tail -n 1 "$out")"; return 1; }
+    "$RXE_FASTWAKE" doctor --gap-watch 10ms >"$out" 2>&1 || { rxe_fail "fastwake doctor failed: $(tail -n 1 "$out")"; return 1; }
     cat "$out"
     local odp ctr
     odp=$(rxe_last_match "$out" 'on-demand paging') || { rxe_fail "no on-demand paging line"; return 1; }

@@ -448,9 +448,10 @@ fn ipc_measures_each_requested_mechanism() {
 
 #[test]
 fn doctor_runs_and_reports() {
-    // Its wake-up measurement spins a producer for ~4 ms.
+    // Its wake-up measurement spins a producer for ~4 ms, its gap
+    // measurement every CPU for 10 ms.
     let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
-    let o = fastwake(&["doctor"]);
+    let o = fastwake(&["doctor", "--gap-watch", "10ms"]);
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
