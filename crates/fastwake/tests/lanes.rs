@@ -487,7 +487,7 @@ fn lanes_senders_take_turns_in_order_so_a_streaming_writer_starves_no_one() {
     // One shared connection: a writer streams 1 MiB messages while this
     // thread sends small ones. Turns go first come, first served, so each
     // small send waits behind at most the message being sent (a few ms for
-    // all 50 here). The order itself is the unit test's in lanes::fifo.
+    // all 50 here). The order itself is the unit test's in lanes::turns.
     let (a, b) = pair(quiet(Layout::Shared));
     let (a, b) = (Arc::new(a), Arc::new(b));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

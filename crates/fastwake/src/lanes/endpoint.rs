@@ -1,9 +1,9 @@
 //! The endpoint: its lanes, which lane a message takes, and the waits of
 //! its receivers.
 
-use super::fifo::TurnKind;
 use super::frame::Frames;
 use super::send::{Pace, SendCounters, Tx};
+use super::turns::TurnKind;
 use super::{Class, Config, IN_FLIGHT_WINDOW_NS, Layout};
 use crate::cpu::monotonic_ns;
 use crate::wait::WaitStats;

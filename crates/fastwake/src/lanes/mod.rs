@@ -83,11 +83,11 @@
 
 pub mod connect;
 mod endpoint;
-mod fifo;
 mod frame;
 pub mod rdma;
 mod room;
 mod send;
+mod turns;
 
 use crate::{Fail, Result, WaitMode};
 use std::time::Duration;

@@ -3,9 +3,9 @@
 //! for the rules and their numbers).
 
 use super::Batch;
-use super::fifo::{Entry, Fifo, Turn, TurnKind};
 use super::frame::{HEADER, header};
 use super::room::Room;
+use super::turns::{Entry, Turn, TurnKind, Turns};
 use crate::cpu::monotonic_ns;
 use crate::{Fail, Result, WaitMode, Waiter};
 use std::collections::VecDeque;
@@ -108,11 +108,11 @@ struct State {
 
 /// A lane's sending side. One sender at a time holds it for a whole
 /// message, so messages never interleave on the wire, and senders take
-/// turns in the order they came ([`Fifo`]).
+/// turns in the order they came ([`Turns`]).
 pub(super) struct Tx {
     sock: Arc<OwnedFd>,
     batch: Option<Batch>,
-    turns: Fifo,
+    turns: Turns,
     /// Locked only by the thread whose turn it is (and briefly by
     /// [`Tx::counters`]).
     state: Mutex<State>,
@@ -134,7 +134,7 @@ impl Tx {
     pub(super) fn new(sock: Arc<OwnedFd>, batch: Option<Batch>, mode: WaitMode) -> Result<Tx> {
         Ok(Tx {
             batch,
-            turns: Fifo::default(),
+            turns: Turns::default(),
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 front_off: 0,
@@ -193,7 +193,7 @@ impl Tx {
     /// Send one message: straight to the kernel when nothing is queued,
     /// waiting for room in the lane's mode unless its tail fits the batch
     /// queue; or left with the thread whose turn it is (see
-    /// [`Fifo::enter_or_hand`]).
+    /// [`Turns::enter_or_hand`]).
     pub(super) fn send(&self, msg: &[u8], pace: &Pace<'_>) -> Result<SendDone> {
         let mut turn = match self.enter(pace.turn, msg) {
             Entry::Handed => return Ok(HANDED),

@@ -20,12 +20,12 @@
 //! one) takes a free turn even when small senders wait: the leaving thread
 //! frees the turn and wakes the oldest, who takes it if it is still free
 //! when it runs. The oldest is handed the turn (and no one may barge) once
-//! it has waited [`Fifo::STARVE_NS`], which bounds how long barging can
+//! it has waited [`Turns::STARVE_NS`], which bounds how long barging can
 //! hold a waiter back.
 //!
 //! Better still, a small sender that finds the turn held need not wait
 //! for it at all: where the lane batches, it leaves its framed message
-//! with the holder ([`Fifo::enter_or_hand`]), who sends it with its own
+//! with the holder ([`Turns::enter_or_hand`]), who sends it with its own
 //! before leaving the turn ([`Turn::try_leave`]), in the same `sendmsg`
 //! when both fit. No park, no wake-up, no context switch, and the holder
 //! was going to make a `sendmsg` anyway (flat combining). Only while no
@@ -66,7 +66,7 @@ struct State {
     inbox_bytes: usize,
 }
 
-/// What [`Fifo::enter_or_hand`] did.
+/// What [`Turns::enter_or_hand`] did.
 pub(super) enum Entry<'a> {
     /// This thread's turn.
     Turn(Turn<'a>),
@@ -75,7 +75,7 @@ pub(super) enum Entry<'a> {
 }
 
 /// Turns (see the module docs).
-pub(super) struct Fifo {
+pub(super) struct Turns {
     state: Mutex<State>,
     starve_ns: u64,
     /// Turns a thread parked for.
@@ -84,9 +84,9 @@ pub(super) struct Fifo {
     handed: AtomicU64,
 }
 
-impl Default for Fifo {
-    fn default() -> Fifo {
-        Fifo::with_bound(Fifo::STARVE_NS)
+impl Default for Turns {
+    fn default() -> Turns {
+        Turns::with_bound(Turns::STARVE_NS)
     }
 }
 
@@ -94,7 +94,7 @@ impl Default for Fifo {
 /// Messages left with it that its holder did not take stay in the inbox
 /// for the next holder.
 pub(super) struct Turn<'a> {
-    fifo: &'a Fifo,
+    turns: &'a Turns,
     left: bool,
 }
 
@@ -122,15 +122,15 @@ impl State {
     }
 }
 
-impl Fifo {
+impl Turns {
     /// How long a small sender may be passed by barging ones before the
     /// turn is handed to it: a few of the latency lane's messages' worth
     /// of CPU on a busy core, far below a scheduler slice.
     pub(super) const STARVE_NS: u64 = 200_000;
 
     /// Turns whose oldest waiter is handed the turn after `starve_ns`.
-    pub(super) fn with_bound(starve_ns: u64) -> Fifo {
-        Fifo {
+    pub(super) fn with_bound(starve_ns: u64) -> Turns {
+        Turns {
             state: Mutex::new(State::default()),
             starve_ns,
             waits: AtomicU64::new(0),
@@ -149,7 +149,7 @@ impl Fifo {
         self.enter_locked(s, kind)
     }
 
-    /// Take a free turn as [`Fifo::enter`] does; but a small sender that
+    /// Take a free turn as [`Turns::enter`] does; but a small sender that
     /// finds the turn held while no bulk sender waits leaves its message
     /// (`framed()`, `len` bytes) with the holder instead of waiting, when
     /// `fits(messages, bytes)` holds for the inbox with it.
@@ -184,7 +184,7 @@ impl Fifo {
             s.owner = Some(my_id);
             s.owner_kind = Some(kind);
             return Turn {
-                fifo: self,
+                turns: self,
                 left: false,
             };
         }
@@ -201,7 +201,7 @@ impl Fifo {
             if s.owner == Some(my_id) {
                 // Handed to us: the leaver took us off the queue.
                 return Turn {
-                    fifo: self,
+                    turns: self,
                     left: false,
                 };
             }
@@ -212,7 +212,7 @@ impl Fifo {
                     s.owner = Some(my_id);
                     s.owner_kind = Some(kind);
                     return Turn {
-                        fifo: self,
+                        turns: self,
                         left: false,
                     };
                 }
@@ -243,7 +243,7 @@ impl Fifo {
         // never waits for room, so a small sender may leave its message.
         s.owner_kind = Some(TurnKind::Barging);
         Some(Turn {
-            fifo: self,
+            turns: self,
             left: false,
         })
     }
@@ -253,7 +253,7 @@ impl Turn<'_> {
     /// The messages left with this turn's holder so far (oldest first),
     /// taken out of the inbox.
     pub(super) fn take_handed(&self) -> Vec<Vec<u8>> {
-        let mut s = self.fifo.lock();
+        let mut s = self.turns.lock();
         s.inbox_bytes = 0;
         std::mem::take(&mut s.inbox)
     }
@@ -263,13 +263,13 @@ impl Turn<'_> {
     /// left under the lock the senders leave messages under, so none is
     /// left with a turn that is gone.
     pub(super) fn try_leave(&mut self) -> Option<Vec<Vec<u8>>> {
-        let mut s = self.fifo.lock();
+        let mut s = self.turns.lock();
         if !s.inbox.is_empty() {
             s.inbox_bytes = 0;
             return Some(std::mem::take(&mut s.inbox));
         }
         self.left = true;
-        self.fifo.release(s);
+        self.turns.release(s);
         None
     }
 }
@@ -277,12 +277,12 @@ impl Turn<'_> {
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         if !self.left {
-            self.fifo.release(self.fifo.lock());
+            self.turns.release(self.turns.lock());
         }
     }
 }
 
-impl Fifo {
+impl Turns {
     /// Free the turn held (or hand it to the oldest waiter if owed).
     fn release(&self, mut s: MutexGuard<'_, State>) {
         let wake = if s.owed(monotonic_ns(), self.starve_ns) {
@@ -311,7 +311,7 @@ impl Fifo {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{Entry, Fifo, TurnKind};
+    use super::{Entry, TurnKind, Turns};
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
@@ -319,18 +319,18 @@ mod tests {
     /// as `kind`, then release the turn and let the holder come back at
     /// once as `again`; returns the order the turns were taken in.
     fn order_behind_a_held_turn(
-        fifo: Fifo,
+        turns: Turns,
         names: &[(char, TurnKind)],
         again: TurnKind,
     ) -> Vec<char> {
-        let fifo = Arc::new(fifo);
+        let turns = Arc::new(turns);
         let order = Arc::new(Mutex::new(Vec::new()));
-        let first = fifo.enter(TurnKind::InOrder);
+        let first = turns.enter(TurnKind::InOrder);
         let mut threads = Vec::new();
         for &(name, kind) in names {
-            let (fifo, order) = (fifo.clone(), order.clone());
+            let (turns, order) = (turns.clone(), order.clone());
             threads.push(std::thread::spawn(move || {
-                let _turn = fifo.enter(kind);
+                let _turn = turns.enter(kind);
                 order.lock().unwrap().push(name);
             }));
             // Long enough for the thread to queue.
@@ -338,15 +338,15 @@ mod tests {
         }
         drop(first);
         {
-            let _again = fifo.enter(again);
+            let _again = turns.enter(again);
             order.lock().unwrap().push('m');
         }
         for t in threads {
             t.join().unwrap();
         }
         assert!(
-            fifo.try_enter().is_some(),
-            "a free fifo gives a turn at once"
+            turns.try_enter().is_some(),
+            "a free turns gives a turn at once"
         );
         order.lock().unwrap().clone()
     }
@@ -362,7 +362,7 @@ mod tests {
             ('c', TurnKind::InOrder),
         ];
         for again in [TurnKind::InOrder, TurnKind::Barging] {
-            let got = order_behind_a_held_turn(Fifo::default(), &bulk, again);
+            let got = order_behind_a_held_turn(Turns::default(), &bulk, again);
             assert_eq!(got, ['a', 'b', 'c', 'm'], "leaver came back as {again:?}");
         }
     }
@@ -373,7 +373,7 @@ mod tests {
     fn a_small_sender_does_not_pass_a_waiting_bulk_one() {
         // No bound: only the waiting bulk sender keeps the leaver out.
         let q = [('a', TurnKind::Barging), ('b', TurnKind::InOrder)];
-        let got = order_behind_a_held_turn(Fifo::with_bound(u64::MAX), &q, TurnKind::Barging);
+        let got = order_behind_a_held_turn(Turns::with_bound(u64::MAX), &q, TurnKind::Barging);
         assert_eq!(got, ['a', 'b', 'm']);
     }
 
@@ -388,7 +388,7 @@ mod tests {
         // between: three tries (strict hand-off never lets it).
         let orders: Vec<_> = (0..3)
             .map(|_| {
-                order_behind_a_held_turn(Fifo::with_bound(u64::MAX), &small, TurnKind::Barging)
+                order_behind_a_held_turn(Turns::with_bound(u64::MAX), &small, TurnKind::Barging)
             })
             .collect();
         assert!(
@@ -397,7 +397,7 @@ mod tests {
         );
         // Every waiter queued 30 ms or more ago: past a 1 ms bound.
         let bounded =
-            order_behind_a_held_turn(Fifo::with_bound(1_000_000), &small, TurnKind::Barging);
+            order_behind_a_held_turn(Turns::with_bound(1_000_000), &small, TurnKind::Barging);
         assert_eq!(bounded, ['a', 'b', 'm']);
     }
 
@@ -407,21 +407,21 @@ mod tests {
     /// while a bulk sender waits.
     #[test]
     fn a_small_sender_leaves_its_message_with_a_small_holder() {
-        let fifo = Arc::new(Fifo::default());
-        let hand = |fifo: &Fifo, id: u8| {
+        let turns = Arc::new(Turns::default());
+        let hand = |turns: &Turns, id: u8| {
             matches!(
-                fifo.enter_or_hand(TurnKind::Barging, 1, |_, _| true, || vec![id]),
+                turns.enter_or_hand(TurnKind::Barging, 1, |_, _| true, || vec![id]),
                 Entry::Handed
             )
         };
-        let Entry::Turn(mut t) = fifo.enter_or_hand(TurnKind::Barging, 1, |_, _| true, || vec![0])
+        let Entry::Turn(mut t) = turns.enter_or_hand(TurnKind::Barging, 1, |_, _| true, || vec![0])
         else {
             panic!("a free turn was not taken");
         };
-        let f2 = fifo.clone();
+        let f2 = turns.clone();
         assert!(std::thread::spawn(move || hand(&f2, 1)).join().unwrap());
         // A full inbox: the sender waits for a turn instead.
-        let f3 = fifo.clone();
+        let f3 = turns.clone();
         let waiter = std::thread::spawn(move || {
             matches!(
                 f3.enter_or_hand(TurnKind::Barging, 1, |n, _| n <= 1, || vec![2]),
@@ -435,10 +435,10 @@ mod tests {
             waiter.join().unwrap(),
             "the sender whose message did not fit got no turn"
         );
-        assert_eq!(fifo.handed(), 1);
+        assert_eq!(turns.handed(), 1);
         // A bulk holder takes no messages.
-        let bulk = fifo.enter(TurnKind::InOrder);
-        let f4 = fifo.clone();
+        let bulk = turns.enter(TurnKind::InOrder);
+        let f4 = turns.clone();
         let small = std::thread::spawn(move || hand(&f4, 3));
         std::thread::sleep(Duration::from_millis(30));
         drop(bulk);
@@ -453,12 +453,12 @@ mod tests {
     #[test]
     fn turns_exclude_each_other_under_contention() {
         use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-        let fifo = Arc::new(Fifo::with_bound(50_000));
+        let turns = Arc::new(Turns::with_bound(50_000));
         let inside = Arc::new(AtomicU32::new(0));
         let taken = Arc::new(AtomicU64::new(0));
         let threads: Vec<_> = (0..6u64)
             .map(|t| {
-                let (fifo, inside, taken) = (fifo.clone(), inside.clone(), taken.clone());
+                let (turns, inside, taken) = (turns.clone(), inside.clone(), taken.clone());
                 std::thread::spawn(move || {
                     let kind = if t % 3 == 0 {
                         TurnKind::InOrder
@@ -467,7 +467,7 @@ mod tests {
                     };
                     let mut x = t + 1;
                     for _ in 0..2_000 {
-                        let _turn = fifo.enter(kind);
+                        let _turn = turns.enter(kind);
                         assert_eq!(
                             inside.fetch_add(1, Ordering::SeqCst),
                             0,
@@ -492,7 +492,7 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(taken.load(Ordering::Relaxed), 6 * 2_000);
-        assert!(fifo.try_enter().is_some());
+        assert!(turns.try_enter().is_some());
     }
 }
 
@@ -503,34 +503,34 @@ mod loom_tests {
     //! wake-up shows as a loom deadlock). The hand-off bound reads the
     //! clock, which loom cannot replay, so each model runs with the bound
     //! at 0 (every turn handed on in order) and at never (barging).
-    use super::{Entry, Fifo, TurnKind};
+    use super::{Entry, TurnKind, Turns};
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicU32, Ordering};
 
     fn model(bound: u64, kinds: [TurnKind; 3]) {
         loom::model(move || {
-            let fifo = Arc::new(Fifo::with_bound(bound));
+            let turns = Arc::new(Turns::with_bound(bound));
             let inside = Arc::new(AtomicU32::new(0));
             let threads: Vec<_> = kinds[1..]
                 .iter()
                 .map(|&kind| {
-                    let (fifo, inside) = (fifo.clone(), inside.clone());
+                    let (turns, inside) = (turns.clone(), inside.clone());
                     loom::thread::spawn(move || {
-                        let _turn = fifo.enter(kind);
+                        let _turn = turns.enter(kind);
                         assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
                         inside.fetch_sub(1, Ordering::SeqCst);
                     })
                 })
                 .collect();
             for _ in 0..2 {
-                let _turn = fifo.enter(kinds[0]);
+                let _turn = turns.enter(kinds[0]);
                 assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
                 inside.fetch_sub(1, Ordering::SeqCst);
             }
             for t in threads {
                 t.join().unwrap();
             }
-            assert!(fifo.try_enter().is_some());
+            assert!(turns.try_enter().is_some());
         });
     }
 
@@ -541,11 +541,11 @@ mod loom_tests {
     #[test]
     fn loom_small_senders_leave_messages_with_the_holder() {
         loom::model(|| {
-            let fifo = Arc::new(Fifo::with_bound(u64::MAX));
+            let turns = Arc::new(Turns::with_bound(u64::MAX));
             let sent = Arc::new(loom::sync::Mutex::new(Vec::new()));
-            let send = |fifo: &Fifo, sent: &loom::sync::Mutex<Vec<u8>>, id: u8| {
+            let send = |turns: &Turns, sent: &loom::sync::Mutex<Vec<u8>>, id: u8| {
                 if let Entry::Turn(mut t) =
-                    fifo.enter_or_hand(TurnKind::Barging, 1, |n, _| n <= 2, || vec![id])
+                    turns.enter_or_hand(TurnKind::Barging, 1, |n, _| n <= 2, || vec![id])
                 {
                     let mut out = sent.lock().unwrap();
                     out.extend(t.take_handed().concat());
@@ -559,18 +559,18 @@ mod loom_tests {
             let threads: Vec<_> = [1u8, 2]
                 .into_iter()
                 .map(|id| {
-                    let (fifo, sent) = (fifo.clone(), sent.clone());
-                    loom::thread::spawn(move || send(&fifo, &sent, id))
+                    let (turns, sent) = (turns.clone(), sent.clone());
+                    loom::thread::spawn(move || send(&turns, &sent, id))
                 })
                 .collect();
-            send(&fifo, &sent, 0);
+            send(&turns, &sent, 0);
             for t in threads {
                 t.join().unwrap();
             }
             let mut got = sent.lock().unwrap().clone();
             got.sort();
             assert_eq!(got, [0, 1, 2], "each message sent once");
-            let t = fifo.try_enter().expect("a free turn");
+            let t = turns.try_enter().expect("a free turn");
             assert!(t.take_handed().is_empty());
         });
     }
