@@ -43,7 +43,10 @@ enum Cmd {
     /// Inspects this host (CPUs, CPU pressure, isolation, IRQ balancing,
     /// idle states, guest halt polling, frequency governor, RDMA devices,
     /// memlock, completion vectors, busy polling, RFS/XPS, io_uring) and
-    /// measures how fast a sleeping thread wakes up. Read-only.
+    /// measures how fast a sleeping thread wakes up, what a timed sleep
+    /// costs, and how often a thread that never blocks loses its CPU (each
+    /// CPU alone, then all at once: --gap-watch). Changes nothing on the
+    /// host.
     #[command(
         after_long_help = "Every finding names its section of docs/guide/tuning.md (the tuning guide): how to check it, what fastwake does about it, and what to change. Levels: ok (what fastwake wants), info (a fact), warn (costs latency or CPU), bad (part of fastwake cannot work here)."
     )]
