@@ -53,11 +53,10 @@ struct Waiting {
 
 #[derive(Default)]
 struct State {
-    /// The thread whose turn it is.
-    owner: Option<ThreadId>,
-    /// What it sends: messages are left only with a small sender, whose
-    /// `sendmsg` comes soon (a bulk one's may wait for room for long).
-    owner_kind: Option<TurnKind>,
+    /// The thread whose turn it is, and what it sends: messages are left
+    /// only with a small sender, whose `sendmsg` comes soon (a bulk one's
+    /// may wait for room for long).
+    owner: Option<(ThreadId, TurnKind)>,
     /// Threads waiting for a turn, oldest first.
     queue: VecDeque<Waiting>,
     /// Framed messages left for the holder to send, oldest first, and
@@ -99,6 +98,17 @@ pub(super) struct Turn<'a> {
 }
 
 impl State {
+    /// A bulk sender (or a flush) waits for a turn.
+    fn bulk_waits(&self) -> bool {
+        self.queue.iter().any(|w| w.kind == TurnKind::InOrder)
+    }
+
+    /// Take the inbox (its messages, oldest first).
+    fn take_inbox(&mut self) -> Vec<Vec<u8>> {
+        self.inbox_bytes = 0;
+        std::mem::take(&mut self.inbox)
+    }
+
     /// The oldest waiter is owed the turn: it waits for bulk, or has
     /// waited `starve_ns`.
     fn owed(&self, now: u64, starve_ns: u64) -> bool {
@@ -110,9 +120,7 @@ impl State {
     /// A free turn may go to a `kind` sender that is not the oldest
     /// waiter.
     fn may_barge(&self, kind: TurnKind, now: u64, starve_ns: u64) -> bool {
-        kind == TurnKind::Barging
-            && !self.queue.iter().any(|w| w.kind == TurnKind::InOrder)
-            && !self.owed(now, starve_ns)
+        kind == TurnKind::Barging && !self.bulk_waits() && !self.owed(now, starve_ns)
     }
 
     fn remove(&mut self, me: ThreadId) {
@@ -162,8 +170,8 @@ impl Turns {
     ) -> Entry<'_> {
         let mut s = self.lock();
         if kind == TurnKind::Barging
-            && s.owner_kind == Some(TurnKind::Barging)
-            && !s.queue.iter().any(|w| w.kind == TurnKind::InOrder)
+            && s.owner.is_some_and(|(_, k)| k == TurnKind::Barging)
+            && !s.bulk_waits()
             && fits(s.inbox.len() + 1, s.inbox_bytes + len)
         {
             s.inbox.push(framed());
@@ -181,12 +189,7 @@ impl Turns {
         if s.owner.is_none()
             && (s.queue.is_empty() || s.may_barge(kind, monotonic_ns(), self.starve_ns))
         {
-            s.owner = Some(my_id);
-            s.owner_kind = Some(kind);
-            return Turn {
-                turns: self,
-                left: false,
-            };
+            return self.grant(&mut s, my_id, kind);
         }
         s.queue.push_back(Waiting {
             thread: me,
@@ -198,7 +201,7 @@ impl Turns {
         loop {
             park();
             let mut s = self.lock();
-            if s.owner == Some(my_id) {
+            if s.owner.is_some_and(|(id, _)| id == my_id) {
                 // Handed to us: the leaver took us off the queue.
                 return Turn {
                     turns: self,
@@ -209,12 +212,7 @@ impl Turns {
                 let first = s.queue.front().is_some_and(|w| w.thread.id() == my_id);
                 if first || s.may_barge(kind, monotonic_ns(), self.starve_ns) {
                     s.remove(my_id);
-                    s.owner = Some(my_id);
-                    s.owner_kind = Some(kind);
-                    return Turn {
-                        turns: self,
-                        left: false,
-                    };
+                    return self.grant(&mut s, my_id, kind);
                 }
             }
             // Passed by a barging sender (or woken for nothing): the
@@ -238,14 +236,18 @@ impl Turns {
         if s.owner.is_some() || !s.queue.is_empty() {
             return None;
         }
-        s.owner = Some(current_thread().id());
         // A receiver's push of queued bytes (`Tx::tick`): short, and it
         // never waits for room, so a small sender may leave its message.
-        s.owner_kind = Some(TurnKind::Barging);
-        Some(Turn {
+        Some(self.grant(&mut s, current_thread().id(), TurnKind::Barging))
+    }
+
+    /// The turn is `me`'s now, sending `kind`.
+    fn grant(&self, s: &mut State, me: ThreadId, kind: TurnKind) -> Turn<'_> {
+        s.owner = Some((me, kind));
+        Turn {
             turns: self,
             left: false,
-        })
+        }
     }
 }
 
@@ -253,9 +255,7 @@ impl Turn<'_> {
     /// The messages left with this turn's holder so far (oldest first),
     /// taken out of the inbox.
     pub(super) fn take_handed(&self) -> Vec<Vec<u8>> {
-        let mut s = self.turns.lock();
-        s.inbox_bytes = 0;
-        std::mem::take(&mut s.inbox)
+        self.turns.lock().take_inbox()
     }
 
     /// Leave the turn, unless messages were left with it meanwhile: then
@@ -265,8 +265,7 @@ impl Turn<'_> {
     pub(super) fn try_leave(&mut self) -> Option<Vec<Vec<u8>>> {
         let mut s = self.turns.lock();
         if !s.inbox.is_empty() {
-            s.inbox_bytes = 0;
-            return Some(std::mem::take(&mut s.inbox));
+            return Some(s.take_inbox());
         }
         self.left = true;
         self.turns.release(s);
@@ -287,12 +286,10 @@ impl Turns {
     fn release(&self, mut s: MutexGuard<'_, State>) {
         let wake = if s.owed(monotonic_ns(), self.starve_ns) {
             let next = s.queue.pop_front().expect("owed: a waiter");
-            s.owner = Some(next.thread.id());
-            s.owner_kind = Some(next.kind);
+            s.owner = Some((next.thread.id(), next.kind));
             next.thread
         } else {
             s.owner = None;
-            s.owner_kind = None;
             // The oldest stays queued and takes the turn if it is still
             // free when it runs.
             match s.queue.front() {
