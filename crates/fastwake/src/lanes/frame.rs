@@ -104,24 +104,28 @@ impl Frames {
         &self.buf[self.held.clone()]
     }
 
+    /// The length its header gives the message at `at`, if the header is
+    /// in.
+    fn len_at(&self, at: usize) -> Option<usize> {
+        let h = self
+            .buf
+            .get(at..at + HEADER)
+            .filter(|_| self.end - at >= HEADER)?;
+        Some(u32::from_le_bytes(h.try_into().expect("HEADER bytes")) as usize)
+    }
+
     /// The length of the whole message at `start`, if its header is in.
     fn next_len(&self) -> Result<Option<usize>> {
-        if self.end - self.start < HEADER {
-            return Ok(None);
-        }
-        let mut h = [0u8; HEADER];
-        h.copy_from_slice(&self.buf[self.start..self.start + HEADER]);
-        let len = u32::from_le_bytes(h) as usize;
-        if len > self.max_message {
-            return Err(Fail::new(
+        match self.len_at(self.start) {
+            Some(len) if len > self.max_message => Err(Fail::new(
                 libc::EPROTO,
                 format!(
                     "lane peer sent a {len}-byte message, over the {}-byte limit",
                     self.max_message
                 ),
-            ));
+            )),
+            l => Ok(l),
         }
-        Ok(Some(len))
     }
 
     /// Is a whole message buffered after the one held (or a header over
@@ -132,13 +136,8 @@ impl Frames {
         } else {
             self.start
         };
-        if self.end - start < HEADER {
-            return false;
-        }
-        let mut h = [0u8; HEADER];
-        h.copy_from_slice(&self.buf[start..start + HEADER]);
-        let len = u32::from_le_bytes(h) as usize;
-        len > self.max_message || self.end - start >= HEADER + len
+        self.len_at(start)
+            .is_some_and(|len| len > self.max_message || self.end - start >= HEADER + len)
     }
 
     /// Room for `need` bytes from `start`: move the unread bytes to the
