@@ -179,12 +179,27 @@ impl Tx {
         }
     }
 
-    /// Leave the turn, first sending (or queueing, where the socket is
-    /// full) the messages left with it.
-    fn finish(&self, turn: &mut Turn<'_>, st: &mut State, pace: &Pace<'_>) -> Result<()> {
+    /// The state, for the holder of `turn`, with whatever earlier senders
+    /// left with the turn queued first.
+    fn hold(&self, turn: &Turn<'_>) -> MutexGuard<'_, State> {
+        let mut st = self.lock();
+        st.absorb(turn.take_handed());
+        st
+    }
+
+    /// Leave the turn, first sending the messages left with it (with
+    /// `block`, waiting for room; else queueing what the socket does not
+    /// take).
+    fn finish(
+        &self,
+        turn: &mut Turn<'_>,
+        st: &mut State,
+        pace: &Pace<'_>,
+        block: bool,
+    ) -> Result<()> {
         while let Some(left) = turn.try_leave() {
             st.absorb(left);
-            st.drain(&self.sock, self.batch, pace, false)?;
+            st.drain(&self.sock, self.batch, pace, block)?;
         }
         self.pending.store(st.queued > 0, Ordering::Release);
         Ok(())
@@ -199,11 +214,10 @@ impl Tx {
             Entry::Handed => return Ok(HANDED),
             Entry::Turn(t) => t,
         };
-        let mut st = self.lock();
+        let mut st = self.hold(&turn);
         let before = st.syscalls();
-        st.absorb(turn.take_handed());
         self.send_turn(&mut st, msg, pace)?;
-        self.finish(&mut turn, &mut st, pace)?;
+        self.finish(&mut turn, &mut st, pace, false)?;
         Ok(st.done(before, st.queued > 0))
     }
 
@@ -279,9 +293,8 @@ impl Tx {
             Entry::Handed => return Ok(HANDED),
             Entry::Turn(t) => t,
         };
-        let mut st = self.lock();
+        let mut st = self.hold(&turn);
         let before = st.syscalls();
-        st.absorb(turn.take_handed());
         st.counters.messages += 1;
         st.counters.bytes += msg.len() as u64;
         let room = |st: &State| st.queued + total <= b.bytes && st.queue.len() < b.messages;
@@ -297,7 +310,7 @@ impl Tx {
         if st.queued >= b.bytes || st.queue.len() >= b.messages {
             st.drain(&self.sock, self.batch, pace, false)?;
         }
-        self.finish(&mut turn, &mut st, pace)?;
+        self.finish(&mut turn, &mut st, pace, false)?;
         Ok(st.done(before, st.queued > 0))
     }
 
@@ -311,25 +324,20 @@ impl Tx {
         let Some(mut turn) = self.turns.try_enter() else {
             return Ok(false);
         };
-        let mut st = self.lock();
-        st.absorb(turn.take_handed());
+        let mut st = self.hold(&turn);
         if st.queued > 0 && monotonic_ns().saturating_sub(st.oldest_ns) >= delay.as_nanos() as u64 {
             st.drain(&self.sock, self.batch, pace, false)?;
         }
-        self.finish(&mut turn, &mut st, pace)?;
+        self.finish(&mut turn, &mut st, pace, false)?;
         Ok(st.queued > 0)
     }
 
     /// Send everything queued, waiting for room as long as it takes.
     pub(super) fn flush(&self, pace: &Pace<'_>) -> Result<()> {
         let mut turn = self.turns.enter(TurnKind::InOrder);
-        let mut st = self.lock();
-        st.absorb(turn.take_handed());
+        let mut st = self.hold(&turn);
         st.drain(&self.sock, self.batch, pace, true)?;
-        self.finish(&mut turn, &mut st, pace)?;
-        st.drain(&self.sock, self.batch, pace, true)?;
-        self.pending.store(st.queued > 0, Ordering::Release);
-        Ok(())
+        self.finish(&mut turn, &mut st, pace, true)
     }
 }
 
