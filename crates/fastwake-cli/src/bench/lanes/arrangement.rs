@@ -109,6 +109,16 @@ impl std::ops::Sub for ReadSends {
     }
 }
 
+impl std::ops::AddAssign for ReadSends {
+    fn add_assign(&mut self, o: ReadSends) {
+        self.turn_waits += o.turn_waits;
+        self.handed += o.handed;
+        self.request_sendmsgs += o.request_sendmsgs;
+        self.answer_sendmsgs += o.answer_sendmsgs;
+        self.with_bulk |= o.with_bulk;
+    }
+}
+
 /// Serve one lane of a server endpoint: answer requests with a
 /// `reply`-byte message, count bulk bytes. Ends when the client closes.
 fn serve(ep: Arc<Endpoint>, class: Class, reply: usize, bulk: Arc<AtomicU64>, cpu: u32) {

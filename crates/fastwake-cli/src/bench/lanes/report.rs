@@ -46,12 +46,7 @@ impl Row {
         self.bulk_bytes += t.bulk_bytes;
         self.sent_bytes += t.bulk_sent_bytes;
         self.syscalls += t.bulk_syscalls;
-        let s = &mut self.read_sends;
-        s.turn_waits += t.read_sends.turn_waits;
-        s.handed += t.read_sends.handed;
-        s.request_sendmsgs += t.read_sends.request_sendmsgs;
-        s.answer_sendmsgs += t.read_sends.answer_sendmsgs;
-        s.with_bulk |= t.read_sends.with_bulk;
+        self.read_sends += t.read_sends;
         Ok(())
     }
 
