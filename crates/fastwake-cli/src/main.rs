@@ -10,6 +10,7 @@ mod doctor;
 mod meta;
 mod run;
 mod stats;
+mod values;
 
 use clap::{CommandFactory, Parser, Subcommand};
 

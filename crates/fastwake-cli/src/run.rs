@@ -58,7 +58,7 @@ pub struct Args {
     ///
     /// Spin budget (hybrid: fixed; adaptive: ceiling), a duration in the one
     /// grammar: 50 (µs), 50us, 0.5ms; the shim's default is 50us.
-    #[arg(long, value_parser = parse_budget)]
+    #[arg(long, value_parser = crate::values::duration)]
     pub budget: Option<std::time::Duration>,
     /// Share of one CPU spinning may use per thread (default 75%)
     ///
@@ -87,7 +87,7 @@ pub struct Args {
     /// its completion then preempts a busy neighbour instead of waiting for
     /// its turn to end. Off by default: it changes how the thread is scheduled
     /// while it computes too (docs/guide/tuning.md, "CPU pressure").
-    #[arg(long, value_parser = parse_slice)]
+    #[arg(long, value_parser = crate::values::slice)]
     pub slice: Option<std::time::Duration>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
@@ -100,14 +100,6 @@ fn parse_run_mode(s: &str) -> std::result::Result<String, String> {
     fastwake::WaitMode::parse_or_off(s)
         .map(|_| s.trim().to_string())
         .map_err(|e| e.to_string().replace('\n', " "))
-}
-
-fn parse_slice(s: &str) -> std::result::Result<std::time::Duration, String> {
-    fastwake::slice::parse(s).map_err(|e| e.to_string())
-}
-
-fn parse_budget(s: &str) -> std::result::Result<std::time::Duration, String> {
-    fastwake::grammar::duration(s).map_err(|e| e.to_string())
 }
 
 fn parse_cap(s: &str) -> std::result::Result<f64, String> {

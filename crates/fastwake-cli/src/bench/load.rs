@@ -108,7 +108,7 @@ pub struct Args {
     /// 100ms (Linux 6.12 or later; see fastwake::slice): a waking thread whose
     /// slice is shorter than a busy neighbour's preempts it. Default: the
     /// kernel's slice.
-    #[arg(long, value_parser = parse_slice)]
+    #[arg(long, value_parser = crate::values::slice)]
     pub slice: Option<Duration>,
     /// Measured seconds per mode and scenario.
     #[arg(long, default_value_t = 2.0)]
@@ -630,11 +630,6 @@ fn run_scenario(
         explains.push(m.explain);
     }
     Ok((rows, explains))
-}
-
-/// `--slice`: a duration in the one grammar, within the kernel's range.
-fn parse_slice(s: &str) -> std::result::Result<Duration, String> {
-    fastwake::slice::parse(s).map_err(|e| e.to_string())
 }
 
 /// The calling thread (a consumer) asks for `--slice`, if given.

@@ -51,7 +51,7 @@ fn gap_watch(s: &str) -> Result<std::time::Duration, String> {
             .filter(|v| v.is_finite())
             .map(std::time::Duration::from_secs_f64)
             .ok_or_else(|| format!("bad duration '{s}'"))?,
-        None => fastwake::grammar::duration(s).map_err(|e| e.to_string())?,
+        None => crate::values::duration(s)?,
     };
     if d < std::time::Duration::from_millis(10) || d > std::time::Duration::from_secs(60) {
         return Err(format!("{s}: between 10ms and 60s"));

@@ -13,9 +13,6 @@ pub mod report;
 
 use super::parse_cpus;
 
-fn parse_duration(s: &str) -> std::result::Result<std::time::Duration, String> {
-    fastwake::grammar::duration(s).map_err(|e| e.to_string())
-}
 use super::rounds::Rounds;
 use arrangement::Arrangement;
 use clap::Args as ClapArgs;
@@ -73,7 +70,7 @@ pub struct Args {
     #[arg(long, default_value_t = lanes::Batch::I10.bytes)]
     pub batch_bytes: usize,
     /// How long a batch may wait for more (i10: 50us).
-    #[arg(long, default_value = "50us", value_parser = parse_duration)]
+    #[arg(long, default_value = "50us", value_parser = crate::values::duration)]
     pub batch_delay: std::time::Duration,
     /// How the latency lane (and a shared connection) waits.
     #[arg(long, default_value = "hybrid")]
