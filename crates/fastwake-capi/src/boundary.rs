@@ -43,6 +43,24 @@ pub(crate) fn out<T>(p: *mut *mut T, v: T) -> Result<(), Fail> {
     Ok(())
 }
 
+/// A required output pointer for one value: checked for NULL before the
+/// call does its work (`{what} pointer is NULL`), written once after.
+pub(crate) struct Out<T>(std::ptr::NonNull<T>);
+
+pub(crate) fn out_value<T>(p: *mut T, what: &str) -> Result<Out<T>, Fail> {
+    std::ptr::NonNull::new(p)
+        .map(Out)
+        .ok_or_else(|| Fail::invalid(format!("{what} pointer is NULL")))
+}
+
+impl<T> Out<T> {
+    pub(crate) fn set(self, v: T) {
+        // SAFETY: non-null (checked) and, per the header, writable for one
+        // T; written, not read, so the storage may be uninitialised.
+        unsafe { self.0.as_ptr().write(v) }
+    }
+}
+
 pub(crate) fn check_out<T>(p: *mut *mut T) -> Result<(), Fail> {
     if p.is_null() {
         Err(Fail::invalid("output pointer is NULL"))

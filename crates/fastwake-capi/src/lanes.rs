@@ -1,6 +1,8 @@
 //! Lanes: an endpoint of a latency lane and a bulk lane over TCP.
 
-use crate::boundary::{bytes_arg, check_out, destroy, guard, obj_ref, or, out, stats_of, text};
+use crate::boundary::{
+    bytes_arg, check_out, destroy, guard, obj_ref, or, out, out_value, stats_of, text,
+};
 use fastwake::Fail;
 use fastwake::lanes::{Batch, Class, Config, Endpoint, Layout, Listener};
 use std::ffi::{c_char, c_int, c_void};
@@ -136,12 +138,8 @@ pub unsafe extern "C" fn fw_lanes_listener_port(
 ) -> c_int {
     guard(|| {
         let l = obj_ref(l)?;
-        if port.is_null() {
-            return Err(Fail::invalid("port pointer is NULL"));
-        }
-        let p = l.0.local_addr()?.port();
-        // SAFETY: non-null and writable per the header.
-        unsafe { *port = p };
+        let port = out_value(port, "port")?;
+        port.set(l.0.local_addr()?.port());
         Ok(())
     })
 }
@@ -264,12 +262,7 @@ pub unsafe extern "C" fn fw_lanes_buffered(
     guard(|| {
         let e = obj_ref(e)?;
         let class = class(lane)?;
-        if out.is_null() {
-            return Err(Fail::invalid("out pointer is NULL"));
-        }
-        let b = c_int::from(e.0.buffered(class));
-        // SAFETY: non-null and writable per the header.
-        unsafe { *out = b };
+        out_value(out, "out")?.set(c_int::from(e.0.buffered(class)));
         Ok(())
     })
 }

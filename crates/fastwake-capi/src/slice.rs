@@ -1,7 +1,6 @@
 //! The calling thread's scheduler slice (`fastwake::slice`).
 
-use crate::boundary::guard;
-use fastwake::Fail;
+use crate::boundary::{guard, out_value};
 use std::ffi::c_int;
 use std::time::Duration;
 
@@ -17,12 +16,9 @@ pub extern "C" fn fw_slice_set(slice_ns: u64) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fw_slice_get(slice_ns: *mut u64) -> c_int {
     guard(|| {
-        if slice_ns.is_null() {
-            return Err(Fail::invalid("output pointer is NULL"));
-        }
+        let out = out_value(slice_ns, "output")?;
         let s = fastwake::slice::get_slice()?;
-        // SAFETY: non-null and writable per the header.
-        unsafe { *slice_ns = s.map_or(0, |d| d.as_nanos() as u64) };
+        out.set(s.map_or(0, |d| d.as_nanos() as u64));
         Ok(())
     })
 }

@@ -1,6 +1,8 @@
 //! RDMA verbs: a CQ and completion channel the caller created.
 
-use crate::boundary::{check_out, cpu_arg, destroy, guard, obj, out, stats_of, wait_for};
+use crate::boundary::{
+    check_out, cpu_arg, destroy, guard, obj, out, out_value, stats_of, wait_for,
+};
 use crate::waiter::fw_waiter;
 use fastwake::{Fail, WaitMode};
 use fastwake_verbs_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_wc};
@@ -144,14 +146,11 @@ pub unsafe extern "C" fn fw_verbs_comp_vector_for_cpu(
     vector: *mut c_int,
 ) -> c_int {
     guard(|| {
-        if vector.is_null() {
-            return Err(Fail::invalid("vector pointer is NULL"));
-        }
+        let vector = out_value(vector, "vector")?;
         let cpu = cpu_arg(cpu)?;
         // SAFETY: ctx is NULL (refused there) or open, per the header.
         let p = unsafe { fastwake::source::verbs::vector_for_cpu(ctx, cpu) }?;
-        // SAFETY: non-null (checked) and writable per the header.
-        unsafe { *vector = p.vector as c_int };
+        vector.set(p.vector as c_int);
         Ok(())
     })
 }
