@@ -64,6 +64,13 @@ fn short_run_reports_every_mode_with_the_documented_keys_and_plots() {
             "no requests measured: {r}"
         );
         assert_eq!(r["rate"].as_u64(), Some(2000));
+        // /proc/stat is readable here: others' share of the consumer's
+        // CPU is a percentage.
+        let others = r["others_pct_of_consumer_cpu"].as_f64();
+        assert!(
+            others.is_some_and(|o| (0.0..=100.0).contains(&o)),
+            "others_pct_of_consumer_cpu: {r}"
+        );
     }
     for s in ["poisson-2k", "onoff-2k"] {
         for ext in ["svg", "png"] {

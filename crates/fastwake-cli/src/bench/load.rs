@@ -178,6 +178,10 @@ struct Measured {
     queue_max: u64,
     /// Adaptive: waits planned as pre-wakes.
     prewakes: u64,
+    /// CPU time others took on the consumer's CPU in the measured
+    /// windows: its busy time in /proc/stat less the consumer's and the
+    /// dispatcher's own (None where /proc/stat is unreadable).
+    others: Option<Duration>,
 }
 
 impl Measured {
@@ -193,6 +197,7 @@ impl Measured {
             queue_sum: 0,
             queue_max: 0,
             prewakes: 0,
+            others: Some(Duration::ZERO),
         }
     }
 }
@@ -496,9 +501,7 @@ fn consumer(
                 break;
             }
         }
-        let mark = helper.mark(&e.waiter);
-        let sleeps0 = e.waiter.stats().sleeps;
-        let (c0, w0) = (fastwake::cpu::thread_cpu_time(), Instant::now());
+        let window = Window::open(&helper, &e.waiter, cpu);
         let o = &mut out[s.mode];
         loop {
             let tag = e.rx.wait(&mut e.waiter)?;
@@ -520,11 +523,7 @@ fn consumer(
             }
         }
         if s.measured {
-            o.cpu += fastwake::cpu::thread_cpu_time() - c0;
-            o.wall += w0.elapsed();
-            o.sleeps += e.waiter.stats().sleeps - sleeps0;
-            let (row, h) = helper.charge(mark, &e.waiter, s.mode);
-            out[row].helper_cpu += h;
+            window.close(&helper, &e.waiter, &mut out, s.mode);
         }
     }
     for (e, o) in ends.iter().zip(out.iter_mut()) {
@@ -532,6 +531,58 @@ fn consumer(
         o.prewakes = helper.prewakes(&e.waiter);
     }
     Ok(out)
+}
+
+/// One measured window of waits by one mode, on the waiting thread:
+/// what it is charged (its CPU, wall time, sleeps, the dispatcher's CPU)
+/// and what others took of its CPU meanwhile.
+struct Window {
+    mark: HelperMark,
+    sleeps: u64,
+    busy: Option<u64>,
+    cpu: Duration,
+    wall: Instant,
+    on: u32,
+}
+
+impl Window {
+    /// At its start, on the waiting thread, pinned to `on`.
+    fn open(helper: &HelperClock, w: &Waiter, on: u32) -> Window {
+        Window {
+            mark: helper.mark(w),
+            sleeps: w.stats().sleeps,
+            busy: cpu_busy(on),
+            cpu: fastwake::cpu::thread_cpu_time(),
+            wall: Instant::now(),
+            on,
+        }
+    }
+
+    /// At its end: charge `out[row]` (and the dispatcher's CPU to the row
+    /// [`HelperClock::charge`] says). Others' share is the CPU's busy time
+    /// in /proc/stat less the waiter's and the dispatcher's own.
+    fn close(self, helper: &HelperClock, w: &Waiter, out: &mut [Measured], row: usize) {
+        let own = fastwake::cpu::thread_cpu_time() - self.cpu;
+        let (helper_row, h) = helper.charge(self.mark, w, row);
+        let o = &mut out[row];
+        o.cpu += own;
+        o.wall += self.wall.elapsed();
+        o.sleeps += w.stats().sleeps - self.sleeps;
+        o.others = match (o.others, self.busy, cpu_busy(self.on)) {
+            (Some(t), Some(b0), Some(b1)) => {
+                Some(t + Duration::from_nanos(b1.saturating_sub(b0)).saturating_sub(own + h))
+            }
+            _ => None,
+        };
+        out[helper_row].helper_cpu += h;
+    }
+}
+
+/// Busy ns of `cpu` since boot (/proc/stat).
+fn cpu_busy(cpu: u32) -> Option<u64> {
+    fastwake::adaptive::pressure::busy_ns_per_cpu()?
+        .get(cpu as usize)
+        .copied()
 }
 
 /// A thread that burns the consumer's CPU until told to stop.
@@ -611,6 +662,12 @@ fn run_scenario(
         }
         x.insert("cpu_s".into(), cpu_s.into());
         x.insert("wall_s".into(), wall.into());
+        if let Some(o) = m.others {
+            x.insert(
+                "others_pct_of_consumer_cpu".into(),
+                (100.0 * o.as_secs_f64() / wall).min(100.0).into(),
+            );
+        }
         x.insert("cpu_pct_of_core".into(), (100.0 * cpu_s / wall).into());
         x.insert(
             "cpu_us_per_req".into(),

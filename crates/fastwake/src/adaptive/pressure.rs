@@ -191,11 +191,7 @@ struct Snapshot {
 }
 
 fn sampler() {
-    let tick_ns = {
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        1_000_000_000 / if hz > 0 { hz as u64 } else { 100 }
-    };
+    let tick_ns = tick_ns();
     let mut hist: VecDeque<Snapshot> = VecDeque::new();
     loop {
         let (live, idle): (Vec<Arc<Shared>>, Vec<(i32, u32)>) = {
@@ -296,6 +292,23 @@ fn publish(old: &Snapshot, now: &Snapshot, live: &[Arc<Shared>], idle: &[(i32, u
             .store((delay.min(1.0) * 1000.0) as u32, Ordering::Relaxed);
         w.contended.store(is, Ordering::Relaxed);
     }
+}
+
+/// The length of one /proc/stat tick, ns.
+fn tick_ns() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    1_000_000_000 / if hz > 0 { hz as u64 } else { 100 }
+}
+
+/// Busy time of every CPU since boot, ns, indexed by CPU number, as the
+/// contention sampler reads it: user+nice+system+irq+softirq from
+/// /proc/stat (steal and idle excluded), in that file's ticks (10 ms
+/// on most kernels, so a difference over less than a second is coarse).
+/// `None` where /proc/stat is unreadable. Benchmarks subtract their own
+/// threads' CPU time from a CPU's difference to tell what others took.
+pub fn busy_ns_per_cpu() -> Option<Vec<u64>> {
+    read_busy(tick_ns())
 }
 
 /// Busy ns per CPU from /proc/stat (user+nice+system+irq+softirq; steal

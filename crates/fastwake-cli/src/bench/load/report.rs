@@ -131,6 +131,10 @@ fn print_service(name: &str, rs: &[&Row]) {
 /// Under a co-located load: does adaptive stay within 2x of the best fixed
 /// mode's p50, and keep up (its queue no deeper than twice the
 /// shallowest fixed mode's, plus one request) where a fixed mode does?
+/// Where it does not, and the shallowest mode had the consumer's CPU
+/// more to itself, say so: a waiter that never sleeps keeps the CPU from
+/// ever looking idle, so the scheduler places waking neighbours
+/// elsewhere, which no mode that sleeps between bursts can do.
 fn keeps_up(rows: &[&Row]) -> Vec<String> {
     let fixed: Vec<&&Row> = rows.iter().filter(|r| !is_adaptive(r)).collect();
     let Some(best) = fixed
@@ -139,10 +143,14 @@ fn keeps_up(rows: &[&Row]) -> Vec<String> {
     else {
         return vec![];
     };
-    let shallow = fixed
+    let Some(shallowest) = fixed
         .iter()
-        .map(|r| f(r, "queue_mean"))
-        .fold(f64::INFINITY, f64::min);
+        .min_by(|a, b| f(a, "queue_mean").total_cmp(&f(b, "queue_mean")))
+    else {
+        return vec![];
+    };
+    let shallow = f(shallowest, "queue_mean");
+    let others = |r: &Row| f(r, "others_pct_of_consumer_cpu");
     rows.iter()
         .filter(|r| is_adaptive(r))
         .map(|a| {
@@ -150,14 +158,24 @@ fn keeps_up(rows: &[&Row]) -> Vec<String> {
             let q = f(a, "queue_mean");
             // No figure (NaN) is no backlog shown.
             let ok_q = q.partial_cmp(&(2.0 * shallow + 1.0)) != Some(std::cmp::Ordering::Greater);
+            let (oa, os) = (others(a), others(shallowest));
+            let why = if !ok_q && oa > 2.0 * os + 5.0 {
+                format!(
+                    ": {} kept others off the consumer's CPU ({os:.0}% of it, against {oa:.0}% beside {})",
+                    shallowest.mode, a.mode
+                )
+            } else {
+                String::new()
+            };
             format!(
-                "  {}: background: p50 {:.2}x best fixed ({}) [{}]; queue {:.1} against the shallowest fixed {:.1} [{}]",
+                "  {}: background: p50 {:.2}x best fixed ({}) [{}]; queue {:.1} against the shallowest fixed {:.1} ({}) [{}]{why}",
                 a.mode,
                 rp,
                 best.mode,
                 if rp <= 2.0 { "ok" } else { "FAIL" },
                 q,
                 shallow,
+                shallowest.mode,
                 if ok_q { "ok" } else { "BACKLOG" }
             )
         })
@@ -167,7 +185,7 @@ fn keeps_up(rows: &[&Row]) -> Vec<String> {
 pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
     let (psi, running) = fastwake::adaptive::pressure::system();
     println!(
-        "fastwake {} bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU; dispatcher idle policy {}; consumer slice {}{}",
+        "fastwake {} bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU; others% = share of the consumer's CPU that other threads used in the mode's windows (its /proc/stat busy time less the consumer's and the dispatcher's, 10 ms ticks); dispatcher idle policy {}; consumer slice {}{}",
         env!("CARGO_PKG_VERSION"),
         a.source,
         a.cpus.0,
@@ -188,7 +206,7 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
         psi.map_or("?".into(), |v| format!("{v:.1}%")),
         running.map_or("?".into(), |v| v.to_string()),
     );
-    let line = "-".repeat(112);
+    let line = "-".repeat(120);
     let lowest = scenarios.iter().map(|s| s.rate).min().unwrap_or(0);
     for sc in scenarios {
         let name = sc.name();
@@ -202,7 +220,7 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
             continue;
         }
         println!(
-            " {:<18} {:<18} {:>9} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9} {:>7}",
+            " {:<18} {:<18} {:>9} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9} {:>7} {:>7}",
             "scenario",
             "mode",
             "requests",
@@ -212,11 +230,12 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
             "cpu[s]",
             "cpu%core",
             "sleeps",
-            "queue"
+            "queue",
+            "others%"
         );
         for r in &rs {
             println!(
-                " {:<18} {:<18} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>9.4} {:>10.2} {:>9} {:>7.1}",
+                " {:<18} {:<18} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>9.4} {:>10.2} {:>9} {:>7.1} {:>7.0}",
                 name,
                 r.mode,
                 r.iters,
@@ -227,6 +246,7 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
                 f(r, "cpu_pct_of_core"),
                 r.extra.get("sleeps").and_then(|v| v.as_u64()).unwrap_or(0),
                 f(r, "queue_mean"),
+                f(r, "others_pct_of_consumer_cpu"),
             );
         }
         for l in verdict(&rs, sc.rate == lowest) {
@@ -239,4 +259,81 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
         }
     }
     println!("{line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row of one mode: p50, mean queue and others' share of the CPU.
+    fn row(mode: &str, p50: f64, queue: f64, others: f64) -> Row {
+        let mut x = serde_json::Map::new();
+        x.insert("queue_mean".into(), queue.into());
+        x.insert("others_pct_of_consumer_cpu".into(), others.into());
+        Row {
+            source: "channel".into(),
+            mode: mode.into(),
+            placement: "cross".into(),
+            iters: 1,
+            size: 8,
+            t_min: p50,
+            t_max: p50,
+            t_typical: p50,
+            t_avg: p50,
+            t_stdev: 0.0,
+            p99: p50,
+            p999: p50,
+            cpu_us_per_op: 0.0,
+            cpu_us_per_op_ping: 0.0,
+            cpu_us_per_op_pong: 0.0,
+            extra: x,
+        }
+    }
+
+    #[test]
+    fn a_backlog_behind_a_mode_that_kept_others_off_its_cpu_says_so() {
+        let rows = [
+            row("poll", 0.6, 8.3, 6.0),
+            row("hybrid", 0.56, 30.9, 48.0),
+            row("adaptive", 0.49, 27.6, 44.0),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let l = keeps_up(&refs);
+        assert_eq!(l.len(), 1);
+        assert!(
+            l[0].contains("queue 27.6 against the shallowest fixed 8.3 (poll) [BACKLOG]"),
+            "{}",
+            l[0]
+        );
+        assert!(
+            l[0].contains(
+                "poll kept others off the consumer's CPU (6% of it, against 44% beside adaptive)"
+            ),
+            "{}",
+            l[0]
+        );
+    }
+
+    #[test]
+    fn a_backlog_with_the_cpu_shared_alike_gives_no_reason_and_a_kept_pace_no_flag() {
+        let rows = [
+            row("poll", 0.6, 8.3, 40.0),
+            row("adaptive", 0.49, 27.6, 44.0),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let l = keeps_up(&refs);
+        assert!(l[0].ends_with("[BACKLOG]"), "{}", l[0]);
+        let rows = [
+            row("hybrid", 0.7, 234.3, 49.0),
+            row("adaptive", 0.9, 204.1, 44.0),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let l = keeps_up(&refs);
+        assert!(l[0].contains("(hybrid) [ok]"), "{}", l[0]);
+        assert!(
+            l[0].contains("p50 1.29x best fixed (hybrid) [ok]"),
+            "{}",
+            l[0]
+        );
+    }
 }

@@ -206,18 +206,12 @@ fn client(
     fastwake::cpu::pin(cpu)?;
     super::take_slice(slice)?;
     let helper = super::HelperClock::new(helper, ends.iter().map(|(_, w)| w));
-    let mut out: Vec<ClientMeasured> = (0..ends.len())
-        .map(|_| ClientMeasured {
-            m: Measured::new(),
-            e2e: Sample::new(),
-        })
-        .collect();
+    let mut ms: Vec<Measured> = (0..ends.len()).map(|_| Measured::new()).collect();
+    let mut e2e: Vec<Sample> = (0..ends.len()).map(|_| Sample::new()).collect();
     for s in &segs {
         let (c, w) = &mut ends[s.mode];
-        let o = &mut out[s.mode];
-        let sleeps0 = w.stats().sleeps;
-        let mark = helper.mark(w);
-        let (c0, w0) = (fastwake::cpu::thread_cpu_time(), Instant::now());
+        let window = super::Window::open(&helper, w, cpu);
+        let (o, oe) = (&mut ms[s.mode], &mut e2e[s.mode]);
         let end = now_ns(epoch) + s.ns;
         loop {
             let sent = now_ns(epoch);
@@ -228,25 +222,25 @@ fn client(
             let published = c.reply(w)?;
             let got = now_ns(epoch);
             if s.measured {
-                o.m.sample
+                o.sample
                     .record_one_way(Duration::from_nanos(got.saturating_sub(published)));
-                o.e2e
-                    .record_one_way(Duration::from_nanos(got.saturating_sub(sent)));
-                o.m.msgs += 1;
+                oe.record_one_way(Duration::from_nanos(got.saturating_sub(sent)));
+                o.msgs += 1;
             }
         }
         if s.measured {
-            o.m.cpu += fastwake::cpu::thread_cpu_time() - c0;
-            o.m.wall += w0.elapsed();
-            o.m.sleeps += w.stats().sleeps - sleeps0;
-            let (row, h) = helper.charge(mark, w, s.mode);
-            out[row].m.helper_cpu += h;
+            window.close(&helper, w, &mut ms, s.mode);
         }
     }
-    for ((_, w), o) in ends.iter().zip(out.iter_mut()) {
-        o.m.explain = w.explain().or_else(|| helper.explain(w));
-        o.m.prewakes = helper.prewakes(w);
+    for ((_, w), o) in ends.iter().zip(ms.iter_mut()) {
+        o.explain = w.explain().or_else(|| helper.explain(w));
+        o.prewakes = helper.prewakes(w);
     }
+    let out = ms
+        .into_iter()
+        .zip(e2e)
+        .map(|(m, e2e)| ClientMeasured { m, e2e })
+        .collect();
     // The ends go back to the caller, to be dropped once the server has
     // stopped: a request queue closed under a polling server is an error.
     Ok((out, ends))
