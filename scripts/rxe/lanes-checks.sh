@@ -13,8 +13,9 @@ check_lanes_rdma() {
     local out="$RXE_LOGDIR/$RXE_CUR_NAME.out" rc=0
     env FASTWAKE_TEST_VERBS_DEV="$RXE_DEV" "$t" --test-threads=1 --nocapture >"$out" 2>&1 || rc=$?
     cat "$out"
-    [ $rc = 0 ] && grep -q '^test result: ok\. [1-9]' "$out" || { rxe_fail "lanes_rdma tests failed: $(grep -E '^test .* FAILED|panicked' "$out" | head -n 1)"; return 1; }
-    ! grep -q '^SKIPPED' "$out" || { rxe_fail "a lanes test SKIPPED although $RXE_DEV exists: $(grep -m1 '^SKIPPED' "$out")"; return 1; }
+    # The counters first, so that a failure's log shows them too.
     local line
     while read -r line; do rxe_info "$line"; done < <(grep -oE 'lanes_rdma_[a-z]+ (latency|bulk): .*' "$out")
+    [ $rc = 0 ] && grep -q '^test result: ok\. [1-9]' "$out" || { rxe_fail "lanes_rdma tests failed: $(grep -E '^test .* FAILED|panicked' "$out" | head -n 1)"; return 1; }
+    ! grep -q '^SKIPPED' "$out" || { rxe_fail "a lanes test SKIPPED although $RXE_DEV exists: $(grep -m1 '^SKIPPED' "$out")"; return 1; }
 }
