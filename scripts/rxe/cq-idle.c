@@ -6,7 +6,8 @@
 //
 // - the client sends bursts of 1-4 messages, then busy-polls its send CQ
 //   and receive CQ (ibv_poll_cq) until every send has completed and every
-//   reply has come; then it arms a timerfd for an idle gap of 1-10 ms and
+//   reply has come; then it arms a timerfd for an idle gap of 1 ms to
+//   GAP_MAX_MS (default 10) and
 //   busy-polls its two CQs and the timerfd (poll() with a zero timeout, the
 //   way event loops poll their timers) until the timer fires;
 // - the server busy-polls its receive CQ and send CQ, and replies to each
@@ -17,7 +18,7 @@
 // run. The burst sizes and gaps come from SEED (default 1); the payloads,
 // and so the checksum, depend only on the number of messages.
 //
-// usage: cq-idle DEV GID_INDEX BURSTS [SEED]
+// usage: cq-idle DEV GID_INDEX BURSTS [SEED [GAP_MAX_MS]]
 // prints: "cq-idle ok bursts=B msgs=M sum=S cpu_s=C sys_s=Y server_cpu_s=SC
 //          client_cpu_s=CC wall_s=W gap_ms=G empty_polls=E"
 // cpu_s: the process's CPU seconds (user + system, getrusage RUSAGE_SELF)
@@ -188,25 +189,31 @@ static void *server(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4 && argc != 5) {
-        fprintf(stderr, "usage: cq-idle DEV GID_INDEX BURSTS [SEED]\n");
+    if (argc < 4 || argc > 6) {
+        fprintf(stderr, "usage: cq-idle DEV GID_INDEX BURSTS [SEED [GAP_MAX_MS]]\n");
         return 2;
     }
     gid_index = atoi(argv[2]);
     long bursts = atol(argv[3]);
-    unsigned seed = argc == 5 ? (unsigned)strtoul(argv[4], NULL, 0) : 1;
+    unsigned seed = argc >= 5 ? (unsigned)strtoul(argv[4], NULL, 0) : 1;
+    long gap_max_ms = argc == 6 ? atol(argv[5]) : 10;
     if (bursts <= 0) {
         fprintf(stderr, "cq-idle: BURSTS must be > 0\n");
         return 2;
     }
-    // The schedule: burst sizes 1-MAX_BURST and gaps 1-10 ms, from the seed.
+    if (gap_max_ms < 1 || gap_max_ms > 1000) {
+        fprintf(stderr, "cq-idle: GAP_MAX_MS must be 1 to 1000\n");
+        return 2;
+    }
+    // The schedule: burst sizes 1-MAX_BURST and gaps 1 ms-GAP_MAX_MS, from
+    // the seed (the sizes, and so the checksum, do not depend on the gaps).
     int *size = calloc(bursts, sizeof *size);
     long *gap_us = calloc(bursts, sizeof *gap_us);
     unsigned r = seed;
     long long gap_total = 0;
     for (long b = 0; b < bursts; b++) {
         size[b] = 1 + rand_r(&r) % MAX_BURST;
-        gap_us[b] = 1000 + rand_r(&r) % 9001;
+        gap_us[b] = 1000 + rand_r(&r) % (gap_max_ms * 1000 - 999);
         total_msgs += size[b];
         gap_total += gap_us[b];
     }

@@ -45,7 +45,9 @@ pub enum Bench {
     /// Open-loop request streams: latency and CPU per wait mode
     ///
     /// Open-loop request streams (Poisson, ON/OFF bursts) at several rates,
-    /// with and without a CPU hog: p50/p99 latency and CPU per wait mode.
+    /// with and without a CPU hog or co-located processes: p50/p99
+    /// latency, CPU, the mean queue a request found and the share of the
+    /// waiter's CPU other threads took, per wait mode.
     Load(load::Args),
     /// RDMA on-demand paging microbenchmarks (damming, flood)
     ///
