@@ -174,6 +174,22 @@ fn json_is_one_document_with_the_schema_and_anchors_that_exist() {
         assert!(c["watched_ms"].as_f64().unwrap() >= 10.0, "{c}");
         assert!(c["max_us"].as_f64().unwrap() >= 0.0, "{c}");
     }
+    // What ran while every CPU was watched: null, or the other threads'
+    // run time, the longest first and each within the total.
+    let t = &g["taken"];
+    if !t.is_null() {
+        let total = t["others_ms"].as_f64().expect("taken.others_ms");
+        let top = t["top"].as_array().expect("taken.top");
+        assert!(top.len() <= 5, "{t}");
+        let ms: Vec<f64> = top.iter().map(|r| r["ms"].as_f64().unwrap()).collect();
+        assert!(ms.windows(2).all(|w| w[0] >= w[1]), "longest first: {t}");
+        assert!(ms.iter().sum::<f64>() <= total + 1e-6, "{t}");
+        assert!(
+            top.iter()
+                .all(|r| r["comm"].is_string() && r["pid"].as_i64().unwrap() > 0),
+            "{t}"
+        );
+    }
     // The timed sleeps: lateness and CPU, or why not. A sleep ends at
     // or after its deadline and costs some CPU.
     let t = &j["timed_sleep"];

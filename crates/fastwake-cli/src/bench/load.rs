@@ -580,9 +580,9 @@ impl Window {
 
 /// Busy ns of `cpu` since boot (/proc/stat).
 fn cpu_busy(cpu: u32) -> Option<u64> {
-    fastwake::adaptive::pressure::busy_ns_per_cpu()?
+    fastwake::adaptive::pressure::cpu_times()?
         .get(cpu as usize)
-        .copied()
+        .map(|t| t.busy_ns)
 }
 
 /// A thread that burns the consumer's CPU until told to stop.

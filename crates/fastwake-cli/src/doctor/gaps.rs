@@ -11,6 +11,13 @@
 //! Each CPU is watched alone (the others idle), then all of them at once:
 //! a guest's vCPUs may lose their cores far more often when every one of
 //! them is busy, as a benchmark that loads all CPUs keeps them.
+//!
+//! While all of them are watched, every other thread that runs takes a
+//! watcher's CPU, so the run time the other threads gained meanwhile
+//! (`/proc/PID/task/TID/schedstat`, ns) names what made the gaps, beside
+//! the steal the hypervisor reports (/proc/stat): on this project's VMs a
+//! kernel thread (`kdamond.0`, DAMON's monitor) and the sandbox's agent
+//! ran as much as the host took, so "the host" alone was the wrong answer.
 
 use super::finding::*;
 use serde::Serialize;
@@ -39,6 +46,32 @@ pub struct CpuGaps {
     pub lost_us_per_s: f64,
 }
 
+/// A thread of another process (or of the kernel) that ran while every
+/// CPU was watched.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct Runner {
+    pub comm: String,
+    pub pid: i32,
+    pub tid: i32,
+    /// Its run time while watched (ms).
+    pub ms: f64,
+}
+
+/// What took the CPUs while every one of them was watched at once.
+#[derive(Serialize, Debug, Clone, Default, PartialEq)]
+pub struct Taken {
+    /// Run time of every other thread, together (ms).
+    pub others_ms: f64,
+    /// The ones that ran longest (at most [`TOP`]), longest first.
+    pub top: Vec<Runner>,
+    /// Steal the hypervisor reported for the watched CPUs (ms, in
+    /// /proc/stat's 10 ms ticks; `null` where unreadable).
+    pub steal_ms: Option<f64>,
+}
+
+/// Other threads named at most.
+pub const TOP: usize = 5;
+
 /// The gaps measurement.
 #[derive(Serialize, Debug, Clone, Default)]
 pub struct Gaps {
@@ -46,8 +79,92 @@ pub struct Gaps {
     pub cpus: Vec<CpuGaps>,
     /// The same CPUs watched all at once (empty with one CPU).
     pub together: Vec<CpuGaps>,
+    /// What ran instead while they were watched together (`null` unless
+    /// every online CPU was watched and /proc could be read).
+    pub taken: Option<Taken>,
     /// Why there are no figures (`null` when there are).
     pub error: Option<String>,
+}
+
+/// A thread: (pid, tid).
+type Tid = (i32, i32);
+
+/// Run time so far (ns) of every thread of every other process.
+type RunTimes = std::collections::HashMap<Tid, u64>;
+
+/// [`RunTimes`] now, from /proc (threads that cannot be read are left
+/// out: they may have exited).
+fn run_times() -> RunTimes {
+    let me = std::process::id() as i32;
+    let mut out = RunTimes::new();
+    let numbered = |dir: &str| -> Vec<i32> {
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for pid in numbered("/proc").into_iter().filter(|&p| p != me) {
+        for tid in numbered(&format!("/proc/{pid}/task")) {
+            let ns = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
+                .ok()
+                .and_then(|s| s.split_ascii_whitespace().next()?.parse().ok());
+            if let Some(ns) = ns {
+                out.insert((pid, tid), ns);
+            }
+        }
+    }
+    out
+}
+
+/// The threads that ran between `before` and `after` (a thread that
+/// started meanwhile counts from 0), longest first, and their total (ns).
+fn ran(before: &RunTimes, after: &RunTimes) -> (Vec<(Tid, u64)>, u64) {
+    let mut v: Vec<(Tid, u64)> = after
+        .iter()
+        .map(|(k, &ns)| (*k, ns.saturating_sub(before.get(k).copied().unwrap_or(0))))
+        .filter(|&(_, d)| d > 0)
+        .collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let total = v.iter().map(|x| x.1).sum();
+    (v, total)
+}
+
+/// Steal of `cpus` so far (ns).
+fn steal_ns(cpus: &[u32]) -> Option<u64> {
+    let t = fastwake::adaptive::pressure::cpu_times()?;
+    Some(
+        cpus.iter()
+            .filter_map(|&c| t.get(c as usize))
+            .map(|t| t.steal_ns)
+            .sum(),
+    )
+}
+
+/// [`Taken`] from the snapshots around a watch of `cpus`.
+fn taken(before: &RunTimes, after: &RunTimes, steal: (Option<u64>, Option<u64>)) -> Taken {
+    let (v, total) = ran(before, after);
+    let ms = |ns: u64| ns as f64 / 1e6;
+    Taken {
+        others_ms: ms(total),
+        top: v
+            .into_iter()
+            .take(TOP)
+            .map(|((pid, tid), ns)| Runner {
+                comm: std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_else(|_| "?".into()),
+                pid,
+                tid,
+                ms: ms(ns),
+            })
+            .collect(),
+        steal_ms: match steal {
+            (Some(a), Some(b)) => Some(ms(b.saturating_sub(a))),
+            _ => None,
+        },
+    }
 }
 
 /// Watch `cpu` alone for `watch`.
@@ -130,8 +247,33 @@ fn describe(cpus: &[CpuGaps]) -> String {
         .join("; ")
 }
 
+/// What ran while every CPU was watched, as the finding says it.
+fn describe_taken(t: &Taken) -> String {
+    let top = t
+        .top
+        .iter()
+        .map(|r| format!("{} {:.1} ms", r.comm, r.ms))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let steal = t.steal_ms.map_or("no steal figure".to_string(), |s| {
+        format!("the hypervisor reported {s:.0} ms of steal")
+    });
+    if t.top.is_empty() {
+        format!("meanwhile no other thread ran; {steal}")
+    } else {
+        format!(
+            "meanwhile other threads ran {:.1} ms ({top}); {steal}",
+            t.others_ms
+        )
+    }
+}
+
 /// The finding for what was watched, alone and together.
-pub(super) fn judge_gaps(alone: &[CpuGaps], together: &[CpuGaps]) -> Finding {
+pub(super) fn judge_gaps(
+    alone: &[CpuGaps],
+    together: &[CpuGaps],
+    taken: Option<&Taken>,
+) -> Finding {
     let long: u64 = alone.iter().chain(together).map(|c| c.over_200us).sum();
     let ms = alone.first().map_or(0.0, |c| c.watched_ms);
     let mut detail = format!(
@@ -144,12 +286,15 @@ pub(super) fn judge_gaps(alone: &[CpuGaps], together: &[CpuGaps]) -> Finding {
             describe(together)
         ));
     }
+    if let Some(t) = taken {
+        detail.push_str(&format!(" ({})", describe_taken(t)));
+    }
     detail.push_str(
-        "; every request in flight on a CPU waits out such a gap, so a tail beyond them (a four-nines latency) is the host's",
+        "; every request in flight on a CPU waits out such a gap, so a tail beyond them (a four-nines latency) is set by what takes the CPU, not by the program",
     );
     if long > 0 {
         check::CPU_GAPS.found(Level::Warn, detail).advice(
-            "gaps of 200 µs or more come from interrupts, kernel threads or (in a guest) the host taking the vCPU; compare four-nines tails within one run, and on a guest ask for dedicated cores",
+            "gaps of 200 µs or more come from other threads on the CPU (named above when every CPU was watched: a kernel thread, another program), from interrupts, or in a guest from the host (the steal figure); move the others off the program's CPUs (cpusets, isolated CPUs), compare four-nines tails within one run and over several, and on a guest ask for dedicated cores",
         )
     } else {
         check::CPU_GAPS.found(Level::Ok, detail)
@@ -178,12 +323,22 @@ pub(super) fn cpu_gaps(watch_for: Duration) -> (Gaps, Finding) {
     }
     if g.cpus.len() > 1 {
         let cpus: Vec<u32> = g.cpus.iter().map(|c| c.cpu).collect();
+        // Others' run time names what took the CPUs only when none was
+        // left unwatched for them to run on.
+        let all = cpus.len() == super::host::online_cpus().len();
+        let before = all.then(|| (run_times(), steal_ns(&cpus)));
         match watch_together(&cpus, watch_for) {
-            Ok(t) => g.together = t,
+            Ok(t) => {
+                g.together = t;
+                if let Some((b, s0)) = before {
+                    let after = run_times();
+                    g.taken = Some(taken(&b, &after, (s0, steal_ns(&cpus))));
+                }
+            }
             Err(e) => g.error = Some(e),
         }
     }
-    let f = judge_gaps(&g.cpus, &g.together);
+    let f = judge_gaps(&g.cpus, &g.together, g.taken.as_ref());
     (g, f)
 }
 
@@ -205,7 +360,7 @@ mod tests {
 
     #[test]
     fn a_gap_of_200us_is_a_warning_and_none_is_ok() {
-        let w = judge_gaps(&[cpu(0), cpu(2)], &[]);
+        let w = judge_gaps(&[cpu(0), cpu(2)], &[], None);
         assert_eq!(w.level, Level::Warn);
         assert!(
             w.detail.contains("2 of 200 µs or more, longest 450 µs"),
@@ -213,9 +368,9 @@ mod tests {
             w.detail
         );
         assert!(w.advice.is_some());
-        assert_eq!(judge_gaps(&[cpu(0)], &[cpu(0)]).level, Level::Ok);
+        assert_eq!(judge_gaps(&[cpu(0)], &[cpu(0)], None).level, Level::Ok);
         // Gaps only while every CPU is busy still warn, and say so.
-        let t = judge_gaps(&[cpu(0)], &[cpu(3)]);
+        let t = judge_gaps(&[cpu(0)], &[cpu(3)], None);
         assert_eq!(t.level, Level::Warn);
         assert!(
             t.detail
@@ -223,6 +378,52 @@ mod tests {
             "{}",
             t.detail
         );
+    }
+
+    #[test]
+    fn what_ran_while_every_cpu_was_watched_is_named_longest_first() {
+        let before: RunTimes = [((10, 10), 5_000_000), ((20, 21), 1_000), ((30, 30), 7)].into();
+        let after: RunTimes = [
+            ((10, 10), 22_550_000),
+            ((20, 21), 1_000),
+            ((30, 30), 7),
+            ((40, 41), 3_000_000),
+        ]
+        .into();
+        let (v, total) = ran(&before, &after);
+        // Idle threads are left out; one that started meanwhile counts.
+        assert_eq!(v, [((10, 10), 17_550_000), ((40, 41), 3_000_000)]);
+        assert_eq!(total, 20_550_000);
+        let t = Taken {
+            others_ms: 20.55,
+            top: vec![Runner {
+                comm: "kdamond.0".into(),
+                pid: 77,
+                tid: 77,
+                ms: 17.55,
+            }],
+            steal_ms: Some(30.0),
+        };
+        let f = judge_gaps(&[cpu(0)], &[cpu(3)], Some(&t));
+        assert!(
+            f.detail.contains(
+                "(meanwhile other threads ran 20.6 ms (kdamond.0 17.6 ms); the hypervisor reported 30 ms of steal)"
+            ),
+            "{}",
+            f.detail
+        );
+        let none = Taken {
+            steal_ms: None,
+            ..Taken::default()
+        };
+        assert!(describe_taken(&none).contains("no other thread ran; no steal figure"));
+    }
+
+    #[test]
+    fn run_times_leave_this_process_out() {
+        let me = std::process::id() as i32;
+        let r = run_times();
+        assert!(r.keys().all(|&(pid, _)| pid != me), "own threads listed");
     }
 
     #[test]

@@ -32,8 +32,10 @@ pub struct Args {
     /// How long the CPU-gap measurement watches each CPU (and all at once)
     ///
     /// A thread that never blocks watches each CPU alone for this long,
-    /// then all of them at once for as long (the first four CPUs). Longer
-    /// watches count rarer gaps; 500ms keeps the whole report near 2 s.
+    /// then all of them at once for as long (the first four CPUs); when
+    /// that is every CPU, the report names the other threads that ran
+    /// meanwhile and the steal the hypervisor reported. Longer watches
+    /// count rarer gaps; 500ms keeps the whole report near 2 s.
     #[arg(long, default_value = "500ms", value_parser = gap_watch, value_name = "DURATION")]
     pub gap_watch: std::time::Duration,
 }

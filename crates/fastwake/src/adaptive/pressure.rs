@@ -301,14 +301,25 @@ fn tick_ns() -> u64 {
     1_000_000_000 / if hz > 0 { hz as u64 } else { 100 }
 }
 
-/// Busy time of every CPU since boot, ns, indexed by CPU number, as the
-/// contention sampler reads it: user+nice+system+irq+softirq from
-/// /proc/stat (steal and idle excluded), in that file's ticks (10 ms
-/// on most kernels, so a difference over less than a second is coarse).
-/// `None` where /proc/stat is unreadable. Benchmarks subtract their own
-/// threads' CPU time from a CPU's difference to tell what others took.
-pub fn busy_ns_per_cpu() -> Option<Vec<u64>> {
-    read_busy(tick_ns())
+/// One CPU's time since boot, ns, from /proc/stat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTime {
+    /// Busy, as the contention sampler counts it: user+nice+system+irq+
+    /// softirq (steal and idle excluded).
+    pub busy_ns: u64,
+    /// Steal: time the hypervisor ran something else while this vCPU
+    /// wanted to run (0 on bare metal, and in guests that do not report
+    /// it).
+    pub steal_ns: u64,
+}
+
+/// Every CPU's time since boot, indexed by CPU number, in /proc/stat's
+/// ticks (10 ms on most kernels, so a difference over less than a second
+/// is coarse). `None` where /proc/stat is unreadable. Benchmarks subtract
+/// their own threads' CPU time from a CPU's busy difference to tell what
+/// others took; `fastwake doctor` reads the steal.
+pub fn cpu_times() -> Option<Vec<CpuTime>> {
+    parse_times(&std::fs::read_to_string("/proc/stat").ok()?, tick_ns())
 }
 
 /// Busy ns per CPU from /proc/stat (user+nice+system+irq+softirq; steal
@@ -319,6 +330,16 @@ fn read_busy(tick_ns: u64) -> Option<Vec<u64>> {
 
 /// [`read_busy`] on the text of /proc/stat.
 fn parse_busy(stat: &str, tick_ns: u64) -> Option<Vec<u64>> {
+    Some(
+        parse_times(stat, tick_ns)?
+            .into_iter()
+            .map(|t| t.busy_ns)
+            .collect(),
+    )
+}
+
+/// [`cpu_times`] on the text of /proc/stat.
+fn parse_times(stat: &str, tick_ns: u64) -> Option<Vec<CpuTime>> {
     let mut v = Vec::new();
     for line in stat.lines() {
         let Some(rest) = line.strip_prefix("cpu") else {
@@ -341,9 +362,13 @@ fn parse_busy(stat: &str, tick_ns: u64) -> Option<Vec<u64>> {
             return None;
         }
         if v.len() <= n {
-            v.resize(n + 1, 0);
+            v.resize(n + 1, CpuTime::default());
         }
-        v[n] = (x[0] + x[1] + x[2] + x[5] + x[6]) * tick_ns;
+        v[n] = CpuTime {
+            busy_ns: (x[0] + x[1] + x[2] + x[5] + x[6]) * tick_ns,
+            // Kernels before 2.6.11 have no steal column.
+            steal_ns: x.get(7).copied().unwrap_or(0) * tick_ns,
+        };
     }
     (!v.is_empty()).then_some(v)
 }
@@ -391,5 +416,10 @@ mod tests {
             vec![(100 + 1 + 200 + 4 + 5) * 10, (1000 + 2000 + 40 + 50) * 10]
         );
         assert_eq!(parse_busy("cpu0 1 2 3\n", 10), None, "too few fields");
+        let t = super::parse_times(stat, 10).expect("parsed");
+        assert_eq!(t[1].steal_ns, 0);
+        let t = super::parse_times("cpu0 1 0 2 400 3 4 5 17 0 0\n", 10).expect("parsed");
+        assert_eq!(t[0].steal_ns, 170, "steal is the eighth figure");
+        assert_eq!(t[0].busy_ns, (1 + 2 + 4 + 5) * 10);
     }
 }

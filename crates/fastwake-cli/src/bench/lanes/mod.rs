@@ -37,10 +37,11 @@ pub struct Args {
     pub bulk: usize,
     /// Measured seconds per arrangement, over all rounds.
     ///
-    /// A p99.99 needs reads behind it: one stall of the read CPU (a VM
-    /// whose host takes the vCPU away for a few ms) delays every read in
-    /// flight, so the default leaves a four-nines tail of at least 48
-    /// reads (three such stalls with 16 readers) down to 32k IOPS.
+    /// A p99.99 needs reads behind it: one stall of the read CPU (another
+    /// thread running on it for a few ms, or a host taking the vCPU away)
+    /// delays every read in flight, so the default leaves a four-nines
+    /// tail of at least 48 reads (three such stalls with 16 readers) down
+    /// to 32k IOPS.
     #[arg(long, default_value_t = 15.0)]
     pub seconds: f64,
     /// Interleaving rounds.

@@ -146,17 +146,17 @@ fn ratios(rows: &[Row]) -> Vec<(String, f64)> {
 }
 
 /// Reads that one stall of the whole read CPU delays: every reader has a
-/// read in flight. This VM's host takes its vCPU away for 2-4 ms a few
-/// times in 10 s (a thread spinning on CPU 0 for 10 s saw two gaps of
-/// 2 ms or more, the longest 4.0 ms); each such stall delays every read
-/// in flight by that much.
+/// read in flight. On this project's VM, with both CPUs busy, other
+/// threads (the kernel's DAMON monitor, the sandbox's agent) take a CPU
+/// for 1-5 ms a few times a second (`fastwake doctor`'s cpu gaps names
+/// them); each such stall delays every read in flight by that much.
 const STALLS: u64 = 3;
 
 /// When a row's p99.99 rests on fewer reads than [`STALLS`] stalls of
 /// the read CPU delay (`readers` each), one line saying so and how many
 /// measured seconds per arrangement would cover them; `None` otherwise.
 /// The slowest 0.01 % of 140,000 reads (2 s at 70k IOPS) are 14: one
-/// stall of the host sets that p99.99 alone.
+/// stall sets that p99.99 alone.
 pub fn thin_tail(rows: &[Row], readers: usize) -> Option<String> {
     let need = STALLS * readers as u64;
     let thin = rows
@@ -166,7 +166,7 @@ pub fn thin_tail(rows: &[Row], readers: usize) -> Option<String> {
     let iops = rows.iter().map(Row::iops).fold(f64::INFINITY, f64::min);
     let secs = (need as f64 * 10_000.0 / iops.max(1.0)).ceil();
     Some(format!(
-        "fastwake bench lanes: p99.99 of {} rests on its slowest {} of {} reads; one stall of the read CPU (a few ms on a VM whose host takes the vCPU away) delays all {readers} reads in flight and can set it alone (`fastwake doctor` counts such stalls: cpu gaps): --seconds {secs} or more covers {STALLS} such stalls per arrangement",
+        "fastwake bench lanes: p99.99 of {} rests on its slowest {} of {} reads; one stall of the read CPU (another thread running on it for a few ms, or a host taking the vCPU away) delays all {readers} reads in flight and can set it alone (`fastwake doctor` counts such stalls: cpu gaps): --seconds {secs} or more covers {STALLS} such stalls per arrangement",
         thin.name,
         thin.reads() / 10_000,
         thin.reads(),
