@@ -709,6 +709,7 @@ fn lanes_bench_rows_and_bad_parameters() {
     );
     assert_one_line_error(&["bench", "lanes", "--only", "nope"], "unknown arrangement");
     assert_one_line_error(&["bench", "lanes", "--bulk-mode", "poll"], "bulk lane");
+    assert_one_line_error(&["bench", "lanes", "--slice", "5us"], "--slice");
     let _g = SPIN.lock().unwrap_or_else(|p| p.into_inner());
     let rows = json_rows(
         "bench lanes --readers 2 --seconds 0.2 --batch-seconds 0.1 --rounds 1 --batch-sizes 16384",

@@ -40,6 +40,26 @@ pub fn message(id: u32, kind: u32, len: usize) -> Vec<u8> {
 pub struct Cpus {
     pub latency: u32,
     pub bulk: u32,
+    /// The scheduler slice the readers and the threads serving only reads
+    /// ask for (`--slice`; `None`: the kernel's).
+    pub read_slice: Option<Duration>,
+}
+
+/// The calling thread asks for `slice`, if any (checked by
+/// [`check_slice`] before any thread starts).
+fn take_slice(slice: Option<Duration>) {
+    if slice.is_some() {
+        let _ = fastwake::slice::set_slice(slice);
+    }
+}
+
+/// Can a thread have `slice`? One line for `--slice` if not.
+pub fn check_slice(slice: Option<Duration>) -> Result<()> {
+    let Some(s) = slice else { return Ok(()) };
+    std::thread::spawn(move || fastwake::slice::set_slice(Some(s)))
+        .join()
+        .map_err(|_| Fail::new(libc::EIO, "slice probe panicked"))?
+        .map_err(|e| Fail::new(e.errno(), format!("--slice: {e}")))
 }
 
 /// What one arrangement looks like.
@@ -121,8 +141,15 @@ impl std::ops::AddAssign for ReadSends {
 
 /// Serve one lane of a server endpoint: answer requests with a
 /// `reply`-byte message, count bulk bytes. Ends when the client closes.
-fn serve(ep: Arc<Endpoint>, class: Class, reply: usize, bulk: Arc<AtomicU64>, cpu: u32) {
+fn serve(
+    ep: Arc<Endpoint>,
+    class: Class,
+    reply: usize,
+    bulk: Arc<AtomicU64>,
+    (cpu, slice): (u32, Option<Duration>),
+) {
     let _ = fastwake::cpu::pin(cpu);
+    take_slice(slice);
     let mut answer = message(0, 0, reply);
     loop {
         let got = ep.recv_with(class, |m| (kind(m), reader_of(m), m.len()));
@@ -177,12 +204,15 @@ impl Arrangement {
         for (i, ep) in accepted.into_iter().enumerate() {
             let ep = Arc::new(ep);
             answering.push(ep.clone());
+            // Where each server thread runs, and its slice: the read
+            // slice for a thread serving only reads.
+            let (reads, bulk) = ((cpus.latency, cpus.read_slice), (cpus.bulk, None));
             let classes = if ep.connections() == 2 {
-                vec![(Class::Latency, cpus.latency), (Class::Bulk, cpus.bulk)]
+                vec![(Class::Latency, reads), (Class::Bulk, bulk)]
             } else if i == plan.writer {
-                vec![(Class::Latency, cpus.bulk)]
+                vec![(Class::Latency, bulk)]
             } else {
-                vec![(Class::Latency, cpus.latency)]
+                vec![(Class::Latency, reads)]
             };
             for (class, server_cpu) in classes {
                 let (ep, b) = (ep.clone(), bulk_bytes.clone());
@@ -225,6 +255,7 @@ impl Arrangement {
             let (stop, measuring) = (stop.clone(), measuring.clone());
             readers.push(std::thread::spawn(move || -> Result<Histogram<u64>> {
                 fastwake::cpu::pin(cpus.latency)?;
+                take_slice(cpus.read_slice);
                 let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
                     .map_err(|e| Fail::invalid(format!("histogram: {e}")))?;
                 let req = message(slot as u32, REQUEST, request);

@@ -55,6 +55,16 @@ pub struct Args {
     /// With no readers (the bulk lane alone) the writer takes the first.
     #[arg(long, default_value = "0,1", value_parser = parse_cpus)]
     pub cpus: (u32, u32),
+    /// Scheduler slice of the threads on the read CPU, e.g. 100us.
+    ///
+    /// The readers and the threads serving only reads ask for this slice
+    /// (Linux 6.12 or later; see fastwake::slice), in every arrangement:
+    /// woken by a read, such a thread preempts another thread running on
+    /// that CPU (a kernel thread, another program) instead of waiting out
+    /// its turn. The writer and the threads serving bulk keep the
+    /// kernel's. Default: the kernel's slice for all.
+    #[arg(long, value_parser = crate::values::slice, value_name = "DURATION")]
+    pub slice: Option<std::time::Duration>,
     /// Largest message on the latency lane.
     #[arg(long, default_value_t = lanes::THRESHOLD)]
     pub threshold: usize,
@@ -156,7 +166,9 @@ pub fn run(a: Args) -> Result<()> {
     let cpus = arrangement::Cpus {
         latency: a.cpus.0,
         bulk: a.cpus.1,
+        read_slice: a.slice,
     };
+    arrangement::check_slice(a.slice)?;
     let mut plans = arrangement::experiment(a.readers, a.bulk, config);
     for o in &a.only {
         if !plans.iter().any(|p| &p.name == o) {
@@ -196,9 +208,13 @@ pub fn run(a: Args) -> Result<()> {
         x.close();
     }
     let note = format!(
-        "threads pinned: {} readers and the threads serving only reads on CPU {}, the writer and the threads serving bulk (a shared connection's too) on CPU {}; loopback TCP; latency lane {}, bulk lane {}; chunk {} (polite {}), batching {}; cpu/op = process CPU per read and bulk message",
+        "threads pinned: {} readers and the threads serving only reads on CPU {}{}, the writer and the threads serving bulk (a shared connection's too) on CPU {}; loopback TCP; latency lane {}, bulk lane {}; chunk {} (polite {}), batching {}; cpu/op = process CPU per read and bulk message",
         a.readers,
         cpus.latency,
+        a.slice.map_or(String::new(), |s| format!(
+            " with a {} µs scheduler slice",
+            s.as_micros()
+        )),
         cpus.bulk,
         a.latency_mode,
         a.bulk_mode,
