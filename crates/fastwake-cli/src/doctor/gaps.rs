@@ -15,9 +15,10 @@
 //! While all of them are watched, every other thread that runs takes a
 //! watcher's CPU, so the run time the other threads gained meanwhile
 //! (`/proc/PID/task/TID/schedstat`, ns) names what made the gaps, beside
-//! the steal the hypervisor reports (/proc/stat): on this project's VMs a
-//! kernel thread (`kdamond.0`, DAMON's monitor) and the sandbox's agent
-//! ran as much as the host took, so "the host" alone was the wrong answer.
+//! the steal the hypervisor reports (/proc/stat). On this project's VMs
+//! the gaps were mostly the machine's own threads (`kdamond.0`, DAMON's
+//! monitor; the VM's management agent; kernel workers), with little or no
+//! steal: "the host takes the vCPU" alone was the wrong answer.
 
 use super::finding::*;
 use serde::Serialize;

@@ -147,7 +147,7 @@ fn ratios(rows: &[Row]) -> Vec<(String, f64)> {
 
 /// Reads that one stall of the whole read CPU delays: every reader has a
 /// read in flight. On this project's VM, with both CPUs busy, other
-/// threads (the kernel's DAMON monitor, the sandbox's agent) take a CPU
+/// threads (the kernel's DAMON monitor, the VM's management agent) take a CPU
 /// for 1-5 ms a few times a second (`fastwake doctor`'s cpu gaps names
 /// them); each such stall delays every read in flight by that much.
 const STALLS: u64 = 3;
