@@ -8,6 +8,7 @@
 mod bench;
 mod doctor;
 mod meta;
+mod others;
 mod run;
 mod stats;
 mod values;

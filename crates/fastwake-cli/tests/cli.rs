@@ -726,11 +726,15 @@ fn lanes_bench_rows_and_bad_parameters() {
             "write_mib_s",
             "cpu_us_per_op",
             "bulk_syscalls_per_mib",
+            "others_ms_per_s",
             "run",
             "table",
         ] {
             assert!(r.get(k).is_some(), "{k} missing: {r}");
         }
+        // Others' run time per second: a sanity bound of 64 CPUs' worth.
+        let o = r["others_ms_per_s"].as_f64().expect("a number");
+        assert!((0.0..=2000.0 * 64.0).contains(&o), "{r}");
     }
     assert_eq!(rows[1]["connections"], 2);
     assert_eq!(rows[2]["connections"], 3);

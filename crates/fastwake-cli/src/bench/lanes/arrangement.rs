@@ -97,6 +97,10 @@ pub struct Turn {
     pub bulk_syscalls: u64,
     /// What the sends of reads did.
     pub read_sends: ReadSends,
+    /// Run time of other processes' threads meanwhile (the machine's
+    /// housekeeping, other programs): with both CPUs busy, each of their
+    /// stretches took one of ours.
+    pub others: Duration,
 }
 
 /// The sends of reads, summed over the lanes that carry them.
@@ -306,6 +310,8 @@ impl Arrangement {
             })
         };
         std::thread::sleep(SETTLE);
+        // Before the window: the scan of /proc costs this thread a few ms.
+        let others0 = crate::others::run_times();
         let s0 = self.read_sends();
         let b0 = self.bulk_bytes.load(Ordering::Relaxed);
         let c0 = process_cpu();
@@ -317,6 +323,8 @@ impl Arrangement {
         let read_sends = self.read_sends() - s0;
         let cpu_used = process_cpu().saturating_sub(c0);
         let bulk_bytes = self.bulk_bytes.load(Ordering::Relaxed) - b0;
+        let others =
+            Duration::from_nanos(crate::others::ran(&others0, &crate::others::run_times()).1);
         stop.store(true, Ordering::Relaxed);
         let mut reads = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
             .map_err(|e| Fail::invalid(format!("histogram: {e}")))?;
@@ -340,6 +348,7 @@ impl Arrangement {
             bulk_sent_bytes,
             bulk_syscalls,
             read_sends,
+            others,
         })
     }
 

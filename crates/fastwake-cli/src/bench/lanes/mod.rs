@@ -208,7 +208,7 @@ pub fn run(a: Args) -> Result<()> {
         x.close();
     }
     let note = format!(
-        "threads pinned: {} readers and the threads serving only reads on CPU {}{}, the writer and the threads serving bulk (a shared connection's too) on CPU {}; loopback TCP; latency lane {}, bulk lane {}; chunk {} (polite {}), batching {}; cpu/op = process CPU per read and bulk message",
+        "threads pinned: {} readers and the threads serving only reads on CPU {}{}, the writer and the threads serving bulk (a shared connection's too) on CPU {}; loopback TCP; latency lane {}, bulk lane {}; chunk {} (polite {}), batching {}; cpu/op = process CPU per read and bulk message; others ms/s = run time of other processes' threads per second measured",
         a.readers,
         cpus.latency,
         a.slice.map_or(String::new(), |s| format!(

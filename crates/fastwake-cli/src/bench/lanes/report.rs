@@ -17,6 +17,7 @@ pub struct Row {
     sent_bytes: u64,
     syscalls: u64,
     read_sends: ReadSends,
+    others: Duration,
 }
 
 const MIB: f64 = (1 << 20) as f64;
@@ -34,6 +35,7 @@ impl Row {
             sent_bytes: 0,
             syscalls: 0,
             read_sends: ReadSends::default(),
+            others: Duration::ZERO,
         }
     }
 
@@ -47,7 +49,13 @@ impl Row {
         self.sent_bytes += t.bulk_sent_bytes;
         self.syscalls += t.bulk_syscalls;
         self.read_sends += t.read_sends;
+        self.others += t.others;
         Ok(())
+    }
+
+    /// Other processes' threads' run time per second measured, ms.
+    pub fn others_ms_per_s(&self) -> f64 {
+        self.others.as_secs_f64() * 1e3 / self.wall.as_secs_f64().max(1e-9)
     }
 
     pub fn reads(&self) -> u64 {
@@ -104,6 +112,7 @@ impl Row {
             "write_mib_s": f(self.write_mib_s()),
             "cpu_us_per_op": f(self.cpu_us_per_op()),
             "bulk_syscalls_per_mib": f(self.syscalls_per_mib()),
+            "others_ms_per_s": f(self.others_ms_per_s()),
             "read_turn_waits_per_read": f(per_read(self.read_sends.turn_waits)),
             "read_handed_per_read": f(per_read(self.read_sends.handed)),
             // Null where the writer's sendmsgs share the readers' lane.
@@ -176,7 +185,7 @@ pub fn thin_tail(rows: &[Row], readers: usize) -> Option<String> {
 pub fn print_tables(rows: &[Row], main: usize, note: &str) {
     println!("fastwake bench lanes — {note}");
     println!(
-        "{:<12} {:>5} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>11}",
+        "{:<12} {:>5} {:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>11} {:>9}",
         "arrangement",
         "conns",
         "read IOPS",
@@ -186,11 +195,12 @@ pub fn print_tables(rows: &[Row], main: usize, note: &str) {
         "p99.99 us",
         "write MiB/s",
         "cpu us/op",
-        "syscalls/MiB"
+        "syscalls/MiB",
+        "others ms/s"
     );
     for r in &rows[..main] {
         println!(
-            "{:<12} {:>5} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>11.0} {:>9.2} {:>12.1}",
+            "{:<12} {:>5} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>11.0} {:>9.2} {:>12.1} {:>11.1}",
             r.name,
             r.connections,
             r.iops(),
@@ -200,7 +210,8 @@ pub fn print_tables(rows: &[Row], main: usize, note: &str) {
             r.read_us(0.9999),
             r.write_mib_s(),
             r.cpu_us_per_op(),
-            r.syscalls_per_mib()
+            r.syscalls_per_mib(),
+            r.others_ms_per_s()
         );
     }
     for (k, v) in ratios(&rows[..main]) {
@@ -293,9 +304,24 @@ mod tests {
             bulk_sent_bytes: 0,
             bulk_syscalls: 0,
             read_sends: Default::default(),
+            others: Duration::from_millis(3 * secs),
         };
         r.add(&t).unwrap();
         r
+    }
+
+    #[test]
+    fn others_run_time_is_per_second_measured() {
+        // 3 ms a second in each of two turns (2 s and 4 s).
+        let mut r = row(140_000, 2);
+        let again = row(140_000, 4);
+        (r.others, r.wall) = (r.others + again.others, r.wall + again.wall);
+        assert!(
+            (r.others_ms_per_s() - 3.0).abs() < 1e-9,
+            "{}",
+            r.others_ms_per_s()
+        );
+        assert_eq!(r.json()["others_ms_per_s"], 3.0);
     }
 
     #[test]
