@@ -7,6 +7,7 @@
 
 mod bench;
 mod doctor;
+mod listing;
 mod meta;
 mod others;
 mod run;

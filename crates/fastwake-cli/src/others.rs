@@ -2,6 +2,8 @@
 //! besides this process while it measured (`fastwake doctor`'s cpu gaps,
 //! `fastwake bench lanes`).
 
+use crate::listing::numbered;
+
 /// A thread: (pid, tid).
 pub type Tid = (i32, i32);
 
@@ -11,23 +13,15 @@ pub type RunTimes = std::collections::HashMap<Tid, u64>;
 /// [`RunTimes`] now, from /proc (threads that cannot be read are left
 /// out: they may have exited).
 pub fn run_times() -> RunTimes {
-    let me = std::process::id() as i32;
+    let me = std::process::id();
     let mut out = RunTimes::new();
-    let numbered = |dir: &str| -> Vec<i32> {
-        std::fs::read_dir(dir)
-            .map(|d| {
-                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    for pid in numbered("/proc").into_iter().filter(|&p| p != me) {
-        for tid in numbered(&format!("/proc/{pid}/task")) {
-            let ns = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
+    for (pid, dir) in numbered("/proc", "").into_iter().filter(|&(p, _)| p != me) {
+        for (tid, task) in numbered(&dir.join("task").to_string_lossy(), "") {
+            let ns = std::fs::read_to_string(task.join("schedstat"))
                 .ok()
                 .and_then(|s| s.split_ascii_whitespace().next()?.parse().ok());
             if let Some(ns) = ns {
-                out.insert((pid, tid), ns);
+                out.insert((pid as i32, tid as i32), ns);
             }
         }
     }

@@ -501,7 +501,8 @@ fn consumer(
                 break;
             }
         }
-        let window = Window::open(&helper, &e.waiter, cpu);
+        // Warm-up windows are not charged: no figures read for them.
+        let window = s.measured.then(|| Window::open(&helper, &e.waiter, cpu));
         let o = &mut out[s.mode];
         loop {
             let tag = e.rx.wait(&mut e.waiter)?;
@@ -522,8 +523,8 @@ fn consumer(
                 o.queue_max = o.queue_max.max(q);
             }
         }
-        if s.measured {
-            window.close(&helper, &e.waiter, &mut out, s.mode);
+        if let Some(w) = window {
+            w.close(&helper, &e.waiter, &mut out, s.mode);
         }
     }
     for (e, o) in ends.iter().zip(out.iter_mut()) {

@@ -50,22 +50,7 @@ pub(super) fn online_cpus() -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// Numbered directories `<dir>/<prefix><N>` as (N, path).
-pub(super) fn numbered(dir: &str, prefix: &str) -> Vec<(u32, std::path::PathBuf)> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter_map(|e| {
-                    let n = e.file_name().to_string_lossy().into_owned();
-                    let k = n.strip_prefix(prefix)?.parse().ok()?;
-                    Some((k, e.path()))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
+pub(super) use crate::listing::numbered;
 
 pub(super) fn read_path(p: &Path) -> Option<String> {
     std::fs::read_to_string(p)

@@ -186,12 +186,11 @@ pub(crate) fn register(sh: &Arc<Shared>) {
 
 struct Snapshot {
     t: Instant,
-    busy: Vec<u64>,
+    busy: Vec<CpuTime>,
     tasks: HashMap<i32, (u64, u64, u64)>,
 }
 
 fn sampler() {
-    let tick_ns = tick_ns();
     let mut hist: VecDeque<Snapshot> = VecDeque::new();
     loop {
         let (live, idle): (Vec<Arc<Shared>>, Vec<(i32, u32)>) = {
@@ -207,7 +206,7 @@ fn sampler() {
             std::thread::sleep(IDLE_PERIOD);
             continue;
         }
-        let Some(busy) = read_busy(tick_ns) else {
+        let Some(busy) = cpu_times() else {
             AVAILABLE.store(0, Ordering::Relaxed);
             std::thread::sleep(PERIOD);
             continue;
@@ -268,7 +267,7 @@ fn publish(old: &Snapshot, now: &Snapshot, live: &[Arc<Shared>], idle: &[(i32, u
         let (Some(b0), Some(b1)) = (old.busy.get(cpu as usize), now.busy.get(cpu as usize)) else {
             continue;
         };
-        let busy = b1.saturating_sub(*b0) as f64;
+        let busy = b1.busy_ns.saturating_sub(b0.busy_ns) as f64;
         let others = ((busy - own.get(&cpu).copied().unwrap_or(0.0)) / dt).clamp(0.0, 1.0);
         let (delay, per_slice) = match (old.tasks.get(&tid), now.tasks.get(&tid)) {
             (Some(a), Some(b)) => {
@@ -320,22 +319,6 @@ pub struct CpuTime {
 /// others took; `fastwake doctor` reads the steal.
 pub fn cpu_times() -> Option<Vec<CpuTime>> {
     parse_times(&std::fs::read_to_string("/proc/stat").ok()?, tick_ns())
-}
-
-/// Busy ns per CPU from /proc/stat (user+nice+system+irq+softirq; steal
-/// and idle excluded).
-fn read_busy(tick_ns: u64) -> Option<Vec<u64>> {
-    parse_busy(&std::fs::read_to_string("/proc/stat").ok()?, tick_ns)
-}
-
-/// [`read_busy`] on the text of /proc/stat.
-fn parse_busy(stat: &str, tick_ns: u64) -> Option<Vec<u64>> {
-    Some(
-        parse_times(stat, tick_ns)?
-            .into_iter()
-            .map(|t| t.busy_ns)
-            .collect(),
-    )
 }
 
 /// [`cpu_times`] on the text of /proc/stat.
@@ -401,7 +384,17 @@ pub fn system() -> (Option<f64>, Option<u64>) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_busy;
+    use super::parse_times;
+
+    /// Busy ns per CPU, as the sampler reads it.
+    fn parse_busy(stat: &str, tick_ns: u64) -> Option<Vec<u64>> {
+        Some(
+            parse_times(stat, tick_ns)?
+                .into_iter()
+                .map(|t| t.busy_ns)
+                .collect(),
+        )
+    }
 
     #[test]
     fn busy_time_is_read_per_cpu_and_the_total_line_is_skipped() {
@@ -416,9 +409,9 @@ mod tests {
             vec![(100 + 1 + 200 + 4 + 5) * 10, (1000 + 2000 + 40 + 50) * 10]
         );
         assert_eq!(parse_busy("cpu0 1 2 3\n", 10), None, "too few fields");
-        let t = super::parse_times(stat, 10).expect("parsed");
+        let t = parse_times(stat, 10).expect("parsed");
         assert_eq!(t[1].steal_ns, 0);
-        let t = super::parse_times("cpu0 1 0 2 400 3 4 5 17 0 0\n", 10).expect("parsed");
+        let t = parse_times("cpu0 1 0 2 400 3 4 5 17 0 0\n", 10).expect("parsed");
         assert_eq!(t[0].steal_ns, 170, "steal is the eighth figure");
         assert_eq!(t[0].busy_ns, (1 + 2 + 4 + 5) * 10);
     }

@@ -290,6 +290,11 @@ mod tests {
         }
     }
 
+    /// The verdict lines for `rows`.
+    fn verdicts(rows: &[Row]) -> Vec<String> {
+        keeps_up(&rows.iter().collect::<Vec<_>>())
+    }
+
     #[test]
     fn a_backlog_behind_a_mode_that_kept_others_off_its_cpu_says_so() {
         let rows = [
@@ -297,8 +302,7 @@ mod tests {
             row("hybrid", 0.56, 30.9, 48.0),
             row("adaptive", 0.49, 27.6, 44.0),
         ];
-        let refs: Vec<&Row> = rows.iter().collect();
-        let l = keeps_up(&refs);
+        let l = verdicts(&rows);
         assert_eq!(l.len(), 1);
         assert!(
             l[0].contains("queue 27.6 against the shallowest fixed 8.3 (poll) [BACKLOG]"),
@@ -320,15 +324,13 @@ mod tests {
             row("poll", 0.6, 8.3, 40.0),
             row("adaptive", 0.49, 27.6, 44.0),
         ];
-        let refs: Vec<&Row> = rows.iter().collect();
-        let l = keeps_up(&refs);
+        let l = verdicts(&rows);
         assert!(l[0].ends_with("[BACKLOG]"), "{}", l[0]);
         let rows = [
             row("hybrid", 0.7, 234.3, 49.0),
             row("adaptive", 0.9, 204.1, 44.0),
         ];
-        let refs: Vec<&Row> = rows.iter().collect();
-        let l = keeps_up(&refs);
+        let l = verdicts(&rows);
         assert!(l[0].contains("(hybrid) [ok]"), "{}", l[0]);
         assert!(
             l[0].contains("p50 1.29x best fixed (hybrid) [ok]"),
