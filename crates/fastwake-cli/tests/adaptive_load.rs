@@ -2,47 +2,58 @@
 //! plots are written, and bad flags fail with one line.
 
 use std::process::Command;
+use std::sync::Mutex;
+
+/// The runs spin (poll, hybrid, the service scenarios' server): one at a
+/// time.
+static SPIN: Mutex<()> = Mutex::new(());
 
 fn fastwake() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fastwake"))
 }
 
-#[test]
-fn short_run_reports_every_mode_with_the_documented_keys_and_plots() {
-    let dir = std::env::temp_dir().join(format!("fw-load-plot-{}", std::process::id()));
-    let out = fastwake()
-        .args([
-            "bench",
-            "load",
-            "--rates",
-            "2000",
-            "--patterns",
-            "poisson,onoff",
-            "--hog",
-            "off",
-            "--mode",
-            "interrupt,hybrid:5us,adaptive",
-            "--secs",
-            "0.1",
-            "--rounds",
-            "2",
-            "--warmup-ms",
-            "20",
-            "--json",
-            "--plot",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
+/// Run `cmd` (a `--json` run), which must succeed; its rows.
+fn json_rows(cmd: &mut Command) -> Vec<serde_json::Value> {
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let rows = v.as_array().unwrap();
+    v.as_array().unwrap().clone()
+}
+
+#[test]
+fn short_run_reports_every_mode_with_the_documented_keys_and_plots() {
+    let _one = SPIN.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("fw-load-plot-{}", std::process::id()));
+    let rows = json_rows(
+        fastwake()
+            .args([
+                "bench",
+                "load",
+                "--rates",
+                "2000",
+                "--patterns",
+                "poisson,onoff",
+                "--hog",
+                "off",
+                "--mode",
+                "interrupt,hybrid:5us,adaptive",
+                "--secs",
+                "0.1",
+                "--rounds",
+                "2",
+                "--warmup-ms",
+                "20",
+                "--json",
+                "--plot",
+            ])
+            .arg(&dir),
+    );
     assert_eq!(rows.len(), 6, "2 scenarios x 3 modes");
-    for r in rows {
+    for r in &rows {
         for k in [
             "source",
             "mode",
@@ -80,6 +91,75 @@ fn short_run_reports_every_mode_with_the_documented_keys_and_plots() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn service_rows(modes: &str) -> Vec<serde_json::Value> {
+    let _one = SPIN.lock().unwrap_or_else(|e| e.into_inner());
+    json_rows(fastwake().args([
+        "bench",
+        "load",
+        "--patterns",
+        "service",
+        "--service-us",
+        "200",
+        "--hog",
+        "off",
+        "--mode",
+        modes,
+        "--secs",
+        "0.2",
+        "--rounds",
+        "2",
+        "--warmup-ms",
+        "20",
+        "--json",
+    ]))
+}
+
+/// The service scenarios measure a timed sleep's CPU between the windows
+/// and, beside polling, report the pre-wake floor made of it.
+#[test]
+fn a_service_run_beside_polling_reports_the_pre_wake_floor() {
+    let rows = service_rows("poll,adaptive");
+    assert_eq!(rows.len(), 2);
+    let f = |r: &serde_json::Value, k: &str| {
+        r[k].as_f64()
+            .unwrap_or_else(|| panic!("missing {k} in {r}"))
+    };
+    for r in &rows {
+        // 16 sleeps after each of the 4 measured windows (2 modes, 2 rounds).
+        assert_eq!(r["timed_sleeps"].as_u64(), Some(64), "{r}");
+        assert!(f(r, "timed_sleep_cpu_us") > 0.0, "{r}");
+        assert!(
+            f(r, "timer_late_p90_us") >= f(r, "timer_late_p50_us"),
+            "{r}"
+        );
+        let parts = f(r, "timed_sleep_cpu_us")
+            + f(r, "prewake_floor_spread_us")
+            + f(r, "prewake_floor_late_spread_us")
+            + f(r, "prewake_floor_request_us");
+        let floor = f(r, "prewake_floor_cpu_us_per_req");
+        assert!((floor - parts).abs() < 1e-6, "{r}");
+        // ±10 % of 200 µs: the spin from the earliest completions is most
+        // of the 20 µs between the shortest and the mean wait.
+        let spread = f(r, "prewake_floor_spread_us");
+        assert!((5.0..=40.0).contains(&spread), "{r}");
+        let x = f(r, "prewake_floor_x_poll");
+        assert!(x > 0.0 && x < 1.0, "{r}");
+    }
+    let poll = rows.iter().find(|r| r["mode"] == "poll").unwrap();
+    let x = f(poll, "prewake_floor_x_poll");
+    let ratio = f(poll, "prewake_floor_cpu_us_per_req") / f(poll, "cpu_us_per_req");
+    assert!((x - ratio).abs() < 1e-6, "{poll}");
+}
+
+/// Without polling there is nothing to weigh the floor against.
+#[test]
+fn a_service_run_without_polling_has_no_floor() {
+    for r in service_rows("interrupt,adaptive") {
+        assert!(r.get("prewake_floor_x_poll").is_none(), "{r}");
+        assert!(r.get("timed_sleep_cpu_us").is_none(), "{r}");
+    }
 }
 
 #[test]

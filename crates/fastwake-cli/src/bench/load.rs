@@ -24,6 +24,7 @@
 
 mod arrivals;
 pub mod background;
+mod floor;
 mod plot;
 mod report;
 mod service;
@@ -55,7 +56,13 @@ pub struct Args {
     /// at a time, the reply after a service time from --service-us: ± --jitter
     /// uniform, or log-normal with σ = 1 for service-tail), which report the
     /// wake latency (reply published → taken), end-to-end latency and CPU per
-    /// request.
+    /// request. Between their windows the waiting thread takes 16 timed sleeps
+    /// the way a pre-wake sleeps; with poll among the modes, each service
+    /// scenario then prints its pre-wake floor: the least CPU per request of a
+    /// pre-wake that is spinning before all but the earliest 1/32 of the
+    /// completions (a timed sleep's CPU, the spin from the earliest
+    /// completions, the timer's lateness spread, the request's own CPU), as a
+    /// ratio to polling's.
     #[arg(long, value_delimiter = ',', default_value = "poisson,onoff", value_parser = ["poisson", "onoff", "service", "service-tail"])]
     pub patterns: Vec<String>,
     /// Service times of the service scenarios, µs (comma separated).
@@ -607,9 +614,11 @@ fn run_scenario(
     let _bg = sc.bg.map(|b| background::start(b, a.seed)).transpose()?;
     let stop = Arc::new(AtomicBool::new(false));
     let hog_t = sc.hog.then(|| hog(a.cpus.1, stop.clone()));
+    let mut timers = None;
     let measured = if sc.pattern.closed() {
         let segs = segments(modes.len(), a);
-        service::run(a, sc, modes, segs).map(|v| {
+        service::run(a, sc, modes, segs).map(|(v, t)| {
+            timers = t;
             v.into_iter()
                 .map(|c| (c.m, Some(c.e2e)))
                 .collect::<Vec<_>>()
@@ -627,6 +636,13 @@ fn run_scenario(
     } else {
         "cross"
     };
+    // The pre-wake floor, where polling was run beside the timer probe.
+    let floor = timers.as_ref().and_then(|t| {
+        let i = modes.iter().position(|m| *m == WaitMode::Poll)?;
+        let (m, e2e) = &measured[i];
+        let cpu_us = (m.cpu + m.helper_cpu).as_secs_f64() * 1e6 / m.msgs.max(1) as f64;
+        floor::floor(t, e2e.as_ref()?, cpu_us)
+    });
     let mut rows = Vec::new();
     let mut explains = Vec::new();
     for (i, (m, e2e)) in measured.into_iter().enumerate() {
@@ -683,6 +699,9 @@ fn run_scenario(
         }
         if let Some(e) = &m.explain {
             x.insert("adaptive".into(), e.clone().into());
+        }
+        if let Some(fl) = &floor {
+            fl.insert(x);
         }
         rows.push(r);
         explains.push(m.explain);

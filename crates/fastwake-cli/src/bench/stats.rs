@@ -38,6 +38,16 @@ impl Sample {
         us(self.hist.value_at_quantile(q))
     }
 
+    /// Mean in µs (0 with no samples).
+    pub fn mean_us(&self) -> f64 {
+        self.hist.mean() / 1000.0
+    }
+
+    /// No samples recorded.
+    pub fn is_empty(&self) -> bool {
+        self.hist.is_empty()
+    }
+
     /// Fold `other`'s samples into this one.
     pub fn merge(&mut self, other: &Sample) {
         // Same bounds on both sides, so adding cannot fail.

@@ -83,6 +83,7 @@ use host::*;
 use net::*;
 use odp::*;
 use rdma::*;
+pub(crate) use timer::sleep_on_idle;
 use timer::*;
 use wake::*;
 

@@ -97,29 +97,17 @@ type Sleeps = (Vec<u64>, f64, Option<u32>, f64);
 
 fn timed_sleeps(n: usize, asked: Duration, cpu: Option<u32>) -> Result<Sleeps, String> {
     use fastwake::source::channel::{self, Config};
-    use fastwake::source::{BlockReport, block_until_ready};
     let (tx, mut rx) = channel::channel(Config::default()).map_err(|e| e.to_string())?;
     let t = std::thread::spawn(move || {
         let cpu = cpu.filter(|&c| fastwake::cpu::pin(c).is_ok());
-        let _slack = fastwake::cpu::FineTimerSlack::set();
         let mut late = Vec::with_capacity(n);
-        let cpu0 = fastwake::cpu::thread_cpu_time();
-        for _ in 0..n {
-            let deadline = Instant::now() + asked;
-            let mut rep = BlockReport::default();
-            match block_until_ready(&mut rx, Some(deadline), &mut rep) {
-                Ok(None) => {}
-                Ok(Some(_)) => return Err("a completion on an idle channel".to_string()),
-                Err(e) => return Err(e.to_string()),
-            }
-            late.push(
-                Instant::now()
-                    .saturating_duration_since(deadline)
-                    .as_nanos() as u64,
-            );
-        }
-        let used = (fastwake::cpu::thread_cpu_time() - cpu0).as_nanos() as f64 / n as f64;
-        Ok((late, used, cpu, reprogram_ns()?))
+        let used = sleep_on_idle(&mut rx, n, asked, &mut late)?;
+        Ok::<_, String>((
+            late,
+            used.as_nanos() as f64 / n as f64,
+            cpu,
+            reprogram_ns()?,
+        ))
     });
     let r = t.join().map_err(|_| "sleeping thread failed".to_string());
     // Kept open until the sleeps are done: a closed channel is ready.
@@ -127,6 +115,38 @@ fn timed_sleeps(n: usize, asked: Duration, cpu: Option<u32>) -> Result<Sleeps, S
     let (mut late, used, cpu, reprogram) = r??;
     late.sort_unstable();
     Ok((late, used, cpu, reprogram))
+}
+
+/// `n` timed sleeps of `asked` on the calling thread, the way a pre-wake
+/// sleeps: on `rx` (a channel nobody sends on, whose sender the caller
+/// keeps open: a closed channel is ready), armed, with a deadline, timer
+/// slack 1 ns. Appends each one's lateness (ns: woke this long after the
+/// deadline) to `late` and returns the thread's CPU time over all of them.
+/// Shared with `bench load`, which measures the same between its windows.
+pub(crate) fn sleep_on_idle(
+    rx: &mut fastwake::source::channel::Receiver,
+    n: usize,
+    asked: Duration,
+    late: &mut Vec<u64>,
+) -> Result<Duration, String> {
+    use fastwake::source::{BlockReport, block_until_ready};
+    let _slack = fastwake::cpu::FineTimerSlack::set();
+    let cpu0 = fastwake::cpu::thread_cpu_time();
+    for _ in 0..n {
+        let deadline = Instant::now() + asked;
+        let mut rep = BlockReport::default();
+        match block_until_ready(rx, Some(deadline), &mut rep) {
+            Ok(None) => {}
+            Ok(Some(_)) => return Err("a completion on an idle channel".to_string()),
+            Err(e) => return Err(e.to_string()),
+        }
+        late.push(
+            Instant::now()
+                .saturating_duration_since(deadline)
+                .as_nanos() as u64,
+        );
+    }
+    Ok(fastwake::cpu::thread_cpu_time().saturating_sub(cpu0))
 }
 
 pub(super) fn timed_sleep() -> (TimedSleep, Finding) {

@@ -64,7 +64,7 @@ fn verdict(rows: &[&Row], lowest_rate: bool) -> Vec<String> {
 /// A service-time scenario's rows: wake latency (reply published →
 /// taken), end-to-end latency and CPU per request, and adaptive's ratios
 /// to poll and interrupt (and to itself without pre-wakes, when run).
-fn print_service(name: &str, rs: &[&Row]) {
+fn print_service(name: &str, rs: &[&Row], cpu: u32) {
     println!(
         " {:<22} {:<18} {:>8} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9} {:>8} {:>8}",
         "scenario",
@@ -100,6 +100,9 @@ fn print_service(name: &str, rs: &[&Row]) {
     }
     let find = |m: &str| rs.iter().find(|r| r.mode == m);
     let (poll, int) = (find("poll"), find("interrupt"));
+    let floor = rs
+        .first()
+        .and_then(|r| super::floor::Floor::from_extra(&r.extra));
     let off = rs.iter().find(|r| r.mode.contains("prewake=off"));
     for a in rs
         .iter()
@@ -108,9 +111,10 @@ fn print_service(name: &str, rs: &[&Row]) {
         let mut l = format!("  {}:", a.mode);
         if let Some(p) = poll {
             l += &format!(
-                " wake p50 {:.2}x poll's, cpu/req {:.3}x poll's;",
+                " wake p50 {:.2}x poll's, cpu/req {:.3}x poll's{};",
                 a.t_typical / p.t_typical,
-                f(a, "cpu_us_per_req") / f(p, "cpu_us_per_req")
+                f(a, "cpu_us_per_req") / f(p, "cpu_us_per_req"),
+                floor.map_or(String::new(), |fl| format!(" (floor {:.3}x)", fl.x_poll)),
             );
         }
         if let Some(i) = int {
@@ -125,6 +129,9 @@ fn print_service(name: &str, rs: &[&Row]) {
             );
         }
         println!("{l}");
+    }
+    if let Some(fl) = floor {
+        println!("{}", fl.line(cpu));
     }
 }
 
@@ -216,7 +223,7 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
             .collect();
         println!("{line}");
         if sc.pattern.closed() {
-            print_service(&name, &rs);
+            print_service(&name, &rs, a.cpus.1);
             continue;
         }
         println!(

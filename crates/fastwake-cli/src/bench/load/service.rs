@@ -19,6 +19,7 @@
 //!
 //! Modes are interleaved in windows as in the open-loop scenarios.
 
+use super::floor::{SLEEPS_PER_WINDOW, TimerProbe};
 use super::{Args, Measured, Scenario, Segment, now_ns, wait_until};
 use crate::bench::sources::net;
 use crate::bench::stats::Sample;
@@ -189,6 +190,30 @@ fn server(
 /// The client's connections, one per mode, with their waiters.
 type Ends = Vec<(Client, Waiter)>;
 
+/// The probe's idle channel (its sender stays with the caller: a closed
+/// channel is ready), how long each sleep asks for, and what it measured.
+struct Probe {
+    rx: Receiver,
+    asked: Duration,
+    out: TimerProbe,
+    failed: Option<String>,
+}
+
+impl Probe {
+    /// A few timed sleeps, the way a pre-wake sleeps; a failure is kept
+    /// (and the probe stops), not the run's.
+    fn sleep(&mut self) {
+        if self.failed.is_some() {
+            return;
+        }
+        let n = SLEEPS_PER_WINDOW;
+        match crate::doctor::sleep_on_idle(&mut self.rx, n, self.asked, &mut self.out.late) {
+            Ok(cpu) => self.out.cpu += cpu,
+            Err(e) => self.failed = Some(e),
+        }
+    }
+}
+
 /// What the client measured for one mode.
 pub(super) struct ClientMeasured {
     pub m: Measured,
@@ -199,10 +224,10 @@ fn client(
     mut ends: Ends,
     segs: Vec<Segment>,
     epoch: Instant,
-    cpu: u32,
-    slice: Option<Duration>,
+    (cpu, slice): (u32, Option<Duration>),
     helper: Option<Arc<fastwake::dispatch::Dispatcher>>,
-) -> Result<(Vec<ClientMeasured>, Ends)> {
+    mut probe: Probe,
+) -> Result<(Vec<ClientMeasured>, Ends, Probe)> {
     fastwake::cpu::pin(cpu)?;
     super::take_slice(slice)?;
     let helper = super::HelperClock::new(helper, ends.iter().map(|(_, w)| w));
@@ -230,6 +255,7 @@ fn client(
         }
         if let Some(win) = window {
             win.close(&helper, w, &mut ms, s.mode);
+            probe.sleep();
         }
     }
     for ((_, w), o) in ends.iter().zip(ms.iter_mut()) {
@@ -243,16 +269,17 @@ fn client(
         .collect();
     // The ends go back to the caller, to be dropped once the server has
     // stopped: a request queue closed under a polling server is an error.
-    Ok((out, ends))
+    Ok((out, ends, probe))
 }
 
-/// Run one service-time scenario: every mode, interleaved.
+/// Run one service-time scenario: every mode, interleaved, with the timer
+/// probe between the windows (`None` when it failed: said on stderr).
 pub(super) fn run(
     a: &Args,
     sc: Scenario,
     modes: &[WaitMode],
     segs: Vec<Segment>,
-) -> Result<Vec<ClientMeasured>> {
+) -> Result<(Vec<ClientMeasured>, Option<TimerProbe>)> {
     let mut clients = Vec::new();
     let mut servers = Vec::new();
     let helper = if modes.contains(&WaitMode::Dispatch) {
@@ -275,6 +302,16 @@ pub(super) fn run(
         jitter: a.jitter as f64 / 100.0,
         tail: sc.pattern == super::Pattern::ServiceTail,
     };
+    // The probe sleeps about as long as a pre-wake would before this
+    // service time (its timer's cost hardly depends on it).
+    let (probe_tx, probe_rx) = channel::channel(ChanConfig::default())?;
+    let probe = Probe {
+        rx: probe_rx,
+        asked: Duration::from_nanos((draw.d_ns / 2.0) as u64)
+            .clamp(Duration::from_micros(10), Duration::from_micros(500)),
+        out: TimerProbe::default(),
+        failed: None,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let epoch = Instant::now();
     let (pc, cc) = a.cpus;
@@ -286,13 +323,24 @@ pub(super) fn run(
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn server: {e}")))?;
     let cli = std::thread::Builder::new()
         .name("fw-load-cli".into())
-        .spawn(move || client(clients, segs, epoch, cc, slice, helper))
+        .spawn(move || client(clients, segs, epoch, (cc, slice), helper, probe))
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn client: {e}")))?;
     let cr = cli.join();
     stop.store(true, Ordering::Relaxed);
     let sr = srv.join();
-    let (out, ends) = cr.map_err(|_| Fail::new(libc::EIO, "client panicked"))??;
+    let (out, ends, probe) = cr.map_err(|_| Fail::new(libc::EIO, "client panicked"))??;
     sr.map_err(|_| Fail::new(libc::EIO, "server panicked"))??;
     drop(ends);
-    Ok(out)
+    drop(probe_tx);
+    let timers = match probe.failed {
+        Some(e) => {
+            eprintln!(
+                "bench load: {}: timed sleeps not measured ({e}): no pre-wake floor",
+                sc.name()
+            );
+            None
+        }
+        None => Some(probe.out),
+    };
+    Ok((out, timers))
 }
