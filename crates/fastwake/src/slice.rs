@@ -11,11 +11,15 @@
 //! it (the kernel's `PREEMPT_SHORT`). It keeps its fair share: a short
 //! slice changes how often a thread may run, not how much.
 //!
-//! This changes how the thread is scheduled everywhere, not only while it
-//! waits, so fastwake never sets it on its own: a program (or `bench load
-//! --slice`) asks for it for the threads that wait.
+//! [`set_slice`] changes how the thread is scheduled everywhere, not only
+//! while it waits, so fastwake never calls it on its own: a program (or
+//! `bench load --slice`) asks for it for the threads that wait. What
+//! fastwake does by itself is narrower ([`ForSleep`]): an adaptive waiter
+//! on a CPU others keep busy takes a short slice for the time it sleeps in
+//! a wait, and gives the thread's own back before the wait returns.
 
 use crate::{Fail, Result};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The shortest slice the kernel takes.
@@ -131,6 +135,96 @@ pub fn set_slice(slice: Option<Duration>) -> Result<()> {
     Ok(())
 }
 
+/// Whether this kernel keeps a thread's own slice: not known yet, yes, no.
+static KEPT: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 0;
+const YES: u8 = 1;
+const NO: u8 = 2;
+/// The slice `sched_getattr` reports for a thread without one of its own
+/// (the kernel's `base_slice_ns`), learned on the first give-back (0: not
+/// yet). Only the kernel's knob changes it.
+static BASE: AtomicU64 = AtomicU64::new(0);
+
+/// A short slice for the time a waiter sleeps in a wait: woken by its
+/// completion, the thread preempts a neighbour that holds its CPU (the
+/// kernel's `PREEMPT_SHORT`) instead of waiting out the neighbour's turn.
+/// Dropped when the wait returns, it gives the thread's own slice back
+/// (the default, or the one the program asked for), so nothing outside
+/// the wait changes. Taken by [`for_sleep`].
+#[must_use = "the short slice lasts until the guard is dropped"]
+#[derive(Debug)]
+pub struct ForSleep {
+    /// The slice the thread reported before (its own, or the default).
+    before_ns: u64,
+}
+
+/// Give the calling thread a slice of `short` until the returned guard is
+/// dropped (see [`ForSleep`]). `None`, with nothing changed, where there
+/// is nothing to do or it cannot be done: a slice already that short, a
+/// thread not under the fair scheduler, a kernel that does not keep a
+/// thread's slice (before 6.12; found out once per process), or a refused
+/// call. Costs one `sched_getattr` and one `sched_setattr` now and as many
+/// at the drop.
+pub fn for_sleep(short: Duration) -> Option<ForSleep> {
+    if KEPT.load(Ordering::Relaxed) == NO {
+        return None;
+    }
+    let mut a = get().ok()?;
+    let want = in_range(short).ok()?.as_nanos() as u64;
+    if !fair(a.sched_policy) || (a.sched_runtime > 0 && a.sched_runtime <= want) {
+        return None;
+    }
+    let before_ns = a.sched_runtime;
+    a.size = std::mem::size_of::<libc::sched_attr>() as u32;
+    a.sched_runtime = want;
+    a.sched_flags &= libc::SCHED_FLAG_RESET_ON_FORK as u64;
+    set(&a).ok()?;
+    let guard = ForSleep { before_ns };
+    if KEPT.load(Ordering::Relaxed) == UNKNOWN {
+        let kept = get().is_ok_and(|now| now.sched_runtime == want);
+        KEPT.store(if kept { YES } else { NO }, Ordering::Relaxed);
+        if !kept {
+            // Nothing to give back: the kernel ignored the slice.
+            std::mem::forget(guard);
+            return None;
+        }
+    }
+    Some(guard)
+}
+
+impl Drop for ForSleep {
+    fn drop(&mut self) {
+        // Read again: another thread may have changed this one's nice value
+        // or policy meanwhile; only the slice is given back.
+        let Ok(mut a) = get() else { return };
+        if !fair(a.sched_policy) {
+            return;
+        }
+        a.size = std::mem::size_of::<libc::sched_attr>() as u32;
+        a.sched_flags &= libc::SCHED_FLAG_RESET_ON_FORK as u64;
+        // The default slice is given back as "none of its own" (0), which
+        // follows the kernel's knob, not as a number that would pin it.
+        a.sched_runtime = 0;
+        let _ = set(&a);
+        if self.before_ns == BASE.load(Ordering::Relaxed) {
+            return;
+        }
+        // Was the slice before the default? It is if the thread now
+        // reports the same.
+        match get() {
+            Ok(now) if now.sched_runtime == self.before_ns => {
+                BASE.store(self.before_ns, Ordering::Relaxed);
+            }
+            Ok(_) => {
+                // The program's own slice.
+                a.sched_runtime = self.before_ns;
+                let _ = set(&a);
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +256,30 @@ mod tests {
                 Err(e) => panic!("set_slice: {e}"),
             }
             assert_eq!(parse("0.3ms").unwrap(), Duration::from_micros(300));
+            // The slice for a sleep: short while held, the thread's own
+            // after, whether that is the default or one it asked for.
+            let default = get_slice().unwrap();
+            let short = Duration::from_micros(100);
+            if let Some(g) = for_sleep(short) {
+                assert_eq!(get_slice().unwrap(), Some(short));
+                assert_eq!(nice(None), 3, "the nice value changed");
+                drop(g);
+                assert_eq!(get_slice().unwrap(), default, "the default is back");
+                // Given back as none of its own: 0 in the kernel's terms,
+                // which reads back as the default (checked above); a
+                // program's own slice comes back as itself.
+                set_slice(Some(Duration::from_micros(700))).unwrap();
+                let g = for_sleep(short).expect("kept once, kept again");
+                assert_eq!(get_slice().unwrap(), Some(short));
+                drop(g);
+                assert_eq!(get_slice().unwrap(), Some(Duration::from_micros(700)));
+                // A slice already that short is left alone.
+                set_slice(Some(short)).unwrap();
+                assert!(for_sleep(Duration::from_micros(200)).is_none());
+                set_slice(None).unwrap();
+            } else {
+                eprintln!("SKIPPED slice for a sleep: this kernel does not keep a thread's slice");
+            }
             for bad in ["99us", "101ms", "soon"] {
                 let e = parse(bad).unwrap_err();
                 assert_eq!(e.errno(), libc::EINVAL);

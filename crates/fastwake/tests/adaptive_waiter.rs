@@ -251,6 +251,7 @@ fn a_hog_on_the_waiters_cpu_is_seen_as_contention() {
     // rule is off: next to the hog the waiter falls behind, and that rule
     // (which has its own tests) would then decide every wait before the
     // sampler's flag is looked at.
+    let slice_before = fastwake::slice::get_slice().unwrap();
     let (w, _) = drain_paced(
         (0, 1),
         Duration::from_micros(5),
@@ -267,6 +268,25 @@ fn a_hog_on_the_waiters_cpu_is_seen_as_contention() {
         s.contended + s.lean_spins > 0,
         "the hog on the waiter's CPU was never seen: {s:?}"
     );
+    // Its sleeps there ran under a short slice, and the thread has its own
+    // back (`adaptive::Config::sleep_slice_us`).
+    assert_eq!(
+        fastwake::slice::get_slice().unwrap(),
+        slice_before,
+        "the waiter's slice was not given back"
+    );
+    let kept =
+        std::thread::spawn(|| fastwake::slice::set_slice(Some(Duration::from_micros(300))).is_ok())
+            .join()
+            .unwrap();
+    if !kept {
+        eprintln!("SKIPPED short slices while asleep: this kernel does not keep a thread's slice");
+    } else if s.contended > 0 {
+        assert!(
+            s.short_slice_sleeps > 0,
+            "interrupt-mode waits on a contended CPU, none under a short slice: {s:?}"
+        );
+    }
 }
 
 #[test]

@@ -396,3 +396,24 @@ fn a_prewakes_ceiling_counts_from_the_wake_up_not_the_timer() {
     );
     assert!(longest_spin <= CEILING, "spun {longest_spin} ns");
 }
+
+/// Adaptive sleeps under a short slice only while its CPU is contended,
+/// and only where its settings ask for one; the fixed modes never do.
+#[test]
+fn a_short_slice_is_asked_for_a_contended_adaptive_sleep_only() {
+    let g = adaptive(50_000);
+    assert_eq!(g.sleep_slice(true), Some(Duration::from_micros(100)));
+    assert_eq!(g.sleep_slice(false), None);
+    let off = Governor::new("adaptive:slice=off".parse().unwrap());
+    assert_eq!(off.sleep_slice(true), None);
+    let long = Governor::new("adaptive:slice=1ms".parse().unwrap());
+    assert_eq!(long.sleep_slice(true), Some(Duration::from_millis(1)));
+    for m in ["poll", "interrupt", "hybrid", "dispatch"] {
+        let g = Governor::new(m.parse().unwrap());
+        assert_eq!(g.sleep_slice(true), None, "{m}");
+    }
+    let mut g = adaptive(50_000);
+    g.note_short_slice();
+    g.note_short_slice();
+    assert_eq!(g.adaptive_stats().short_slice_sleeps, 2);
+}

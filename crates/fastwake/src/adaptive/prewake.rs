@@ -43,6 +43,13 @@ pub const LATENESS: usize = 32;
 /// timers 329 µs late at p90 left no room in 300 µs waits, and the waiter
 /// never pre-woke again).
 pub const LATENESS_TTL_WAITS: u32 = 4 * RECENT as u32;
+/// Each time the samples are forgotten while they left no room to sleep
+/// before the shortest recent wait (the timers still too late for the
+/// waits), the next forgetting waits twice as long, up to this many times
+/// [`LATENESS_TTL_WAITS`]; samples that left room bring it back to once.
+/// Why: steady 19 µs waits beside timers ~20 µs late were probed every
+/// 256 waits for good, two plan changes each time.
+pub const MAX_TTL_FACTOR: u32 = 32;
 /// Lateness samples needed before the margin is their quantile; until
 /// then the margin is [`BOOTSTRAP_MARGIN_NS`], or half the earliest wait
 /// when that is less (a pre-wake has to happen for its timer to be
@@ -135,6 +142,9 @@ pub struct Prewake {
     since_lateness: u32,
     /// Times the lateness samples were forgotten as stale.
     forgotten: u64,
+    /// Waits without a sample before they are forgotten (see
+    /// [`MAX_TTL_FACTOR`]).
+    ttl: u32,
 }
 
 /// The model's costs a pre-wake is weighed with.
@@ -183,6 +193,7 @@ impl Prewake {
             samples: 0,
             since_lateness: 0,
             forgotten: 0,
+            ttl: LATENESS_TTL_WAITS,
         }
     }
 
@@ -191,11 +202,27 @@ impl Prewake {
     pub fn record_wait(&mut self, w_ns: u64) {
         self.waits.push(w_ns);
         self.since_lateness = self.since_lateness.saturating_add(1);
-        if self.since_lateness >= LATENESS_TTL_WAITS && self.lateness.n > 0 {
-            self.lateness = Ring::new();
-            self.since_lateness = 0;
-            self.forgotten += 1;
+        if self.since_lateness >= self.ttl && self.lateness.n > 0 {
+            self.forget();
         }
+    }
+
+    /// Forget the lateness samples (stale), and set how long the next
+    /// ones last: longer each time the timers they measured left no room
+    /// to sleep (see [`MAX_TTL_FACTOR`]).
+    #[cold]
+    fn forget(&mut self) {
+        let room = self
+            .margin_ns()
+            .is_some_and(|m| self.shortest_wait_ns().saturating_sub(m) >= MIN_SLEEP_NS);
+        self.ttl = if room {
+            LATENESS_TTL_WAITS
+        } else {
+            (self.ttl * 2).min(MAX_TTL_FACTOR * LATENESS_TTL_WAITS)
+        };
+        self.lateness = Ring::new();
+        self.since_lateness = 0;
+        self.forgotten += 1;
     }
 
     /// Learn one timer's lateness (woke this long after the time asked).
@@ -516,6 +543,53 @@ mod tests {
         }
         assert_eq!(p.lateness_forgotten(), 0);
         assert_eq!(p.margin_ns(), Some(21_000));
+    }
+
+    #[test]
+    fn probes_that_find_no_room_again_come_further_apart() {
+        // 300 µs waits, timers 329 µs late: each probe (the bootstrap
+        // margin) measures the same, then no plan until forgotten.
+        let mut p = fed((0..64).map(|_| 300_000), &[329_000; 32]);
+        let until_forgotten = |p: &mut Prewake| {
+            let (f0, mut n) = (p.lateness_forgotten(), 0u32);
+            while p.lateness_forgotten() == f0 {
+                p.record_wait(300_000);
+                n += 1;
+            }
+            n
+        };
+        let mut gaps = vec![];
+        for _ in 0..5 {
+            gaps.push(until_forgotten(&mut p));
+            // The probe: MIN_LATENESS timers, all as late as before.
+            assert_eq!(p.margin_ns(), None);
+            for _ in 0..MIN_LATENESS {
+                p.record_lateness(329_000);
+            }
+            assert!(p.best(COSTS).is_none());
+        }
+        let t = LATENESS_TTL_WAITS;
+        assert_eq!(gaps, vec![t, 2 * t, 4 * t, 8 * t, 16 * t]);
+        // Timers that leave room again (the probe found them on time):
+        // forgotten after the long wait once more, then soon again.
+        for _ in 0..LATENESS {
+            p.record_lateness(20_000);
+        }
+        assert!(p.best(COSTS).is_some());
+        assert_eq!(until_forgotten(&mut p), 32 * t);
+        for _ in 0..MIN_LATENESS {
+            p.record_lateness(20_000);
+        }
+        assert_eq!(until_forgotten(&mut p), t);
+        // And the backing off stops at its ceiling.
+        let mut p = fed((0..64).map(|_| 300_000), &[329_000; 32]);
+        for _ in 0..12 {
+            until_forgotten(&mut p);
+            for _ in 0..MIN_LATENESS {
+                p.record_lateness(329_000);
+            }
+        }
+        assert_eq!(p.ttl, MAX_TTL_FACTOR * t);
     }
 
     #[test]

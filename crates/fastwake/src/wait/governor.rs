@@ -559,6 +559,24 @@ impl Governor {
         siblings::Asleep::enter(cpu, now_ns, self.typical_block_ns)
     }
 
+    /// The slice a sleep of this wait should run under: adaptive's
+    /// [`adaptive::Config::sleep_slice_us`] while the CPU is `contended`
+    /// (the pressure sampler's verdict), else none.
+    #[inline]
+    pub fn sleep_slice(&self, contended: bool) -> Option<std::time::Duration> {
+        match self.mode {
+            WaitMode::Adaptive(c) if contended && c.sleep_slice_us > 0 => {
+                Some(std::time::Duration::from_micros(c.sleep_slice_us as u64))
+            }
+            _ => None,
+        }
+    }
+
+    /// A sleep ran under [`Governor::sleep_slice`]'s slice: counted.
+    pub fn note_short_slice(&mut self) {
+        self.learner.note_short_slice();
+    }
+
     /// The planned wait caught its completion while spinning, at `now_ns`
     /// after `spun_ns`: the fast path of [`Governor::end`]. It sits between
     /// a completion and the caller getting it, so when nothing needs to

@@ -360,7 +360,9 @@ impl Waiter {
         }
         let mut rep = BlockReport::default();
         let asleep = self.governor.blocking(cpu, now_ns + spun_ns);
+        let short = self.short_slice();
         let r = block_until_ready(src, deadline, &mut rep);
+        drop(short);
         drop(asleep);
         self.count_block(&rep);
         let slept = rep.sleeps > 0;
@@ -435,6 +437,7 @@ impl Waiter {
         let asleep = self.governor.blocking(cpu, now_ns);
         let r = {
             let _slack = crate::cpu::FineTimerSlack::set();
+            let _short = self.short_slice();
             block_until_ready(src, Some(first), &mut rep)
         };
         drop(asleep);
@@ -495,7 +498,9 @@ impl Waiter {
         e.preempted = end.preempted;
         let mut rep = BlockReport::default();
         let asleep = self.governor.blocking(cpu, end.last_ns);
+        let short = self.short_slice();
         let r = block_until_ready(src, deadline, &mut rep);
+        drop(short);
         drop(asleep);
         self.count_block(&rep);
         e.now_ns = monotonic_ns();
@@ -504,6 +509,17 @@ impl Waiter {
         e.failed = r.is_err();
         self.governor.end(e);
         self.count(r, false)
+    }
+
+    /// A short slice for the sleep to come, where adaptive mode asks for
+    /// one ([`crate::adaptive::Config::sleep_slice_us`]: the CPU contended):
+    /// the thread's own comes back when the guard drops, before the wait
+    /// returns.
+    fn short_slice(&mut self) -> Option<crate::slice::ForSleep> {
+        let d = self.governor.sleep_slice(self.sensors.contended())?;
+        let g = crate::slice::for_sleep(d)?;
+        self.governor.note_short_slice();
+        Some(g)
     }
 
     fn count_block(&mut self, rep: &BlockReport) {

@@ -655,6 +655,12 @@ impl Learner {
         self.stats.backlogs += 1;
     }
 
+    /// The caller slept under a short slice (see
+    /// [`crate::adaptive::Config::sleep_slice_us`]): counted.
+    pub fn note_short_slice(&mut self) {
+        self.stats.short_slice_sleeps += 1;
+    }
+
     /// Why the wait planned last was planned that way.
     pub fn last_reason(&self) -> Reason {
         self.pending.map_or(Reason::Learning, |(_, r)| r)
