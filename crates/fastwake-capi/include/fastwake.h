@@ -206,8 +206,13 @@ void fw_receiver_destroy(fw_receiver *rx);
  *       worth), idle=N (waits/s below which it waits in interrupt mode),
  *       catch=<share> (of waits a spin should catch, >= 50%),
  *       wake=learn|model (measured wake-up latency as the cost of a
- *       sleep, or the default 4.3 us)): the controller picks spin,
- *       interrupt or hand-off to the core's dispatcher per wait;
+ *       sleep, or the default 4.3 us), prewake=on|off (sleep, then poll,
+ *       where the waits are predictable), backlog=on|off (stop spinning
+ *       while the waiter falls behind), slice=<duration>|off (the
+ *       scheduler slice a sleep runs under while others keep the CPU
+ *       busy: 100us to 100ms, default 100us; the thread's own comes back
+ *       before the wait returns)): the controller picks spin,
+ *       interrupt, pre-wake or hand-off to the core's dispatcher per wait;
  *   "dispatch": register with the dispatcher serving the CPU the thread
  *       runs on and sleep until it hands off; without one, interrupt mode.
  * EINVAL (and fw_last_error, one line naming the accepted forms) for

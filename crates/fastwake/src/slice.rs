@@ -162,9 +162,9 @@ pub struct ForSleep {
 /// dropped (see [`ForSleep`]). `None`, with nothing changed, where there
 /// is nothing to do or it cannot be done: a slice already that short, a
 /// thread not under the fair scheduler, a kernel that does not keep a
-/// thread's slice (before 6.12; found out once per process), or a refused
-/// call. Costs one `sched_getattr` and one `sched_setattr` now and as many
-/// at the drop.
+/// thread's slice (before 6.12), or a refused call (both found out once
+/// per process: no call is made again). Costs one `sched_getattr` and one
+/// `sched_setattr` now and as many at the drop.
 pub fn for_sleep(short: Duration) -> Option<ForSleep> {
     if KEPT.load(Ordering::Relaxed) == NO {
         return None;
@@ -178,7 +178,12 @@ pub fn for_sleep(short: Duration) -> Option<ForSleep> {
     a.size = std::mem::size_of::<libc::sched_attr>() as u32;
     a.sched_runtime = want;
     a.sched_flags &= libc::SCHED_FLAG_RESET_ON_FORK as u64;
-    set(&a).ok()?;
+    if set(&a).is_err() {
+        // Refused (a seccomp filter, a security module): it will be again,
+        // so no sleep tries it again.
+        KEPT.store(NO, Ordering::Relaxed);
+        return None;
+    }
     let guard = ForSleep { before_ns };
     if KEPT.load(Ordering::Relaxed) == UNKNOWN {
         let kept = get().is_ok_and(|now| now.sched_runtime == want);
