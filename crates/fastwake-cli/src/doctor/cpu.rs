@@ -127,7 +127,7 @@ pub(super) fn judge_waiter_slice(
         Ok(Some(s)) => f(
             Level::Ok,
             format!(
-                "a thread may ask for its own slice (asked {:?}, got {s:?}): fastwake::slice::set_slice lets a waiting thread preempt a busy neighbour when it wakes",
+                "a thread may ask for its own slice (asked {:?}, got {s:?}): adaptive waits sleep under a short one while others keep their CPU busy, and fastwake::slice::set_slice (fastwake run --slice) gives one to a whole waiting thread, so that it preempts a busy neighbour when it wakes",
                 fastwake::slice::MIN
             ),
         ),
