@@ -141,7 +141,9 @@ fn print_service(name: &str, rs: &[&Row], cpu: u32) {
 /// Where it does not, and the shallowest mode had the consumer's CPU
 /// more to itself, say so: a waiter that never sleeps keeps the CPU from
 /// ever looking idle, so the scheduler places waking neighbours
-/// elsewhere, which no mode that sleeps between bursts can do.
+/// elsewhere, which no mode that sleeps between bursts can do. Where that
+/// mode is `poll`, the queue is also set against the shallowest of the
+/// fixed modes that sleep, as a ratio.
 fn keeps_up(rows: &[&Row]) -> Vec<String> {
     let fixed: Vec<&&Row> = rows.iter().filter(|r| !is_adaptive(r)).collect();
     let Some(best) = fixed
@@ -157,6 +159,11 @@ fn keeps_up(rows: &[&Row]) -> Vec<String> {
         return vec![];
     };
     let shallow = f(shallowest, "queue_mean");
+    let sleeper = fixed
+        .iter()
+        .filter(|r| r.mode != "poll")
+        .min_by(|a, b| f(a, "queue_mean").total_cmp(&f(b, "queue_mean")))
+        .filter(|_| shallowest.mode == "poll");
     let others = |r: &Row| f(r, "others_pct_of_consumer_cpu");
     rows.iter()
         .filter(|r| is_adaptive(r))
@@ -174,8 +181,16 @@ fn keeps_up(rows: &[&Row]) -> Vec<String> {
             } else {
                 String::new()
             };
+            let sleeping = sleeper.map_or(String::new(), |s| {
+                let sq = f(s, "queue_mean");
+                format!(
+                    "; {:.2}x the shallowest that sleeps ({} {sq:.1})",
+                    q / sq.max(1e-9),
+                    s.mode
+                )
+            });
             format!(
-                "  {}: background: p50 {:.2}x best fixed ({}) [{}]; queue {:.1} against the shallowest fixed {:.1} ({}) [{}]{why}",
+                "  {}: background: p50 {:.2}x best fixed ({}) [{}]; queue {:.1} against the shallowest fixed {:.1} ({}) [{}]{why}{sleeping}",
                 a.mode,
                 rp,
                 best.mode,
@@ -323,6 +338,12 @@ mod tests {
             "{}",
             l[0]
         );
+        // Set against the modes that sleep too.
+        assert!(
+            l[0].ends_with("; 0.89x the shallowest that sleeps (hybrid 30.9)"),
+            "{}",
+            l[0]
+        );
     }
 
     #[test]
@@ -339,6 +360,8 @@ mod tests {
         ];
         let l = verdicts(&rows);
         assert!(l[0].contains("(hybrid) [ok]"), "{}", l[0]);
+        // Not poll's: no second comparison.
+        assert!(!l[0].contains("that sleeps"), "{}", l[0]);
         assert!(
             l[0].contains("p50 1.29x best fixed (hybrid) [ok]"),
             "{}",
