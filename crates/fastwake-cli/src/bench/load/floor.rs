@@ -27,8 +27,8 @@
 //! Where this floor is above a CPU target, the target cannot be met on
 //! that host by a pre-wake that catches its completions spinning. A plan
 //! spends less only by letting completions wake the thread, at a whole
-//! wake-up each: the early ones (its timer set later) or the late ones
-//! (its spin cut short, as adaptive's is when the waits spread wide).
+//! wake-up each: the early ones (its timer set later, or a margin below
+//! the lateness's p90) or the late ones (its spin cut short).
 
 use crate::bench::stats::Sample;
 use std::time::Duration;
