@@ -66,6 +66,17 @@ fn set(a: &libc::sched_attr) -> Result<()> {
     Ok(())
 }
 
+/// Write `a` back (as `sched_getattr` read it) with the slice
+/// `runtime_ns` (0: none of its own). The nice value and the
+/// reset-on-fork flag stay as read; the flags only `sched_getattr`
+/// reports are dropped.
+fn set_runtime(a: &mut libc::sched_attr, runtime_ns: u64) -> Result<()> {
+    a.size = std::mem::size_of::<libc::sched_attr>() as u32;
+    a.sched_runtime = runtime_ns;
+    a.sched_flags &= libc::SCHED_FLAG_RESET_ON_FORK as u64;
+    set(a)
+}
+
 /// Whether the thread's policy takes a slice of its own.
 fn fair(policy: u32) -> bool {
     policy == libc::SCHED_OTHER as u32 || policy == libc::SCHED_BATCH as u32
@@ -120,12 +131,7 @@ pub fn set_slice(slice: Option<Duration>) -> Result<()> {
         )));
     }
     let want = slice.map_or(0, |s| s.as_nanos() as u64);
-    a.size = std::mem::size_of::<libc::sched_attr>() as u32;
-    a.sched_runtime = want;
-    // Keep the nice value and the reset-on-fork flag as read; drop the
-    // flags that only sched_getattr reports.
-    a.sched_flags &= libc::SCHED_FLAG_RESET_ON_FORK as u64;
-    set(&a)?;
+    set_runtime(&mut a, want)?;
     if want > 0 && get()?.sched_runtime != want {
         return Err(Fail::new(
             libc::EOPNOTSUPP,
@@ -175,10 +181,7 @@ pub fn for_sleep(short: Duration) -> Option<ForSleep> {
         return None;
     }
     let before_ns = a.sched_runtime;
-    a.size = std::mem::size_of::<libc::sched_attr>() as u32;
-    a.sched_runtime = want;
-    a.sched_flags &= libc::SCHED_FLAG_RESET_ON_FORK as u64;
-    if set(&a).is_err() {
+    if set_runtime(&mut a, want).is_err() {
         // Refused (a seccomp filter, a security module): it will be again,
         // so no sleep tries it again.
         KEPT.store(NO, Ordering::Relaxed);
@@ -205,12 +208,9 @@ impl Drop for ForSleep {
         if !fair(a.sched_policy) {
             return;
         }
-        a.size = std::mem::size_of::<libc::sched_attr>() as u32;
-        a.sched_flags &= libc::SCHED_FLAG_RESET_ON_FORK as u64;
         // The default slice is given back as "none of its own" (0), which
         // follows the kernel's knob, not as a number that would pin it.
-        a.sched_runtime = 0;
-        let _ = set(&a);
+        let _ = set_runtime(&mut a, 0);
         if self.before_ns == BASE.load(Ordering::Relaxed) {
             return;
         }
@@ -222,8 +222,7 @@ impl Drop for ForSleep {
             }
             Ok(_) => {
                 // The program's own slice.
-                a.sched_runtime = self.before_ns;
-                let _ = set(&a);
+                let _ = set_runtime(&mut a, self.before_ns);
             }
             Err(_) => {}
         }

@@ -207,6 +207,16 @@ impl Measured {
             others: Some(Duration::ZERO),
         }
     }
+
+    /// CPU seconds of the consumer and its dispatcher.
+    fn cpu_s(&self) -> f64 {
+        (self.cpu + self.helper_cpu).as_secs_f64()
+    }
+
+    /// Their CPU µs per request (`cpu_us_per_req` in `--json`).
+    fn cpu_us_per_req(&self) -> f64 {
+        1e6 * self.cpu_s() / self.msgs.max(1) as f64
+    }
 }
 
 fn segments(modes: usize, a: &Args) -> Vec<Segment> {
@@ -640,8 +650,7 @@ fn run_scenario(
     let floor = timers.as_ref().and_then(|t| {
         let i = modes.iter().position(|m| *m == WaitMode::Poll)?;
         let (m, e2e) = &measured[i];
-        let cpu_us = (m.cpu + m.helper_cpu).as_secs_f64() * 1e6 / m.msgs.max(1) as f64;
-        floor::floor(t, e2e.as_ref()?, cpu_us)
+        floor::floor(t, e2e.as_ref()?, m.cpu_us_per_req())
     });
     let mut rows = Vec::new();
     let mut explains = Vec::new();
@@ -655,7 +664,7 @@ fn run_scenario(
             m.cpu,
             m.helper_cpu,
         );
-        let cpu_s = (m.cpu + m.helper_cpu).as_secs_f64();
+        let cpu_s = m.cpu_s();
         let wall = m.wall.as_secs_f64().max(1e-9);
         let x = &mut r.extra;
         x.insert("scenario".into(), sc.name().into());
@@ -686,10 +695,7 @@ fn run_scenario(
             );
         }
         x.insert("cpu_pct_of_core".into(), (100.0 * cpu_s / wall).into());
-        x.insert(
-            "cpu_us_per_req".into(),
-            (1e6 * cpu_s / m.msgs.max(1) as f64).into(),
-        );
+        x.insert("cpu_us_per_req".into(), m.cpu_us_per_req().into());
         x.insert("msgs".into(), m.msgs.into());
         x.insert("sleeps".into(), m.sleeps.into());
         x.insert("prewakes".into(), m.prewakes.into());

@@ -85,6 +85,7 @@ use odp::*;
 use rdma::*;
 pub(crate) use timer::sleep_on_idle;
 use timer::*;
+pub(crate) use wake::WakeStats;
 use wake::*;
 
 /// Everything `doctor` found; `--json` prints exactly this.

@@ -21,7 +21,7 @@ pub struct WakeStats {
 
 impl WakeStats {
     /// From sorted wake-ups in ns.
-    pub(super) fn of(idle_us: f64, sorted_ns: &[u64]) -> Option<Self> {
+    pub(crate) fn of(idle_us: f64, sorted_ns: &[u64]) -> Option<Self> {
         let n = sorted_ns.len();
         if n == 0 {
             return None;

@@ -79,8 +79,9 @@ pub fn floor(probe: &TimerProbe, poll_e2e: &Sample, poll_cpu_us: f64) -> Option<
     }
     let mut late = probe.late.clone();
     late.sort_unstable();
-    let q = |p: f64| late[((n as f64 * p).ceil() as usize).clamp(1, n) - 1] as f64 / 1e3;
-    let (late_p50_us, late_p90_us) = (q(0.5), q(0.9));
+    // The lateness as `fastwake doctor`'s timed-sleep line gives it.
+    let l = crate::doctor::WakeStats::of(0.0, &late)?;
+    let (late_p50_us, late_p90_us) = (l.p50_us, l.p90_us);
     let sleep_cpu_us = probe.cpu.as_secs_f64() * 1e6 / n as f64;
     let mean = poll_e2e.mean_us();
     let spread_us = (mean - poll_e2e.quantile_us(EARLIEST)).max(0.0);
