@@ -109,6 +109,7 @@ fn print_service(name: &str, rs: &[&Row], cpu: u32) {
         .filter(|r| is_adaptive(r) && !r.mode.contains("prewake=off"))
     {
         let mut l = format!("  {}:", a.mode);
+        let bare = l.len();
         if let Some(p) = poll {
             l += &format!(
                 " wake p50 {:.2}x poll's, cpu/req {:.3}x poll's{};",
@@ -128,7 +129,11 @@ fn print_service(name: &str, rs: &[&Row], cpu: u32) {
                 f(a, "cpu_us_per_req") / f(o, "cpu_us_per_req")
             );
         }
-        println!("{l}");
+        // Nothing to compare with (no poll, interrupt or prewake=off
+        // row): no line.
+        if l.len() > bare {
+            println!("{l}");
+        }
     }
     if let Some(fl) = floor {
         println!("{}", fl.line(cpu));
