@@ -82,6 +82,17 @@ fn short_run_reports_every_mode_with_the_documented_keys_and_plots() {
             others.is_some_and(|o| (0.0..=100.0).contains(&o)),
             "others_pct_of_consumer_cpu: {r}"
         );
+        // The backlog counts every request due, the queue only those sent:
+        // a request sent is due, so the backlog is not the shallower. (The
+        // queue reads the count sent a moment after the take is timed, so
+        // a send in between can count in it alone: 0.05 a take lets one
+        // take in twenty count one more.)
+        let (q, b) = (r["queue_mean"].as_f64(), r["backlog_mean"].as_f64());
+        assert!(
+            matches!((q, b), (Some(q), Some(b)) if b >= q - 0.05),
+            "queue_mean and backlog_mean: {r}"
+        );
+        assert!(r["backlog_max"].as_u64().is_some(), "backlog_max: {r}");
     }
     for s in ["poisson-2k", "onoff-2k"] {
         for ext in ["svg", "png"] {

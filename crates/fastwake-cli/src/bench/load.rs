@@ -24,6 +24,7 @@
 
 mod arrivals;
 pub mod background;
+mod backlog;
 mod floor;
 mod plot;
 mod report;
@@ -183,6 +184,9 @@ struct Measured {
     /// when the consumer falls behind), and the most seen.
     queue_sum: u64,
     queue_max: u64,
+    /// Open loop: requests due by the schedule and not yet taken
+    /// ([`backlog`]).
+    backlog: backlog::Backlog,
     /// Adaptive: waits planned as pre-wakes.
     prewakes: u64,
     /// CPU time others took on the consumer's CPU in the measured
@@ -203,6 +207,7 @@ impl Measured {
             explain: None,
             queue_sum: 0,
             queue_max: 0,
+            backlog: backlog::Backlog::default(),
             prewakes: 0,
             others: Some(Duration::ZERO),
         }
@@ -497,9 +502,16 @@ impl HelperClock {
     }
 }
 
+/// What the consumer counts queues with: requests sent per mode, and
+/// its takes for the backlog.
+struct Counts {
+    sent: Arc<Vec<AtomicU64>>,
+    takes: backlog::Takes,
+}
+
 fn consumer(
     mut ends: Vec<Ends>,
-    sent: Arc<Vec<AtomicU64>>,
+    counts: Counts,
     segs: Vec<Segment>,
     epoch: Instant,
     cpu: u32,
@@ -510,6 +522,7 @@ fn consumer(
     take_slice(slice)?;
     let mut out: Vec<Measured> = (0..ends.len()).map(|_| Measured::new()).collect();
     let mut taken = vec![0u64; ends.len()];
+    let Counts { sent, mut takes } = counts;
     let helper = HelperClock::new(helper, ends.iter().map(|e| &e.waiter));
     for s in &segs {
         let e = &mut ends[s.mode];
@@ -538,10 +551,12 @@ fn consumer(
                     .saturating_sub(taken[s.mode]);
                 o.queue_sum += q;
                 o.queue_max = o.queue_max.max(q);
+                takes.record(tag, got);
             }
         }
         if let Some(w) = window {
             w.close(&helper, &e.waiter, &mut out, s.mode);
+            takes.close(&mut out[s.mode].backlog);
         }
     }
     for (e, o) in ends.iter().zip(out.iter_mut()) {
@@ -678,6 +693,10 @@ fn run_scenario(
                 (m.queue_sum as f64 / m.msgs.max(1) as f64).into(),
             );
             x.insert("queue_max".into(), m.queue_max.into());
+            if let Some(b) = m.backlog.mean() {
+                x.insert("backlog_mean".into(), b.into());
+                x.insert("backlog_max".into(), m.backlog.max.into());
+            }
         }
         x.insert("hog".into(), sc.hog.into());
         if let Some(s) = a.slice {
@@ -754,6 +773,25 @@ pub(super) fn start_dispatcher(a: &Args) -> Result<Arc<Dispatcher>> {
     Ok(Arc::new(Dispatcher::start(dc)?))
 }
 
+/// Takes to make room for in a measured window: its mean count with room
+/// for ON/OFF's bursts (their ON time in a window varies) and Poisson's
+/// spread.
+fn window_room(sc: Scenario, segs: &[Segment]) -> usize {
+    let ns = segs
+        .iter()
+        .filter(|s| s.measured)
+        .map(|s| s.ns)
+        .max()
+        .unwrap_or(0);
+    let mean = ns as f64 * sc.rate as f64 / 1e9;
+    let spread = if sc.pattern == Pattern::OnOff {
+        3.0
+    } else {
+        1.5
+    };
+    (mean * spread) as usize + 4096
+}
+
 /// The open-loop scenarios: producer and consumer, every mode interleaved.
 fn open_loop(a: &Args, sc: Scenario, modes: &[WaitMode]) -> Result<Vec<Measured>> {
     let (txs, ends): (Vec<Tx>, Vec<Ends>) = streams(&a.source, modes, a.size)?.into_iter().unzip();
@@ -783,9 +821,13 @@ fn open_loop(a: &Args, sc: Scenario, modes: &[WaitMode]) -> Result<Vec<Measured>
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn producer: {e}")))?;
     let h2 = helper.clone();
     let slice = a.slice;
+    let counts = Counts {
+        sent,
+        takes: backlog::Takes::with_room(window_room(sc, &segs)),
+    };
     let cons = std::thread::Builder::new()
         .name("fw-load-cons".into())
-        .spawn(move || consumer(ends, sent, segs, epoch, cc, slice, h2))
+        .spawn(move || consumer(ends, counts, segs, epoch, cc, slice, h2))
         .map_err(|e| Fail::new(libc::EAGAIN, format!("spawn consumer: {e}")))?;
     let pr = prod.join();
     let cr = cons.join();

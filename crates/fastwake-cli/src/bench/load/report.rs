@@ -140,15 +140,24 @@ fn print_service(name: &str, rs: &[&Row], cpu: u32) {
     }
 }
 
+/// The backlog a request found (`backlog_mean`; rows without one, the
+/// queue it found).
+fn backlog(r: &Row) -> f64 {
+    r.extra
+        .get("backlog_mean")
+        .and_then(|v| v.as_f64())
+        .unwrap_or_else(|| f(r, "queue_mean"))
+}
+
 /// Under a co-located load: does adaptive stay within 2x of the best fixed
-/// mode's p50, and keep up (its queue no deeper than twice the
-/// shallowest fixed mode's, plus one request) where a fixed mode does?
-/// Where it does not, and the shallowest mode had the consumer's CPU
-/// more to itself, say so: a waiter that never sleeps keeps the CPU from
-/// ever looking idle, so the scheduler places waking neighbours
-/// elsewhere, which no mode that sleeps between bursts can do. Where that
-/// mode is `poll`, the queue is also set against the shallowest of the
-/// fixed modes that sleep, as a ratio.
+/// mode's p50, and keep up (its backlog, counted against the schedule,
+/// no deeper than twice the shallowest fixed mode's, plus one request)
+/// where a fixed mode does? Where it does not, and the shallowest mode
+/// had the consumer's CPU more to itself, say so: a waiter that never
+/// sleeps keeps the CPU from ever looking idle, so the scheduler places
+/// waking neighbours elsewhere, which no mode that sleeps between bursts
+/// can do. Where that mode is `poll`, the backlog is also set against the
+/// shallowest of the fixed modes that sleep, as a ratio.
 fn keeps_up(rows: &[&Row]) -> Vec<String> {
     let fixed: Vec<&&Row> = rows.iter().filter(|r| !is_adaptive(r)).collect();
     let Some(best) = fixed
@@ -159,22 +168,22 @@ fn keeps_up(rows: &[&Row]) -> Vec<String> {
     };
     let Some(shallowest) = fixed
         .iter()
-        .min_by(|a, b| f(a, "queue_mean").total_cmp(&f(b, "queue_mean")))
+        .min_by(|a, b| backlog(a).total_cmp(&backlog(b)))
     else {
         return vec![];
     };
-    let shallow = f(shallowest, "queue_mean");
+    let shallow = backlog(shallowest);
     let sleeper = fixed
         .iter()
         .filter(|r| r.mode != "poll")
-        .min_by(|a, b| f(a, "queue_mean").total_cmp(&f(b, "queue_mean")))
+        .min_by(|a, b| backlog(a).total_cmp(&backlog(b)))
         .filter(|_| shallowest.mode == "poll");
     let others = |r: &Row| f(r, "others_pct_of_consumer_cpu");
     rows.iter()
         .filter(|r| is_adaptive(r))
         .map(|a| {
             let rp = a.t_typical / best.t_typical;
-            let q = f(a, "queue_mean");
+            let q = backlog(a);
             // No figure (NaN) is no backlog shown.
             let ok_q = q.partial_cmp(&(2.0 * shallow + 1.0)) != Some(std::cmp::Ordering::Greater);
             let (oa, os) = (others(a), others(shallowest));
@@ -187,7 +196,7 @@ fn keeps_up(rows: &[&Row]) -> Vec<String> {
                 String::new()
             };
             let sleeping = sleeper.map_or(String::new(), |s| {
-                let sq = f(s, "queue_mean");
+                let sq = backlog(s);
                 format!(
                     "; {:.2}x the shallowest that sleeps ({} {sq:.1})",
                     q / sq.max(1e-9),
@@ -195,7 +204,7 @@ fn keeps_up(rows: &[&Row]) -> Vec<String> {
                 )
             });
             format!(
-                "  {}: background: p50 {:.2}x best fixed ({}) [{}]; queue {:.1} against the shallowest fixed {:.1} ({}) [{}]{why}{sleeping}",
+                "  {}: background: p50 {:.2}x best fixed ({}) [{}]; backlog {:.1} against the shallowest fixed {:.1} ({}) [{}]{why}{sleeping}",
                 a.mode,
                 rp,
                 best.mode,
@@ -247,7 +256,7 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
             continue;
         }
         println!(
-            " {:<18} {:<18} {:>9} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9} {:>7} {:>7}",
+            " {:<18} {:<18} {:>9} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9} {:>7} {:>7} {:>7}",
             "scenario",
             "mode",
             "requests",
@@ -258,11 +267,12 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
             "cpu%core",
             "sleeps",
             "queue",
+            "backlog",
             "others%"
         );
         for r in &rs {
             println!(
-                " {:<18} {:<18} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>9.4} {:>10.2} {:>9} {:>7.1} {:>7.0}",
+                " {:<18} {:<18} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>9.4} {:>10.2} {:>9} {:>7.1} {:>7.1} {:>7.0}",
                 name,
                 r.mode,
                 r.iters,
@@ -273,6 +283,7 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
                 f(r, "cpu_pct_of_core"),
                 r.extra.get("sleeps").and_then(|v| v.as_u64()).unwrap_or(0),
                 f(r, "queue_mean"),
+                backlog(r),
                 f(r, "others_pct_of_consumer_cpu"),
             );
         }
@@ -292,10 +303,12 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
 mod tests {
     use super::*;
 
-    /// A row of one mode: p50, mean queue and others' share of the CPU.
-    fn row(mode: &str, p50: f64, queue: f64, others: f64) -> Row {
+    /// A row of one mode: p50, mean backlog and others' share of the CPU
+    /// (its queue a tenth of the backlog: the verdict must not read it).
+    fn row(mode: &str, p50: f64, backlog: f64, others: f64) -> Row {
         let mut x = serde_json::Map::new();
-        x.insert("queue_mean".into(), queue.into());
+        x.insert("backlog_mean".into(), backlog.into());
+        x.insert("queue_mean".into(), (backlog / 10.0).into());
         x.insert("others_pct_of_consumer_cpu".into(), others.into());
         Row {
             source: "channel".into(),
@@ -332,7 +345,7 @@ mod tests {
         let l = verdicts(&rows);
         assert_eq!(l.len(), 1);
         assert!(
-            l[0].contains("queue 27.6 against the shallowest fixed 8.3 (poll) [BACKLOG]"),
+            l[0].contains("backlog 27.6 against the shallowest fixed 8.3 (poll) [BACKLOG]"),
             "{}",
             l[0]
         );
@@ -369,6 +382,24 @@ mod tests {
         assert!(!l[0].contains("that sleeps"), "{}", l[0]);
         assert!(
             l[0].contains("p50 1.29x best fixed (hybrid) [ok]"),
+            "{}",
+            l[0]
+        );
+    }
+
+    #[test]
+    fn rows_without_a_backlog_are_judged_by_their_queue() {
+        let mut rows = [
+            row("poll", 0.6, 0.0, 40.0),
+            row("adaptive", 0.49, 0.0, 44.0),
+        ];
+        for (r, q) in rows.iter_mut().zip([8.3, 27.6]) {
+            r.extra.remove("backlog_mean");
+            r.extra.insert("queue_mean".into(), q.into());
+        }
+        let l = verdicts(&rows);
+        assert!(
+            l[0].contains("backlog 27.6 against the shallowest fixed 8.3 (poll) [BACKLOG]"),
             "{}",
             l[0]
         );
