@@ -221,7 +221,7 @@ fn keeps_up(rows: &[&Row]) -> Vec<String> {
 pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
     let (psi, running) = fastwake::adaptive::pressure::system();
     println!(
-        "fastwake {} bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU; others% = share of the consumer's CPU that other threads used in the mode's windows (its /proc/stat busy time less the consumer's and the dispatcher's, 10 ms ticks); dispatcher idle policy {}; consumer slice {}{}",
+        "fastwake {} bench load — source {} — producer pinned to CPU {}, consumer to CPU {}; {} s per mode and scenario in {} interleaved rounds; latency = consumer got it − scheduled send time; cpu = consumer (+ dispatcher) CPU seconds (CLOCK_THREAD_CPUTIME_ID); hog = a busy thread on the consumer's CPU; queue = requests sent and not yet taken when one is taken, backlog = those due by the schedule and not yet taken (also those a late producer held); others% = share of the consumer's CPU that other threads used in the mode's windows (its /proc/stat busy time less the consumer's and the dispatcher's, 10 ms ticks); dispatcher idle policy {}; consumer slice {}{}",
         env!("CARGO_PKG_VERSION"),
         a.source,
         a.cpus.0,
