@@ -86,7 +86,10 @@ pub struct Args {
     ///
     /// Wait modes to compare, comma separated, in the one grammar
     /// (docs/reference/grammar.md): poll, interrupt, hybrid[:DURATION], dispatch,
-    /// adaptive[:OPTIONS] (e.g. hybrid:20us, adaptive:cap=20%).
+    /// adaptive[:OPTIONS] (e.g. hybrid:20us, adaptive:cap=20%). A mode given
+    /// again (any but dispatch) is a control: its rows are named MODE#2,
+    /// MODE#3, ..., and each scenario says how far apart the rows that
+    /// waited alike came out, the run's own noise.
     #[arg(
         long,
         default_value = "poll,interrupt,hybrid,dispatch,adaptive",
@@ -877,7 +880,7 @@ pub fn run(a: Args) -> Result<()> {
         .iter()
         .map(|m| m.parse::<WaitMode>())
         .collect::<Result<Vec<_>>>()?;
-    let names: Vec<String> = modes.iter().map(|m| m.to_string()).collect();
+    let names = report::row_names(&modes)?;
     if let Some(d) = &a.plot {
         std::fs::create_dir_all(d).map_err(|e| {
             Fail::new(

@@ -13,6 +13,73 @@ fn is_adaptive(r: &Row) -> bool {
     r.mode.starts_with("adaptive")
 }
 
+/// The rows' names: each mode as the grammar prints it, and a mode given
+/// again as `MODE#2`, `MODE#3`, ...: a control, whose rows wait alike, so
+/// how far apart they come out is what this run's noise alone does (see
+/// [`control`]). `dispatch` once only: its dispatcher's CPU is charged to
+/// one row.
+pub(super) fn row_names(modes: &[fastwake::WaitMode]) -> fastwake::Result<Vec<String>> {
+    let mut names: Vec<String> = Vec::new();
+    for m in modes {
+        let name = m.to_string();
+        let n = names.iter().filter(|x| base(x) == name).count();
+        if n > 0 && *m == fastwake::WaitMode::Dispatch {
+            return Err(fastwake::Fail::invalid(
+                "bench load: dispatch may be given once (its dispatcher's CPU is charged to one row); repeat another mode as the control",
+            ));
+        }
+        names.push(if n == 0 {
+            name
+        } else {
+            format!("{name}#{}", n + 1)
+        });
+    }
+    Ok(names)
+}
+
+/// A row name without its `#N`.
+fn base(name: &str) -> &str {
+    name.split_once('#').map_or(name, |(b, _)| b)
+}
+
+/// For each mode given more than once: how far apart its rows' p50s and
+/// backlogs came out (largest over smallest). They waited alike, so a
+/// difference between modes no larger than this is not the modes'.
+fn control(rows: &[&Row]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for r in rows {
+        let b = base(&r.mode);
+        if seen.contains(&b) {
+            continue;
+        }
+        seen.push(b);
+        let same: Vec<&&Row> = rows.iter().filter(|x| base(&x.mode) == b).collect();
+        if same.len() < 2 {
+            continue;
+        }
+        let apart = |v: &dyn Fn(&Row) -> f64| {
+            let (lo, hi) = same.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), x| {
+                let x = v(x);
+                (lo.min(x), hi.max(x))
+            });
+            hi / lo.max(1e-9)
+        };
+        let p50 = apart(&|x: &Row| x.t_typical);
+        let backlog = apart(&|x: &Row| backlog(x));
+        let backlog = if backlog.is_finite() {
+            format!(", backlog {backlog:.2}x")
+        } else {
+            String::new()
+        };
+        out.push(format!(
+            "  control: {b} x{}, waiting alike, came out p50 {p50:.2}x{backlog} apart: a difference between modes no larger is this run's noise",
+            same.len()
+        ));
+    }
+    out
+}
+
 /// The verdict ratios for one scenario, as printable lines.
 fn verdict(rows: &[&Row], lowest_rate: bool) -> Vec<String> {
     let fixed: Vec<&&Row> = rows.iter().filter(|r| !is_adaptive(r)).collect();
@@ -290,6 +357,9 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
         for l in verdict(&rs, sc.rate == lowest) {
             println!("{l}");
         }
+        for l in control(&rs) {
+            println!("{l}");
+        }
         if sc.bg.is_some() {
             for l in keeps_up(&rs) {
                 println!("{l}");
@@ -403,5 +473,49 @@ mod tests {
             "{}",
             l[0]
         );
+    }
+
+    #[test]
+    fn a_mode_given_again_is_a_control_row_of_its_own_and_dispatch_is_not() {
+        let m = |s: &str| s.split(',').map(|m| m.parse().unwrap()).collect::<Vec<_>>();
+        assert_eq!(
+            row_names(&m("interrupt,hybrid,int,event,adaptive")).unwrap(),
+            [
+                "interrupt",
+                "hybrid",
+                "interrupt#2",
+                "interrupt#3",
+                "adaptive"
+            ]
+        );
+        // The grammar's spelling decides what is the same mode.
+        assert_eq!(
+            row_names(&m("hybrid:20us,hybrid,hybrid:20us")).unwrap(),
+            ["hybrid:20us", "hybrid", "hybrid:20us#2"]
+        );
+        let e = row_names(&m("dispatch,poll,dispatch")).unwrap_err();
+        assert!(e.to_string().contains("dispatch may be given once"), "{e}");
+    }
+
+    #[test]
+    fn the_control_line_gives_how_far_apart_rows_that_wait_alike_came_out() {
+        let rows = [
+            row("interrupt", 14.0, 8.0, 90.0),
+            row("hybrid", 400.0, 11.0, 80.0),
+            row("interrupt#2", 42.0, 8.8, 90.0),
+            row("interrupt#3", 28.0, 8.4, 90.0),
+            row("adaptive", 17.0, 6.7, 90.0),
+        ];
+        let l = control(&rows.iter().collect::<Vec<_>>());
+        assert_eq!(l.len(), 1, "{l:?}");
+        assert!(
+            l[0].contains(
+                "control: interrupt x3, waiting alike, came out p50 3.00x, backlog 1.10x apart"
+            ),
+            "{}",
+            l[0]
+        );
+        // No mode given twice: no line.
+        assert!(control(&rows[..2].iter().collect::<Vec<_>>()).is_empty());
     }
 }
