@@ -44,9 +44,13 @@ pub struct Config {
     /// below about `4.3 µs · worth`: with the default 100, streams slower
     /// than ~2,300 waits/s are served in interrupt mode.
     pub worth: u16,
-    /// A waiter averaging fewer waits per second than this over the last
-    /// second is idle: it waits in interrupt mode whatever the short gaps
-    /// inside its bursts look like (0 = never). Why: such a waiter's total
+    /// A waiter averaging fewer waits per second than this over its last
+    /// ~512 waits ([`learner::RATE_MEMORY`], each gap counted at most
+    /// [`learner::MAX_RATE_GAP_NS`]) is idle: it waits in interrupt mode
+    /// whatever the short gaps inside its bursts look like (0 = never).
+    /// At 2,000 waits/s that is a quarter of a second, at 10,000/s 50 ms,
+    /// so a 10 % duty ON/OFF stream is judged on two or three bursts and
+    /// the long idle gaps between them. Why: such a waiter's total
     /// wake-up latency is small in absolute terms (2,000 × ~8 µs = 16 ms
     /// per second), while spinning through its bursts costs many times the
     /// CPU of its interrupt-mode waits (measured: 14× on a 1k/s ON/OFF
