@@ -497,6 +497,39 @@ fn idle_rate_serves_rare_bursts_in_interrupt_mode() {
     assert!(n > 1_000, "idle=0 must leave the model alone ({n} spins)");
 }
 
+/// Waits that find their completion ready are waits too: a waiter that
+/// takes nine completions without waiting for each one it waits for is
+/// not idle, however rare the waits that wait (a waiter behind its stream
+/// looked idle, and the idle rule put it in interrupt mode, further
+/// behind). Runs shorter than `RATE_RUN` are not counted.
+#[test]
+fn waits_that_found_their_completion_ready_count_towards_the_idle_rate() {
+    let spins = |found: u64| {
+        let mut s = Sim::new(Config::default(), 5);
+        let mut n = 0;
+        for i in 0..3_000 {
+            let w = RARE_BURSTS.sample(&mut s.rng);
+            s.core.note_found_ready(found);
+            let p = s.step(w, Env::default());
+            if i >= 1_000 && budget(p) > 0 {
+                n += 1;
+            }
+        }
+        (n, s.core.stats())
+    };
+    let (n, st) = spins(0);
+    assert!(n < 20, "{n} spinning waits on a rare stream; {st:?}");
+    // Two at a time are completions that came while it woke: not counted.
+    let (n, st) = spins(2);
+    assert!(n < 20, "{n} spinning waits with two found ready; {st:?}");
+    let (n, st) = spins(9);
+    assert!(
+        n > 1_000,
+        "only {n} spinning waits with nine found ready for each: {st:?}"
+    );
+    assert!(st.idle_rate < 10, "{st:?}");
+}
+
 /// The share of the time a waiter wants its CPU (`busy_share`, what the
 /// backlog rule asks before it holds spinning off): small for a waiter
 /// that sleeps between bursts, large for one that serves a steady stream

@@ -48,6 +48,9 @@ pub struct Config {
     /// ~512 waits ([`learner::RATE_MEMORY`], each gap counted at most
     /// [`learner::MAX_RATE_GAP_NS`]) is idle: it waits in interrupt mode
     /// whatever the short gaps inside its bursts look like (0 = never).
+    /// Waits that found their completion ready at the first look count
+    /// too, in runs of [`learner::RATE_RUN`] or more: a waiter behind its
+    /// stream ([`learner::Learner::note_found_ready`]).
     /// At 2,000 waits/s that is a quarter of a second, at 10,000/s 50 ms,
     /// so a 10 % duty ON/OFF stream is judged on two or three bursts and
     /// the long idle gaps between them. Why: such a waiter's total

@@ -395,8 +395,10 @@ impl Governor {
     }
 
     /// A completion was taken at the first look, without waiting: counts
-    /// towards the backlog rule ([`super::BACKLOG_RUN`]). One increment; call it
-    /// on that path only.
+    /// towards the backlog rule ([`super::BACKLOG_RUN`]) and, in adaptive
+    /// mode, towards the idle rule's rate (the next plan hands the count to
+    /// [`crate::adaptive::learner::Learner::note_found_ready`]). One
+    /// increment; call it on that path only.
     #[inline]
     pub fn found_ready(&mut self) {
         self.run = self.run.saturating_add(1);
@@ -453,6 +455,7 @@ impl Governor {
         // Behind? (super::backlog: a long run of completions taken
         // without waiting; spinning held off while that helps.)
         let run = std::mem::take(&mut self.run);
+        self.learner.note_found_ready(run as u64);
         let (backlog, behind) = if self.learner.config().backlog {
             self.backlog
                 .observe(f.now_ns, run, self.learner.busy_share())
