@@ -44,7 +44,7 @@ channel_wait_run() {
 # reported channel fds ready from CQEs (fdset_ready > 0; under dispatch,
 # or handed waits off, the dispatcher having found their CQEs) and served
 # every poll/epoll_wait; under dispatch some waits must have been handed
-# off.
+# off (the dispatch checks run it through rxe_until_handed_off).
 check_channel_wait() {
     local how=$1 mode=$2 seed=${3:-} exe out ref line
     local tag="$how/$mode${seed:+ (stress seed $seed)}"
@@ -229,17 +229,9 @@ check_ucx() {
 # synthesized from CQEs the shim looked at, and those CQEs delivered to the
 # program's batches (stashed_cqes_delivered > 0: the receive CQs are read
 # only through start_poll); under dispatch in the epoll form, waits handed
-# off (a run in which every wait fell back is run once more).
+# off (a run in which every wait fell back is run again: rxe_until_handed_off).
 check_cq_ex() {
-    check_cq_ex_once "$@" && return 0
-    # Under dispatch a run can have every wait fall back to interrupt mode:
-    # a waiter does not count on a dispatcher that is stale (SCHED_IDLE, it
-    # got no CPU for a while, as on an emulated vCPU kept busy). That is
-    # the fallback doing its job, not a broken hand-off; a second run must
-    # show one.
-    [ "$2" = dispatch ] && grep -q 'no wait was handed off' "$RXE_CUR_REASON" 2>/dev/null || return 1
-    rxe_info "first run: no hand-off ($(cat "$RXE_CUR_REASON")); once more"
-    check_cq_ex_once "$@"
+    rxe_until_handed_off check_cq_ex_once "$@"
 }
 
 check_cq_ex_once() {
@@ -363,7 +355,7 @@ rxe_channel_checks() {
     for how in epoll poll select; do
         rxe_check "channel-wait-$how-none" check_channel_wait "$how" none
         for m in $RXE_CHANNEL_MODES; do
-            rxe_check "shim-channel-wait-$how-$m" check_channel_wait "$how" "$m"
+            rxe_check "shim-channel-wait-$how-$m" rxe_until_handed_off check_channel_wait "$how" "$m"
         done
         # Randomized stress (bursts, random pauses), a new seed per guest
         # run, printed: zero lost/duplicated/reordered completions, same
@@ -371,7 +363,7 @@ rxe_channel_checks() {
         local seed=$((RANDOM + 1))
         rxe_check "channel-stress-$how-none" check_channel_wait "$how" none "$seed"
         for m in $RXE_CHANNEL_MODES; do
-            rxe_check "shim-channel-stress-$how-$m" check_channel_wait "$how" "$m" "$seed"
+            rxe_check "shim-channel-stress-$how-$m" rxe_until_handed_off check_channel_wait "$how" "$m" "$seed"
         done
     done
     # Sleep, then poll for blocking ibv_get_cq_event.

@@ -171,7 +171,7 @@ rxe_verbs_checks() {
     rxe_check verbs-bench-pingpong check_verbs_bench
     local m
     for m in $RXE_VERBS_MODES; do
-        rxe_check "shim-rc-pingpong-events-$m" check_shim_rc "$m"
+        rxe_check "shim-rc-pingpong-events-$m" rxe_until_handed_off check_shim_rc "$m"
         rxe_check "shim-send-lat-events-$m" check_shim_send_lat "$m"
     done
     rxe_check shim-verbs-bad-env check_shim_bad_env
