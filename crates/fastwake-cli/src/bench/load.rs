@@ -18,9 +18,11 @@
 //!   consumer costs the producer show in the `sleeps` column instead.
 //!
 //! Modes are interleaved within each scenario: the measured time of each
-//! mode is cut into `--rounds` windows, in rounds whose first mode moves on
-//! every round ([`super::rounds`]), so a noisy second on this shared
-//! machine is spread over all modes.
+//! mode is cut into `--rounds` windows, in rounds whose order is balanced
+//! ([`super::rounds`]: every mode in every position and right after every
+//! other mode equally often), so a noisy second on this shared machine,
+//! or a mode that leaves the consumer thread behind in the scheduler's
+//! fairness, is spread over all modes.
 
 mod arrivals;
 pub mod background;

@@ -97,8 +97,9 @@ pub struct Common {
     /// Interleaving rounds
     ///
     /// Interleaving rounds: each row's iterations are split over this many
-    /// slices, alternating with the other rows; each round starts one row
-    /// later.
+    /// slices, alternating with the other rows, in an order that puts each
+    /// row in every position and right after every other row equally often
+    /// (a balanced Latin square).
     #[arg(long, default_value_t = 10)]
     pub rounds: u64,
     /// Print JSON (one object per row) instead of a table.
