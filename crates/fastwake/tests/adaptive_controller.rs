@@ -237,6 +237,14 @@ fn never_spins_next_to_a_sibling_waiter_and_dispatches_if_it_can() {
     assert!(budget(s.step(1_000, Env::default())) > 0);
 }
 
+/// Bursts of 1 µs gaps between 1 ms pauses: a spin through them is ~1 %
+/// of the CPU.
+const BURSTS_1US: Dist = Dist::Mix {
+    p: 0.9,
+    short: 1_000.0,
+    long: 1_000_000.0,
+};
+
 /// On a contended CPU the controller spins only while the spin is a small
 /// share of the CPU over the long run (a waiter that spins most of the
 /// time loses the scheduler's wake-up preemption to the threads it shares
@@ -244,15 +252,8 @@ fn never_spins_next_to_a_sibling_waiter_and_dispatches_if_it_can() {
 /// steady stream, not even one of µs gaps.
 #[test]
 fn contended_cpu_spins_only_where_a_sleep_costs_more() {
-    // Bursts of 1 µs gaps between 1 ms pauses: the spin is ~1 % of the
-    // CPU.
-    let bursts = Dist::Mix {
-        p: 0.9,
-        short: 1_000.0,
-        long: 1_000_000.0,
-    };
     let mut s = Sim::new(Config::default(), 1);
-    s.run(bursts, 2_000);
+    s.run(BURSTS_1US, 2_000);
     let free = budget(s.step(1_000, Env::default()));
     let shared = budget(s.step(1_000, CONTENDED));
     // At least as far as on a free CPU: see the test below.
@@ -314,6 +315,38 @@ fn contended_bursts_are_spun_through_past_the_catch_limit() {
     // Still a small share of the core.
     let share = (s.spun - spun0) as f64 / (s.now - t0) as f64;
     assert!(share < 0.3, "spun {share:.2} of the time");
+}
+
+/// The lean spins of a contended CPU stop while a spin lost the CPU
+/// lately (the wait governor's back-off): the waiter did not keep its
+/// priority, and what it was to catch waited out the others' turns. The
+/// same bursts are spun through again once the back-off is over.
+#[test]
+fn no_lean_spin_while_a_spin_was_preempted_lately() {
+    let mut s = Sim::new(Config::default(), 1);
+    s.run(BURSTS_1US, 2_000);
+    assert!(budget(s.step(1_000, CONTENDED)) > 0, "lean spin");
+    let preempted = Env {
+        spin_preempted: true,
+        ..CONTENDED
+    };
+    let before = s.core.stats().contended;
+    for _ in 0..50 {
+        assert_eq!(s.step(1_000, preempted), Plan::Spin(0));
+    }
+    assert_eq!(s.core.stats().contended - before, 50);
+    assert!(budget(s.step(1_000, CONTENDED)) > 0, "spins again after");
+    // The flag is read on a contended CPU only (the wait governor's
+    // back-off sets both).
+    assert!(
+        budget(s.step(
+            1_000,
+            Env {
+                spin_preempted: true,
+                ..Env::FREE
+            }
+        )) > 0
+    );
 }
 
 /// A long pause does not bank spinning credit on a contended CPU: a steady

@@ -416,4 +416,11 @@ fn a_short_slice_is_asked_for_a_contended_adaptive_sleep_only() {
     g.note_short_slice();
     g.note_short_slice();
     assert_eq!(g.adaptive_stats().short_slice_sleeps, 2);
+    // A give-back of a few µs is the two system calls; one past 50 µs
+    // lost the CPU on the way out and is counted with its time.
+    g.gave_back_slice(3_000);
+    g.gave_back_slice(50_000);
+    g.gave_back_slice(2_100_000);
+    let s = g.adaptive_stats();
+    assert_eq!((s.slow_give_backs, s.slow_give_back_ns), (1, 2_100_000));
 }

@@ -126,9 +126,13 @@ pub struct Args {
     /// Measured seconds per mode and scenario.
     #[arg(long, default_value_t = 2.0)]
     pub secs: f64,
-    /// Interleaving rounds per scenario.
-    #[arg(long, default_value_t = 4)]
-    pub rounds: u32,
+    /// Interleaving rounds per scenario
+    ///
+    /// Interleaving rounds per scenario. Default: one period of the rounds'
+    /// balanced order (as many rounds as modes, twice as many for an odd
+    /// number: 10 for the five default modes), at least 4.
+    #[arg(long)]
+    pub rounds: Option<u32>,
     /// Unmeasured warm-up per mode and scenario, ms
     ///
     /// Unmeasured warm-up per mode and scenario, ms (the adaptive controller
@@ -229,6 +233,13 @@ impl Measured {
     }
 }
 
+impl Args {
+    /// The rounds per scenario (`run` settles the default first).
+    fn rounds(&self) -> u64 {
+        self.rounds.unwrap_or(4).into()
+    }
+}
+
 fn segments(modes: usize, a: &Args) -> Vec<Segment> {
     let mut v = Vec::new();
     for m in 0..modes {
@@ -240,7 +251,7 @@ fn segments(modes: usize, a: &Args) -> Vec<Segment> {
         });
     }
     let measured_ns = (a.secs * 1e9) as u64;
-    for t in Rounds::new(modes, a.rounds.into(), measured_ns).turns() {
+    for t in Rounds::new(modes, a.rounds(), measured_ns).turns() {
         v.push(Segment {
             mode: t.case,
             round: t.round + 1,
@@ -841,7 +852,7 @@ fn open_loop(a: &Args, sc: Scenario, modes: &[WaitMode]) -> Result<Vec<Measured>
     cr.map_err(|_| Fail::new(libc::EIO, "consumer panicked"))?
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
     if a.source != "channel" && a.source != "tcp" {
         return Err(Fail::invalid(format!(
             "unknown source '{}': bench load supports: channel, tcp",
@@ -854,7 +865,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.service_us.is_empty() || a.service_us.iter().any(|d| *d == 0 || *d > 1_000_000) {
         return Err(Fail::invalid("--service-us must be 1 to 1000000 µs"));
     }
-    if !(a.secs > 0.0 && a.secs <= 3600.0) || a.rounds == 0 {
+    if !(a.secs > 0.0 && a.secs <= 3600.0) || a.rounds == Some(0) {
         return Err(Fail::invalid(
             "--secs must be in (0, 3600] and --rounds at least 1",
         ));
@@ -883,6 +894,11 @@ pub fn run(a: Args) -> Result<()> {
         .map(|m| m.parse::<WaitMode>())
         .collect::<Result<Vec<_>>>()?;
     let names = report::row_names(&modes)?;
+    // Every mode in every position and after every other mode alike.
+    a.rounds = Some(
+        a.rounds
+            .unwrap_or_else(|| Rounds::period(modes.len()).max(4) as u32),
+    );
     if let Some(d) = &a.plot {
         std::fs::create_dir_all(d).map_err(|e| {
             Fail::new(

@@ -46,6 +46,17 @@ impl Rounds {
         }
     }
 
+    /// Rounds in one period of [`order`]'s design for `cases` cases: `n`
+    /// for an even number, `2n` for an odd one.
+    pub fn period(cases: usize) -> u64 {
+        if cases.is_multiple_of(2) {
+            cases
+        } else {
+            2 * cases
+        }
+        .max(1) as u64
+    }
+
     /// Every turn, round by round, in [`order`]'s order.
     pub fn turns(self) -> impl Iterator<Item = Turn> {
         (0..self.rounds).flat_map(move |round| {
@@ -74,8 +85,7 @@ pub fn order(cases: usize, round: u64) -> Vec<usize> {
     if n == 0 {
         return Vec::new();
     }
-    let period = if n.is_multiple_of(2) { n } else { 2 * n } as u64;
-    let r = (round % period) as usize;
+    let r = (round % Rounds::period(n)) as usize;
     let first = (0..n).map(|j| {
         if j % 2 == 1 {
             j.div_ceil(2)
@@ -114,13 +124,19 @@ mod tests {
         assert_eq!(order_of(three, 3), [2, 1, 0], "odd: the rows reversed");
     }
 
+    #[test]
+    fn a_period_is_n_rounds_or_2n_for_odd_n() {
+        let p: Vec<u64> = (0..8).map(Rounds::period).collect();
+        assert_eq!(p, [1, 2, 2, 6, 4, 10, 6, 14]);
+    }
+
     /// Over one period every case takes every position equally often and
     /// follows every other case equally often: the balance a rotation of
     /// the start lacks (it fails the second count for 3 cases or more).
     #[test]
     fn a_period_balances_positions_and_predecessors() {
         for n in 1..=9usize {
-            let period = if n.is_multiple_of(2) { n } else { 2 * n } as u64;
+            let period = Rounds::period(n);
             let mut at = vec![vec![0u32; n]; n];
             let mut after = vec![vec![0u32; n]; n];
             for round in 0..period {

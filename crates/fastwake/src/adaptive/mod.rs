@@ -362,6 +362,12 @@ pub struct AdaptiveStats {
     pub margin_ns: u64,
     /// Sleeps taken under [`Config::sleep_slice_us`] (the CPU contended).
     pub short_slice_sleeps: u64,
+    /// Of those, the sleeps whose slice took over 50 µs to give back: the
+    /// thread, re-placed under its own slice, lost the CPU on the way out
+    /// of the wait.
+    pub slow_give_backs: u64,
+    /// The time those give-backs took, ns.
+    pub slow_give_back_ns: u64,
 }
 
 impl AdaptiveStats {
@@ -393,6 +399,8 @@ impl AdaptiveStats {
         behind: 0,
         margin_ns: 0,
         short_slice_sleeps: 0,
+        slow_give_backs: 0,
+        slow_give_back_ns: 0,
     };
 
     fn count(&mut self, r: Reason) {
@@ -492,8 +500,10 @@ pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
     }
     if s.short_slice_sleeps > 0 {
         out += &format!(
-            "; short slice for {} sleeps (CPU contended)",
-            s.short_slice_sleeps
+            "; short slice for {} sleeps (CPU contended; {} lost the CPU giving it back, {:.1} ms)",
+            s.short_slice_sleeps,
+            s.slow_give_backs,
+            s.slow_give_back_ns as f64 / 1e6
         );
     }
     if s.prewakes > 0 || learner.prewake().lateness_samples() > 0 {

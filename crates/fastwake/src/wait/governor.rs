@@ -20,7 +20,8 @@
 //! - **back-off after preemption**: a spin that lost the CPU for more than
 //!   [`PREEMPTED_NS`] between two looks means other tasks want this CPU;
 //!   spinning is then off for [`MIN_BACKOFF_NS`], doubling while it keeps
-//!   happening (adaptive waits see this as a contended CPU);
+//!   happening (adaptive waits see this as a contended CPU on which they
+//!   plan no spin, lean ones included);
 //! - **the CPU cap**: one [`Allowance`] per governor that every spin is paid
 //!   from, so no mode can spin more than its share of a core;
 //! - **the idle rule** of a thread that busy-polls ([`super::idle`]): when
@@ -469,6 +470,7 @@ impl Governor {
             same_cpu: same_cpu(f),
             siblings: siblings::others_asleep(f.cpu, f.now_ns),
             contended: f.contended || f.now_ns < self.quiet_until,
+            spin_preempted: f.now_ns < self.quiet_until,
             dispatch_waiters: f.dispatch_waiters.filter(|_| f.dispatchable),
             allowance_ns: allowance,
             prewake: f.prewake,
@@ -578,6 +580,11 @@ impl Governor {
     /// A sleep ran under [`Governor::sleep_slice`]'s slice: counted.
     pub fn note_short_slice(&mut self) {
         self.learner.note_short_slice();
+    }
+
+    /// The short slice of a sleep was given back in `ns`.
+    pub fn gave_back_slice(&mut self, ns: u64) {
+        self.learner.note_give_back(ns);
     }
 
     /// The planned wait caught its completion while spinning, at `now_ns`

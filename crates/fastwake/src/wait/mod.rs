@@ -362,7 +362,7 @@ impl Waiter {
         let asleep = self.governor.blocking(cpu, now_ns + spun_ns);
         let short = self.short_slice();
         let r = block_until_ready(src, deadline, &mut rep);
-        drop(short);
+        self.give_back(short);
         drop(asleep);
         self.count_block(&rep);
         let slept = rep.sleeps > 0;
@@ -437,8 +437,10 @@ impl Waiter {
         let asleep = self.governor.blocking(cpu, now_ns);
         let r = {
             let _slack = crate::cpu::FineTimerSlack::set();
-            let _short = self.short_slice();
-            block_until_ready(src, Some(first), &mut rep)
+            let short = self.short_slice();
+            let r = block_until_ready(src, Some(first), &mut rep);
+            self.give_back(short);
+            r
         };
         drop(asleep);
         self.count_block(&rep);
@@ -500,7 +502,7 @@ impl Waiter {
         let asleep = self.governor.blocking(cpu, end.last_ns);
         let short = self.short_slice();
         let r = block_until_ready(src, deadline, &mut rep);
-        drop(short);
+        self.give_back(short);
         drop(asleep);
         self.count_block(&rep);
         e.now_ns = monotonic_ns();
@@ -520,6 +522,19 @@ impl Waiter {
         let g = crate::slice::for_sleep(d)?;
         self.governor.note_short_slice();
         Some(g)
+    }
+
+    /// Give a short slice back, timed: a give-back that took long lost
+    /// the CPU on the way (re-placed under its own slice, the thread was
+    /// not the kernel's next pick), which the governor counts.
+    #[inline]
+    fn give_back(&mut self, short: Option<crate::slice::ForSleep>) {
+        if let Some(g) = short {
+            let t0 = monotonic_ns();
+            drop(g);
+            self.governor
+                .gave_back_slice(monotonic_ns().saturating_sub(t0));
+        }
     }
 
     fn count_block(&mut self, rep: &BlockReport) {

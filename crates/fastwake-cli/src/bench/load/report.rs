@@ -294,7 +294,7 @@ pub(super) fn print_table(a: &Args, rows: &[Row], scenarios: &[Scenario]) {
         a.cpus.0,
         a.cpus.1,
         a.secs,
-        a.rounds,
+        a.rounds(),
         a.dispatcher,
         a.slice
             .map_or("the kernel's".to_string(), |s| format!("{s:?} (asked)")),

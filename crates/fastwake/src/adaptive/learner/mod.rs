@@ -70,6 +70,10 @@ pub const SHARED_MAX_FRAC: f64 = 0.3;
 pub const SHARE_WINDOW_NS: u64 = 200_000_000;
 /// Longest pause between two looks that the share window counts in full.
 pub const MAX_SHARE_GAP_NS: u64 = 20_000_000;
+/// A short slice given back in more than this lost the CPU on the way: a
+/// give-back is two system calls (1-3 µs in a VM); the kernel then let
+/// another thread run first, for up to its own slice.
+pub const SLOW_GIVE_BACK_NS: u64 = 50_000;
 /// Longest spin budget: beyond it a wait is long enough to sleep through.
 pub const MAX_BUDGET_NS: u64 = 10_000_000;
 /// When most recent pre-wakes came early (the completion woke the thread
@@ -134,6 +138,10 @@ pub struct Env {
     pub siblings: bool,
     /// Other threads want this CPU (from the pressure sampler).
     pub contended: bool,
+    /// A spin of this waiter lost its CPU lately (the wait governor's
+    /// back-off after preemption): on a contended CPU no spin is planned,
+    /// lean ones included.
+    pub spin_preempted: bool,
     /// A live dispatcher serves this CPU, shared by this many waiters;
     /// `None` when there is none (or dispatch is not built in).
     pub dispatch_waiters: Option<u32>,
@@ -171,6 +179,7 @@ impl Env {
         same_cpu: false,
         siblings: false,
         contended: false,
+        spin_preempted: false,
         dispatch_waiters: None,
         allowance_ns: u64::MAX,
         prewake: true,
@@ -608,7 +617,7 @@ impl Learner {
                     Some(_) => (Plan::Dispatch, Reason::Dispatch),
                     None => (Plan::Spin(0), Reason::Siblings),
                 }
-            } else if env.contended && self.prewake_frac > SHARED_MAX_FRAC {
+            } else if env.contended && (env.spin_preempted || self.prewake_frac > SHARED_MAX_FRAC) {
                 (Plan::Spin(0), Reason::Contended)
             } else if spin_end_ns.saturating_sub(sleep_ns) > env.allowance_ns {
                 (Plan::Spin(0), Reason::Cap)
@@ -658,9 +667,17 @@ impl Learner {
                     // less than a sleep and wake-up, which take the
                     // others' CPU too), if that share is small; else
                     // interrupt mode.
+                    // But not while a spin lost the CPU lately: the
+                    // waiter did not keep its priority then, and whatever
+                    // it was to catch waited out the others' turns (beside
+                    // a hog and two busy processes, a 10k/s Poisson stream
+                    // whose lean spins were preempted had a p50 of 0.5-1 ms
+                    // against interrupt mode's 0.35 ms).
                     let full = b.min(self.catch_ns);
                     let afford = |x: u64| x <= env.allowance_ns;
-                    if self.model_frac <= SHARED_MAX_FRAC && afford(b) {
+                    if env.spin_preempted {
+                        (Plan::Spin(0), Reason::Contended)
+                    } else if self.model_frac <= SHARED_MAX_FRAC && afford(b) {
                         (Plan::Spin(b), Reason::LeanSpin)
                     } else if self.full_frac <= SHARED_MAX_FRAC && afford(full) {
                         (Plan::Spin(full), Reason::LeanSpin)
@@ -703,6 +720,15 @@ impl Learner {
     /// [`crate::adaptive::Config::sleep_slice_us`]): counted.
     pub fn note_short_slice(&mut self) {
         self.stats.short_slice_sleeps += 1;
+    }
+
+    /// A short slice was given back in `ns`: counted as lost when that
+    /// took over [`SLOW_GIVE_BACK_NS`].
+    pub fn note_give_back(&mut self, ns: u64) {
+        if ns > SLOW_GIVE_BACK_NS {
+            self.stats.slow_give_backs += 1;
+            self.stats.slow_give_back_ns += ns;
+        }
     }
 
     /// Why the wait planned last was planned that way.
