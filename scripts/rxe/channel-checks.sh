@@ -129,10 +129,20 @@ check_rstream() {
         fi
         break
     done
+    # The result row: name bytes xfers iters total time Gb/sec usec/xfer
+    local row_re='^[0-9a-z_]+ +[0-9.]+[kmg]? +[0-9]+ +[0-9]+ +' from=$c
+    # Without the shim, a client that lost every try to rstream's own race
+    # is rstream's fault, not fastwake's: the reference row is then the
+    # server's, which finished and printed the same columns (CI once had
+    # the race in all 6 tries of the run without the shim, and every
+    # check under the shim failed for want of a reference).
+    if [ "$mode" = none ] && [ $crc = 16 ] && [ $src = 0 ] && rxe_last_match "$s" "$row_re" >/dev/null; then
+        from=$s crc=0
+        rxe_info "rstream's POLLHUP race hit all $((races + 1)) tries of the client without the shim (rstream's own bug); the reference row is the server's"
+    fi
     [ $crc = 0 ] && [ $src = 0 ] || { rxe_fail "$mode: rstream client exit $crc, server exit $src (after $races POLLHUP races): $(grep -v '^$' "$c" "$s" | tail -n 1)"; return 1; }
     [ $races = 0 ] || rxe_info "rstream's POLLHUP race (client exit 16 after the server finished) hit $races time(s); ran again"
-    # The result row: name bytes xfers iters total time Gb/sec usec/xfer
-    local row; row=$(rxe_last_match "$c" '^[0-9a-z_]+ +[0-9.]+[kmg]? +[0-9]+ +[0-9]+ +') || { rxe_fail "$mode: no result row"; return 1; }
+    local row; row=$(rxe_last_match "$from" "$row_re") || { rxe_fail "$mode: no result row"; return 1; }
     local -a col; read -r -a col <<<"$row"
     local key="${col[0]} ${col[1]} ${col[2]} ${col[3]} ${col[4]}"
     if [ "$mode" = none ]; then
