@@ -362,7 +362,8 @@ pub struct AdaptiveStats {
     pub margin_ns: u64,
     /// Sleeps taken under [`Config::sleep_slice_us`] (the CPU contended).
     pub short_slice_sleeps: u64,
-    /// Of those, the sleeps whose slice took over 50 µs to give back: the
+    /// Of those, the sleeps whose slice took over
+    /// [`learner::SLOW_GIVE_BACK_NS`] (50 µs) to give back: the
     /// thread, re-placed under its own slice, lost the CPU on the way out
     /// of the wait.
     pub slow_give_backs: u64,
