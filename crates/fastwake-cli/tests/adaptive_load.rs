@@ -82,6 +82,13 @@ fn short_run_reports_every_mode_with_the_documented_keys_and_plots() {
             others.is_some_and(|o| (0.0..=100.0).contains(&o)),
             "others_pct_of_consumer_cpu: {r}"
         );
+        // schedstat is readable here: the consumer's run-queue delay per
+        // request is a time.
+        let delay = r["run_delay_us_per_req"].as_f64();
+        assert!(
+            delay.is_some_and(|d| d >= 0.0 && d.is_finite()),
+            "run_delay_us_per_req: {r}"
+        );
         // The backlog counts every request due, the queue only those sent:
         // a request sent is due, so the backlog is not the shallower. (The
         // queue reads the count sent a moment after the take is timed, so

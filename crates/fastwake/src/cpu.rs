@@ -57,6 +57,39 @@ pub fn thread_cpu_time() -> std::time::Duration {
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// The calling thread's scheduler statistics since it started, from
+/// `/proc/thread-self/schedstat`: time on a CPU, time runnable but
+/// waiting for one (the run-queue delay), and the times it was scheduled.
+/// `None` where the kernel does not keep them (`CONFIG_SCHED_INFO`) or
+/// /proc is not mounted. One `open`, `read` and `close`: cold path only.
+pub fn thread_schedstat() -> Option<SchedStat> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    SchedStat::parse(&s)
+}
+
+/// One thread's scheduler statistics ([`thread_schedstat`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedStat {
+    /// Time on a CPU, ns.
+    pub run_ns: u64,
+    /// Time runnable but waiting for a CPU, ns.
+    pub delay_ns: u64,
+    /// Times it was given a CPU.
+    pub scheduled: u64,
+}
+
+impl SchedStat {
+    /// The three fields of a `schedstat` file.
+    pub fn parse(s: &str) -> Option<SchedStat> {
+        let mut f = s.split_ascii_whitespace().map(|t| t.parse::<u64>().ok());
+        Some(SchedStat {
+            run_ns: f.next()??,
+            delay_ns: f.next()??,
+            scheduled: f.next()??,
+        })
+    }
+}
+
 /// While alive, the calling thread's timer slack is 1 ns; the slack it had
 /// comes back on drop.
 ///

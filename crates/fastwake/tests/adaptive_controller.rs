@@ -104,7 +104,7 @@ proptest! {
     fn converges_near_the_optimum(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
         // The spin model against its own truth: pre-wakes off (they have
         // their own tests below).
-        let cfg = Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: false, backlog: true, sleep_slice_us: 100 };
+        let cfg = Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: false, backlog: true, sleep_slice_us: 100, slice_trial: true };
         let mut s = Sim::new(cfg, seed);
         let plans = s.run(d, 2_000);
         let chosen = budget(*plans.last().unwrap());
@@ -128,7 +128,7 @@ proptest! {
     /// Under steady load the plan settles: few changes once warmed up.
     #[test]
     fn does_not_oscillate(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
-        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: true, backlog: true, sleep_slice_us: 100 }, seed);
+        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: true, backlog: true, sleep_slice_us: 100, slice_trial: true }, seed);
         s.run(d, 1_000);
         let before = s.core.stats().plan_changes;
         s.run(d, 5_000);
@@ -665,6 +665,7 @@ fn adaptive_parses_and_prints() {
                 prewake,
                 backlog: true,
                 sleep_slice_us: 100,
+                slice_trial: true,
             })
         );
         assert_eq!(m.to_string(), s);
@@ -673,6 +674,8 @@ fn adaptive_parses_and_prints() {
         ("adaptive:slice=off", 0),
         ("adaptive:slice=250us", 250),
         ("adaptive:backlog=off,slice=2000us", 2000),
+        ("adaptive:slice=250us,slicetrial=off", 250),
+        ("adaptive:slicetrial=off", 100),
     ] {
         let m: WaitMode = s.parse().unwrap();
         let WaitMode::Adaptive(c) = m else {
@@ -680,6 +683,7 @@ fn adaptive_parses_and_prints() {
         };
         assert_eq!(c.sleep_slice_us, us, "{s}");
         assert_eq!(c.backlog, !s.contains("backlog=off"), "{s}");
+        assert_eq!(c.slice_trial, !s.contains("slicetrial=off"), "{s}");
         assert_eq!(m.to_string(), s);
     }
     // Other spellings of the same settings print in the one form.
@@ -687,6 +691,7 @@ fn adaptive_parses_and_prints() {
         ("adaptive:slice=0", "adaptive:slice=off"),
         ("adaptive:slice=0.5ms", "adaptive:slice=500us"),
         ("adaptive:slice=100us", "adaptive"),
+        ("adaptive:slicetrial=on", "adaptive"),
     ] {
         assert_eq!(s.parse::<WaitMode>().unwrap().to_string(), printed);
     }

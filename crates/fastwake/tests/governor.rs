@@ -402,12 +402,24 @@ fn a_prewakes_ceiling_counts_from_the_wake_up_not_the_timer() {
 #[test]
 fn a_short_slice_is_asked_for_a_contended_adaptive_sleep_only() {
     let g = adaptive(50_000);
-    assert_eq!(g.sleep_slice(true), Some(Duration::from_micros(100)));
+    assert_eq!(
+        g.sleep_slice(true),
+        Some((Duration::from_micros(100), true))
+    );
     assert_eq!(g.sleep_slice(false), None);
     let off = Governor::new("adaptive:slice=off".parse().unwrap());
     assert_eq!(off.sleep_slice(true), None);
     let long = Governor::new("adaptive:slice=1ms".parse().unwrap());
-    assert_eq!(long.sleep_slice(true), Some(Duration::from_millis(1)));
+    assert_eq!(
+        long.sleep_slice(true),
+        Some((Duration::from_millis(1), true))
+    );
+    // Without the trial, every contended sleep takes it.
+    let always = Governor::new("adaptive:slicetrial=off".parse().unwrap());
+    assert_eq!(
+        always.sleep_slice(true),
+        Some((Duration::from_micros(100), false))
+    );
     for m in ["poll", "interrupt", "hybrid", "dispatch"] {
         let g = Governor::new(m.parse().unwrap());
         assert_eq!(g.sleep_slice(true), None, "{m}");

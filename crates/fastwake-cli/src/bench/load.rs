@@ -202,6 +202,10 @@ struct Measured {
     /// windows: its busy time in /proc/stat less the consumer's and the
     /// dispatcher's own (None where /proc/stat is unreadable).
     others: Option<Duration>,
+    /// The consumer's run-queue delay in the measured windows: time it
+    /// was runnable and waited for its CPU (None where schedstat is
+    /// unreadable).
+    run_delay: Option<Duration>,
 }
 
 impl Measured {
@@ -219,6 +223,7 @@ impl Measured {
             backlog: backlog::Backlog::default(),
             prewakes: 0,
             others: Some(Duration::ZERO),
+            run_delay: Some(Duration::ZERO),
         }
     }
 
@@ -590,6 +595,7 @@ struct Window {
     sleeps: u64,
     busy: Option<u64>,
     cpu: Duration,
+    sched: Option<fastwake::cpu::SchedStat>,
     wall: Instant,
     on: u32,
 }
@@ -602,6 +608,7 @@ impl Window {
             sleeps: w.stats().sleeps,
             busy: cpu_busy(on),
             cpu: fastwake::cpu::thread_cpu_time(),
+            sched: fastwake::cpu::thread_schedstat(),
             wall: Instant::now(),
             on,
         }
@@ -624,6 +631,13 @@ impl Window {
             _ => None,
         };
         out[helper_row].helper_cpu += h;
+        let o = &mut out[row];
+        o.run_delay = match (o.run_delay, self.sched, fastwake::cpu::thread_schedstat()) {
+            (Some(t), Some(a), Some(b)) => {
+                Some(t + Duration::from_nanos(b.delay_ns.saturating_sub(a.delay_ns)))
+            }
+            _ => None,
+        };
     }
 }
 
@@ -727,6 +741,12 @@ fn run_scenario(
             x.insert(
                 "others_pct_of_consumer_cpu".into(),
                 (100.0 * o.as_secs_f64() / wall).min(100.0).into(),
+            );
+        }
+        if let Some(d) = m.run_delay {
+            x.insert(
+                "run_delay_us_per_req".into(),
+                (1e6 * d.as_secs_f64() / m.msgs.max(1) as f64).into(),
             );
         }
         x.insert("cpu_pct_of_core".into(), (100.0 * cpu_s / wall).into());

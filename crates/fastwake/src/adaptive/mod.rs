@@ -28,6 +28,7 @@ pub mod hist;
 pub mod learner;
 pub mod pressure;
 pub mod prewake;
+pub mod slice_trial;
 
 use crate::{Fail, Result};
 
@@ -100,6 +101,16 @@ pub struct Config {
     /// waited behind their slices while its requests queued (see
     /// docs/design/adaptive.md, "A short slice while asleep").
     pub sleep_slice_us: u32,
+    /// Try the slice of [`Config::sleep_slice_us`] against none and keep
+    /// whichever costs the thread less (`slicetrial=on`, the default;
+    /// `slicetrial=off`: every sleep on a contended CPU takes it): the
+    /// pressure sampler compares the thread's run-queue delay and CPU
+    /// time over adjacent periods with and without it
+    /// ([`slice_trial`]). Why: the slice paid beside bursty neighbours at
+    /// 100k requests/s and cost a 10k/s stream beside a hog and bursty
+    /// neighbours its p50 (docs/design/adaptive.md, "A short slice while
+    /// asleep").
+    pub slice_trial: bool,
 }
 
 /// Default [`Config::worth`].
@@ -126,6 +137,7 @@ impl Config {
         prewake: true,
         backlog: true,
         sleep_slice_us: DEFAULT_SLEEP_SLICE_US,
+        slice_trial: true,
     };
 }
 
@@ -172,6 +184,10 @@ impl std::fmt::Display for Config {
                 0 => write!(f, "{sep}slice=off")?,
                 us => write!(f, "{sep}slice={us}us")?,
             }
+            sep = ',';
+        }
+        if !self.slice_trial {
+            write!(f, "{sep}slicetrial=off")?;
         }
         Ok(())
     }
@@ -183,14 +199,15 @@ impl Config {
     /// `cap=20%`, `cap=0.2`, `cap=20`), `worth=N`, `idle=N` (waits/s) and
     /// `catch=N%` (percent of waits a spin should catch; 100 = no limit),
     /// `wake=learn|model` ([`Config::learn_wake`]), `prewake=on|off`
-    /// ([`Config::prewake`]), `backlog=on|off` ([`Config::backlog`]) and
-    /// `slice=DURATION|off` ([`Config::sleep_slice_us`], 100us to 100ms).
+    /// ([`Config::prewake`]), `backlog=on|off` ([`Config::backlog`]),
+    /// `slice=DURATION|off` ([`Config::sleep_slice_us`], 100us to 100ms)
+    /// and `slicetrial=on|off` ([`Config::slice_trial`]).
     pub fn parse_options(s: &str) -> Result<Config> {
         let mut c = Config::default();
         for kv in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, v) = kv.split_once('=').ok_or_else(|| {
                 Fail::invalid(format!(
-                    "bad adaptive option '{kv}': expected cap=N%, worth=N, idle=N, catch=N%, wake=learn|model, prewake=on|off, backlog=on|off or slice=DURATION|off"
+                    "bad adaptive option '{kv}': expected cap=N%, worth=N, idle=N, catch=N%, wake=learn|model, prewake=on|off, backlog=on|off, slice=DURATION|off or slicetrial=on|off"
                 ))
             })?;
             match k.trim() {
@@ -223,6 +240,7 @@ impl Config {
                 }
                 "prewake" => c.prewake = on_off(v, "prewake")?,
                 "backlog" => c.backlog = on_off(v, "backlog")?,
+                "slicetrial" => c.slice_trial = on_off(v, "slicetrial")?,
                 "slice" => {
                     c.sleep_slice_us = match v.trim() {
                         "off" | "0" => 0,
@@ -233,7 +251,7 @@ impl Config {
                 }
                 other => {
                     return Err(Fail::invalid(format!(
-                        "unknown adaptive option '{other}': expected cap, worth, idle, catch, wake, prewake, backlog or slice"
+                        "unknown adaptive option '{other}': expected cap, worth, idle, catch, wake, prewake, backlog, slice or slicetrial"
                     )));
                 }
             }
@@ -545,6 +563,13 @@ pub fn explain(learner: &Learner, shared: Option<&pressure::Shared>) -> String {
     }
     if let Some(sh) = shared {
         out += &format!("; {}", sh.describe());
+        let c = learner.config();
+        if let Some(t) = sh
+            .describe_trial()
+            .filter(|_| c.slice_trial && c.sleep_slice_us > 0)
+        {
+            out += &format!("; {t}");
+        }
     }
     out
 }

@@ -27,9 +27,10 @@
 //! little about one CPU. Where /proc cannot be read the sampler reports
 //! "unavailable" and nothing counts as contended.
 
+use super::slice_trial::{SliceTrial, Verdict};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -65,6 +66,16 @@ pub struct Shared {
     others: AtomicU32,
     /// The waiter's run-queue delay, ‰ of the time.
     delay: AtomicU32,
+    /// Sleeps on a contended CPU that the slice trial counts
+    /// ([`Shared::note_trial_sleep`]).
+    trial_sleeps: AtomicU64,
+    /// The thread's slice trial ([`slice_trial`]): whether its sleeps
+    /// take the short slice now, its verdict, trials ended, and the
+    /// slice's cost over none's in the last one (‰).
+    slice_on: AtomicBool,
+    verdict: AtomicU8,
+    trials: AtomicU32,
+    ratio: AtomicU32,
 }
 
 impl Default for Shared {
@@ -75,6 +86,11 @@ impl Default for Shared {
             contended: AtomicBool::new(false),
             others: AtomicU32::new(UNKNOWN),
             delay: AtomicU32::new(UNKNOWN),
+            trial_sleeps: AtomicU64::new(0),
+            slice_on: AtomicBool::new(SliceTrial::default().arm()),
+            verdict: AtomicU8::new(Verdict::Unknown as u8),
+            trials: AtomicU32::new(0),
+            ratio: AtomicU32::new(1000),
         }
     }
 }
@@ -84,6 +100,33 @@ impl Shared {
     #[inline]
     pub fn contended(&self) -> bool {
         self.contended.load(Ordering::Relaxed)
+    }
+
+    /// A sleep on a contended CPU of a waiter that runs the slice trial:
+    /// counted, so the sampler knows which periods the thread slept in.
+    #[inline]
+    pub fn note_trial_sleep(&self) {
+        self.trial_sleeps.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Does the slice trial give this thread's sleeps the short slice now?
+    #[inline]
+    pub fn slice_on(&self) -> bool {
+        self.slice_on.load(Ordering::Relaxed)
+    }
+
+    /// The slice trial's state for reports, once a trial ended.
+    pub fn describe_trial(&self) -> Option<String> {
+        let n = self.trials.load(Ordering::Relaxed);
+        let v = match self.verdict.load(Ordering::Relaxed) {
+            x if x == Verdict::Pays as u8 => "pays",
+            x if x == Verdict::DoesNotPay as u8 => "does not pay",
+            _ => return None,
+        };
+        Some(format!(
+            "slice trials {n}, last: {v} (run-queue delay and CPU {:.2}x those without it)",
+            self.ratio.load(Ordering::Relaxed) as f64 / 1000.0
+        ))
     }
 
     pub(crate) fn set_cpu(&self, cpu: u32) {
@@ -192,6 +235,7 @@ struct Snapshot {
 
 fn sampler() {
     let mut hist: VecDeque<Snapshot> = VecDeque::new();
+    let mut trials = Trials::default();
     loop {
         let (live, idle): (Vec<Arc<Shared>>, Vec<(i32, u32)>) = {
             let mut r = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
@@ -234,6 +278,7 @@ fn sampler() {
             AVAILABLE.store(1, Ordering::Relaxed);
             publish(old, &now, &live, &idle);
         }
+        trials.step(hist.back(), &now, &live);
         hist.push_back(now);
         while hist.len() > WINDOW_PERIODS {
             hist.pop_front();
@@ -290,6 +335,54 @@ fn publish(old: &Snapshot, now: &Snapshot, live: &[Arc<Shared>], idle: &[(i32, u
         w.delay
             .store((delay.min(1.0) * 1000.0) as u32, Ordering::Relaxed);
         w.contended.store(is, Ordering::Relaxed);
+    }
+}
+
+/// The slice trials of the waiting threads, one a thread: the slice is a
+/// thread's, and a thread may wait through several waiters.
+#[derive(Default)]
+struct Trials {
+    /// The trial and the trial sleeps its waiters had counted.
+    by_tid: HashMap<i32, (SliceTrial, u64)>,
+}
+
+impl Trials {
+    /// One period from `prev` to `now` has passed: each thread's trial
+    /// observes it, and its arm for the next one is published.
+    fn step(&mut self, prev: Option<&Snapshot>, now: &Snapshot, live: &[Arc<Shared>]) {
+        let mut sleeps: HashMap<i32, u64> = HashMap::new();
+        for w in live {
+            let tid = w.tid.load(Ordering::Relaxed);
+            if tid > 0 {
+                *sleeps.entry(tid).or_default() += w.trial_sleeps.load(Ordering::Relaxed);
+            }
+        }
+        self.by_tid.retain(|tid, _| sleeps.contains_key(tid));
+        for (&tid, &n) in &sleeps {
+            let (trial, seen) = self.by_tid.entry(tid).or_insert((SliceTrial::default(), n));
+            let cost = match (
+                prev,
+                prev.and_then(|p| p.tasks.get(&tid)),
+                now.tasks.get(&tid),
+            ) {
+                (Some(p), Some(a), Some(b)) => {
+                    let dt = now.t.duration_since(p.t).as_nanos() as f64;
+                    (b.0.saturating_sub(a.0) + b.1.saturating_sub(a.1)) as f64 / dt
+                }
+                _ => f64::NAN,
+            };
+            trial.observe(n.saturating_sub(*seen), cost);
+            *seen = n;
+        }
+        for w in live {
+            if let Some((t, _)) = self.by_tid.get(&w.tid.load(Ordering::Relaxed)) {
+                w.slice_on.store(t.arm(), Ordering::Relaxed);
+                w.verdict.store(t.verdict() as u8, Ordering::Relaxed);
+                w.trials.store(t.trials(), Ordering::Relaxed);
+                w.ratio
+                    .store((t.last_ratio() * 1000.0).min(1e9) as u32, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -385,6 +478,60 @@ pub fn system() -> (Option<f64>, Option<u64>) {
 #[cfg(test)]
 mod tests {
     use super::parse_times;
+    use super::{Arc, HashMap, Instant, Ordering, Shared, Snapshot, Trials};
+    use std::time::Duration;
+
+    /// The sampler's step runs each thread's slice trial on the periods
+    /// its waiters slept in, from the thread's schedstat, and publishes
+    /// the arm: a thread whose periods with the slice cost more (run-queue
+    /// delay plus CPU) ends up without it, and the two waiters of one
+    /// thread share the trial.
+    #[test]
+    fn the_sampler_runs_a_threads_slice_trial_on_its_schedstat() {
+        let (a, b) = (Arc::new(Shared::default()), Arc::new(Shared::default()));
+        for w in [&a, &b] {
+            w.tid.store(42, Ordering::Relaxed);
+        }
+        let live = [a.clone(), b.clone()];
+        let mut trials = Trials::default();
+        let t0 = Instant::now();
+        let snap = |i: u32, run: u64, delay: u64| Snapshot {
+            t: t0 + Duration::from_millis(50 * i as u64),
+            busy: Vec::new(),
+            tasks: HashMap::from([(42, (run, delay, 0))]),
+        };
+        let (mut run, mut delay) = (0u64, 0u64);
+        let mut prev = snap(0, 0, 0);
+        trials.step(None, &prev, &live);
+        assert!(a.slice_on() && b.slice_on(), "a trial starts with the slice");
+        for i in 1..=16 {
+            let on = a.slice_on();
+            assert_eq!(on, b.slice_on());
+            // Both waiters slept; with the slice the thread waited twice
+            // as long for its CPU.
+            for _ in 0..10 {
+                a.note_trial_sleep();
+                b.note_trial_sleep();
+            }
+            run += 2_000_000;
+            delay += if on { 10_000_000 } else { 5_000_000 };
+            let now = snap(i, run, delay);
+            trials.step(Some(&prev), &now, &live);
+            prev = now;
+        }
+        assert!(!a.slice_on() && !b.slice_on(), "dropped");
+        let d = a.describe_trial().expect("a trial ended");
+        assert!(d.contains("does not pay") && d.contains("1.71x"), "{d}");
+        // Periods without trial sleeps do not count: the verdict holds.
+        for i in 17..200 {
+            delay += 1_000_000_000;
+            let now = snap(i, run, delay);
+            trials.step(Some(&prev), &now, &live);
+            prev = now;
+        }
+        assert_eq!(a.trials.load(Ordering::Relaxed), 1);
+        assert!(!a.slice_on());
+    }
 
     /// Busy ns per CPU, as the sampler reads it.
     fn parse_busy(stat: &str, tick_ns: u64) -> Option<Vec<u64>> {

@@ -514,11 +514,15 @@ impl Waiter {
     }
 
     /// A short slice for the sleep to come, where adaptive mode asks for
-    /// one ([`crate::adaptive::Config::sleep_slice_us`]: the CPU contended):
-    /// the thread's own comes back when the guard drops, before the wait
-    /// returns.
+    /// one ([`crate::adaptive::Config::sleep_slice_us`]: the CPU contended)
+    /// and the slice trial gives it now
+    /// ([`crate::adaptive::slice_trial`]): the thread's own comes back when
+    /// the guard drops, before the wait returns.
     fn short_slice(&mut self) -> Option<crate::slice::ForSleep> {
-        let d = self.governor.sleep_slice(self.sensors.contended())?;
+        let (d, trial) = self.governor.sleep_slice(self.sensors.contended())?;
+        if trial && !self.sensors.trial_slice_on() {
+            return None;
+        }
         let g = crate::slice::for_sleep(d)?;
         self.governor.note_short_slice();
         Some(g)

@@ -32,6 +32,16 @@ impl Sensors {
         self.pressure.as_ref().is_some_and(|p| p.contended())
     }
 
+    /// A sleep on a contended CPU under the slice trial: counted for the
+    /// sampler; whether it takes the short slice now.
+    #[inline]
+    pub(super) fn trial_slice_on(&self) -> bool {
+        self.pressure.as_ref().is_some_and(|p| {
+            p.note_trial_sleep();
+            p.slice_on()
+        })
+    }
+
     /// Look again at `cpu`'s dispatcher, and register this thread with the
     /// pressure sampler on the first wait and whenever the waiter moved to
     /// another thread.
