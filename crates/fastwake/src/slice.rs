@@ -16,7 +16,9 @@
 //! `bench load --slice`) asks for it for the threads that wait. What
 //! fastwake does by itself is narrower ([`ForSleep`]): an adaptive waiter
 //! on a CPU others keep busy takes a short slice for the time it sleeps in
-//! a wait, and gives the thread's own back before the wait returns.
+//! a wait, where a trial finds that it pays
+//! ([`crate::adaptive::slice_trial`]), and gives the thread's own back
+//! before the wait returns.
 
 use crate::{Fail, Result};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};

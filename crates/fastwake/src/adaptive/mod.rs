@@ -92,8 +92,9 @@ pub struct Config {
     pub backlog: bool,
     /// Slice for a sleep on a contended CPU, µs (`slice=100us`, the
     /// default; `slice=off` or 0: none): while the pressure sampler finds
-    /// other threads busy on the waiter's CPU, each sleep of a wait runs
-    /// under this scheduler slice ([`crate::slice::for_sleep`]), so the
+    /// other threads busy on the waiter's CPU, a sleep of a wait runs
+    /// under this scheduler slice ([`crate::slice::for_sleep`]) where the
+    /// slice trial finds it pays ([`Config::slice_trial`]), so the
     /// waiter, woken by its completion, preempts the neighbour instead of
     /// waiting out its turn; the thread's own slice comes back before the
     /// wait returns. Linux 6.12 or later; elsewhere nothing happens. Why:

@@ -503,7 +503,10 @@ mod tests {
         let (mut run, mut delay) = (0u64, 0u64);
         let mut prev = snap(0, 0, 0);
         trials.step(None, &prev, &live);
-        assert!(a.slice_on() && b.slice_on(), "a trial starts with the slice");
+        assert!(
+            a.slice_on() && b.slice_on(),
+            "a trial starts with the slice"
+        );
         for i in 1..=16 {
             let on = a.slice_on();
             assert_eq!(on, b.slice_on());
