@@ -195,6 +195,16 @@ fn idle_dispatcher_sleeps_and_wakes() {
     let h = consumer(wcpu, rx, 3, start.clone());
     start.wait();
     fastwake::cpu::pin(pcpu).unwrap();
+    // The first completion must find the consumer asleep in its wait: a
+    // waiter whose waits never slept does not trust a dispatcher that has
+    // not run lately (it falls back to interrupt mode, by design), and
+    // one that took its first completion at the first look never slept.
+    let t0 = Instant::now();
+    while d.stats().registered == 0 {
+        assert!(t0.elapsed() < WAIT, "the consumer never waited");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
     tx.send(0, b"x").unwrap();
     // Idle past the threshold: the dispatcher must go to sleep and stop
     // using CPU while the consumer waits (in interrupt mode).

@@ -503,13 +503,11 @@ mod tests {
         let (mut run, mut delay) = (0u64, 0u64);
         let mut prev = snap(0, 0, 0);
         trials.step(None, &prev, &live);
-        assert!(
-            a.slice_on() && b.slice_on(),
-            "a trial starts with the slice"
-        );
-        for i in 1..=16 {
+        let mut arms = Vec::new();
+        for i in 1..=20 {
             let on = a.slice_on();
             assert_eq!(on, b.slice_on());
+            arms.push(on);
             // Both waiters slept; with the slice the thread waited twice
             // as long for its CPU.
             for _ in 0..10 {
@@ -522,11 +520,16 @@ mod tests {
             trials.step(Some(&prev), &now, &live);
             prev = now;
         }
+        assert_eq!(
+            &arms[..4],
+            &[false, false, true, true],
+            "the trial's slots 1-4"
+        );
         assert!(!a.slice_on() && !b.slice_on(), "dropped");
         let d = a.describe_trial().expect("a trial ended");
         assert!(d.contains("does not pay") && d.contains("1.71x"), "{d}");
         // Periods without trial sleeps do not count: the verdict holds.
-        for i in 17..200 {
+        for i in 21..200 {
             delay += 1_000_000_000;
             let now = snap(i, run, delay);
             trials.step(Some(&prev), &now, &live);
