@@ -404,7 +404,7 @@ fn a_short_slice_is_asked_for_a_contended_adaptive_sleep_only() {
     let g = adaptive(50_000);
     assert_eq!(
         g.sleep_slice(true),
-        Some((Duration::from_micros(100), true))
+        Some((Duration::from_micros(100), Some(100)))
     );
     assert_eq!(g.sleep_slice(false), None);
     let off = Governor::new("adaptive:slice=off".parse().unwrap());
@@ -412,13 +412,19 @@ fn a_short_slice_is_asked_for_a_contended_adaptive_sleep_only() {
     let long = Governor::new("adaptive:slice=1ms".parse().unwrap());
     assert_eq!(
         long.sleep_slice(true),
-        Some((Duration::from_millis(1), true))
+        Some((Duration::from_millis(1), Some(100)))
+    );
+    // The trial weighs CPU by the waiter's worth.
+    let cheap = Governor::new("adaptive:worth=3".parse().unwrap());
+    assert_eq!(
+        cheap.sleep_slice(true),
+        Some((Duration::from_micros(100), Some(3)))
     );
     // Without the trial, every contended sleep takes it.
     let always = Governor::new("adaptive:slicetrial=off".parse().unwrap());
     assert_eq!(
         always.sleep_slice(true),
-        Some((Duration::from_micros(100), false))
+        Some((Duration::from_micros(100), None))
     );
     for m in ["poll", "interrupt", "hybrid", "dispatch"] {
         let g = Governor::new(m.parse().unwrap());

@@ -105,8 +105,9 @@ pub struct Config {
     /// Try the slice of [`Config::sleep_slice_us`] against none and keep
     /// whichever costs the thread less (`slicetrial=on`, the default;
     /// `slicetrial=off`: every sleep on a contended CPU takes it): the
-    /// pressure sampler compares the thread's run-queue delay and CPU
-    /// time over adjacent periods with and without it
+    /// pressure sampler compares the thread's run-queue delay plus its
+    /// CPU time over [`Config::worth`] in adjacent periods with and
+    /// without it
     /// ([`slice_trial`]). Why: the slice paid beside bursty neighbours at
     /// 100k requests/s and cost a 10k/s stream beside a hog and bursty
     /// neighbours its p50 (docs/design/adaptive.md, "A short slice while

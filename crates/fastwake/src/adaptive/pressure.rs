@@ -67,8 +67,9 @@ pub struct Shared {
     /// The waiter's run-queue delay, ‰ of the time.
     delay: AtomicU32,
     /// Sleeps on a contended CPU that the slice trial counts
-    /// ([`Shared::note_trial_sleep`]).
+    /// ([`Shared::note_trial_sleep`]), and the waiter's worth.
     trial_sleeps: AtomicU64,
+    worth: AtomicU32,
     /// The thread's slice trial ([`slice_trial`]): whether its sleeps
     /// take the short slice now, its verdict, trials ended, and the
     /// slice's cost over none's in the last one (‰).
@@ -87,6 +88,7 @@ impl Default for Shared {
             others: AtomicU32::new(UNKNOWN),
             delay: AtomicU32::new(UNKNOWN),
             trial_sleeps: AtomicU64::new(0),
+            worth: AtomicU32::new(super::DEFAULT_WORTH as u32),
             slice_on: AtomicBool::new(SliceTrial::default().arm()),
             verdict: AtomicU8::new(Verdict::Unknown as u8),
             trials: AtomicU32::new(0),
@@ -102,10 +104,14 @@ impl Shared {
         self.contended.load(Ordering::Relaxed)
     }
 
-    /// A sleep on a contended CPU of a waiter that runs the slice trial:
-    /// counted, so the sampler knows which periods the thread slept in.
+    /// A sleep on a contended CPU of a waiter that runs the slice trial,
+    /// whose µs of latency are `worth` µs of CPU
+    /// ([`super::Config::worth`]): counted, so the sampler knows which
+    /// periods the thread slept in, and the worth kept for the trial to
+    /// weigh the thread's CPU time by.
     #[inline]
-    pub fn note_trial_sleep(&self) {
+    pub fn note_trial_sleep(&self, worth: u16) {
+        self.worth.store(worth.max(1) as u32, Ordering::Relaxed);
         self.trial_sleeps.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -124,7 +130,7 @@ impl Shared {
             _ => return None,
         };
         Some(format!(
-            "slice trials {n}, last: {v} (run-queue delay and CPU {:.2}x those without it)",
+            "slice trials {n}, last: {v} (run-queue delay and CPU/worth {:.2}x those without it)",
             self.ratio.load(Ordering::Relaxed) as f64 / 1000.0
         ))
     }
@@ -350,15 +356,22 @@ impl Trials {
     /// One period from `prev` to `now` has passed: each thread's trial
     /// observes it, and its arm for the next one is published.
     fn step(&mut self, prev: Option<&Snapshot>, now: &Snapshot, live: &[Arc<Shared>]) {
-        let mut sleeps: HashMap<i32, u64> = HashMap::new();
+        // Per thread: its waiters' trial sleeps, and the least worth among
+        // them (the one that weighs CPU most).
+        let mut sleeps: HashMap<i32, (u64, u32)> = HashMap::new();
         for w in live {
             let tid = w.tid.load(Ordering::Relaxed);
             if tid > 0 {
-                *sleeps.entry(tid).or_default() += w.trial_sleeps.load(Ordering::Relaxed);
+                let e = sleeps.entry(tid).or_insert((0, u32::MAX));
+                let n = w.trial_sleeps.load(Ordering::Relaxed);
+                e.0 += n;
+                if n > 0 {
+                    e.1 = e.1.min(w.worth.load(Ordering::Relaxed));
+                }
             }
         }
         self.by_tid.retain(|tid, _| sleeps.contains_key(tid));
-        for (&tid, &n) in &sleeps {
+        for (&tid, &(n, worth)) in &sleeps {
             let (trial, seen) = self.by_tid.entry(tid).or_insert((SliceTrial::default(), n));
             let cost = match (
                 prev,
@@ -367,7 +380,8 @@ impl Trials {
             ) {
                 (Some(p), Some(a), Some(b)) => {
                     let dt = now.t.duration_since(p.t).as_nanos() as f64;
-                    (b.0.saturating_sub(a.0) + b.1.saturating_sub(a.1)) as f64 / dt
+                    let run = b.0.saturating_sub(a.0) as f64 / worth.clamp(1, 65_535) as f64;
+                    (run + b.1.saturating_sub(a.1) as f64) / dt
                 }
                 _ => f64::NAN,
             };
@@ -511,8 +525,8 @@ mod tests {
             // Both waiters slept; with the slice the thread waited twice
             // as long for its CPU.
             for _ in 0..10 {
-                a.note_trial_sleep();
-                b.note_trial_sleep();
+                a.note_trial_sleep(1);
+                b.note_trial_sleep(1);
             }
             run += 2_000_000;
             delay += if on { 10_000_000 } else { 5_000_000 };
@@ -537,6 +551,51 @@ mod tests {
         }
         assert_eq!(a.trials.load(Ordering::Relaxed), 1);
         assert!(!a.slice_on());
+    }
+
+    /// One thread's trial over `steps` periods of 10 trial sleeps each by a
+    /// waiter of `worth`, each period adding (run ns, delay ns) by arm.
+    fn trial(worth: u16, on: (u64, u64), off: (u64, u64), steps: u32) -> Arc<Shared> {
+        let w = Arc::new(Shared::default());
+        w.tid.store(7, Ordering::Relaxed);
+        let live = [w.clone()];
+        let mut trials = Trials::default();
+        let t0 = Instant::now();
+        let (mut run, mut delay) = (0, 0);
+        let snap = |i: u32, run: u64, delay: u64| Snapshot {
+            t: t0 + Duration::from_millis(50 * i as u64),
+            busy: Vec::new(),
+            tasks: HashMap::from([(7, (run, delay, 0))]),
+        };
+        let mut prev = snap(0, 0, 0);
+        trials.step(None, &prev, &live);
+        for i in 1..=steps {
+            let (r, d) = if w.slice_on() { on } else { off };
+            for _ in 0..10 {
+                w.note_trial_sleep(worth);
+            }
+            (run, delay) = (run + r, delay + d);
+            let now = snap(i, run, delay);
+            trials.step(Some(&prev), &now, &live);
+            prev = now;
+        }
+        w
+    }
+
+    /// The trial weighs the thread's CPU time by the waiter's worth: a
+    /// slice that cuts the delay by 1 ms a period and costs 6 ms of CPU
+    /// pays where a µs of latency is worth 100 µs of CPU, not at par.
+    #[test]
+    fn the_trial_weighs_cpu_by_the_waiters_worth() {
+        let (on, off) = ((8_000_000, 5_000_000), (2_000_000, 6_000_000));
+        let latency_first = trial(100, on, off, 24);
+        assert!(
+            latency_first.slice_on(),
+            "{:?}",
+            latency_first.describe_trial()
+        );
+        let cpu_at_par = trial(1, on, off, 24);
+        assert!(!cpu_at_par.slice_on(), "{:?}", cpu_at_par.describe_trial());
     }
 
     /// Busy ns per CPU, as the sampler reads it.

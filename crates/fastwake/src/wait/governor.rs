@@ -566,14 +566,15 @@ impl Governor {
 
     /// The slice a sleep of this wait should run under: adaptive's
     /// [`adaptive::Config::sleep_slice_us`] while the CPU is `contended`
-    /// (the pressure sampler's verdict), else none; with whether the
-    /// slice trial decides it ([`adaptive::Config::slice_trial`]).
+    /// (the pressure sampler's verdict), else none; with the worth the
+    /// slice trial weighs CPU by where the trial decides it
+    /// ([`adaptive::Config::slice_trial`], [`adaptive::Config::worth`]).
     #[inline]
-    pub fn sleep_slice(&self, contended: bool) -> Option<(std::time::Duration, bool)> {
+    pub fn sleep_slice(&self, contended: bool) -> Option<(std::time::Duration, Option<u16>)> {
         match self.mode {
             WaitMode::Adaptive(c) if contended && c.sleep_slice_us > 0 => Some((
                 std::time::Duration::from_micros(c.sleep_slice_us as u64),
-                c.slice_trial,
+                c.slice_trial.then_some(c.worth),
             )),
             _ => None,
         }

@@ -520,7 +520,9 @@ impl Waiter {
     /// the guard drops, before the wait returns.
     fn short_slice(&mut self) -> Option<crate::slice::ForSleep> {
         let (d, trial) = self.governor.sleep_slice(self.sensors.contended())?;
-        if trial && !self.sensors.trial_slice_on() {
+        if let Some(worth) = trial
+            && !self.sensors.trial_slice_on(worth)
+        {
             return None;
         }
         let g = crate::slice::for_sleep(d)?;

@@ -32,12 +32,13 @@ impl Sensors {
         self.pressure.as_ref().is_some_and(|p| p.contended())
     }
 
-    /// A sleep on a contended CPU under the slice trial: counted for the
-    /// sampler; whether it takes the short slice now.
+    /// A sleep on a contended CPU under the slice trial, by a waiter
+    /// whose µs of latency are `worth` µs of CPU: counted for the sampler;
+    /// whether it takes the short slice now.
     #[inline]
-    pub(super) fn trial_slice_on(&self) -> bool {
+    pub(super) fn trial_slice_on(&self, worth: u16) -> bool {
         self.pressure.as_ref().is_some_and(|p| {
-            p.note_trial_sleep();
+            p.note_trial_sleep(worth);
             p.slice_on()
         })
     }
