@@ -116,6 +116,19 @@ check_rstream() {
         rxe_sleep 3
         crc=0 src=0
         timeout -k 2 60 "${pre[@]}" taskset -c "$RXE_CLIENT_CPU" rstream -s "$RXE_IP" "${args[@]}" >"$c" 2>&1 || crc=$?
+        # A client that quit on POLLHUP can leave its server waiting for
+        # the rest of the transfer: give the server a few seconds to end,
+        # then end it, rather than wait out its 60 s timeout.
+        local hung=0 t
+        if [ $crc = 16 ]; then
+            for t in 1 2 3 4 5 6 7 8 9 10; do
+                kill -0 "$spid" 2>/dev/null || break
+                rxe_sleep 1
+            done
+            if kill -0 "$spid" 2>/dev/null; then
+                hung=1; kill "$spid" 2>/dev/null
+            fi
+        fi
         wait "$spid" || src=$?
         cat "$s" "$c"
         # rstream's own race, seen without the shim too: its do_poll treats
@@ -124,7 +137,10 @@ check_rstream() {
         # (POLLHUP) after the server finished. Run again (a new port); up
         # to 6 tries: under TCG it hit 3 tries in a row once in CI (and
         # once in one try of the run without the shim in the same run).
-        if [ $crc = 16 ] && [ $src = 0 ] && [ $attempt -lt 6 ]; then
+        # The same POLLHUP once came before any data, without the shim:
+        # the client printed its header and exited 16, and the server
+        # waited until its timeout; that pair runs again too.
+        if [ $crc = 16 ] && { [ $src = 0 ] || [ $hung = 1 ]; } && [ $attempt -lt 6 ]; then
             races=$((races + 1)); port=$(rxe_next_port); continue
         fi
         break

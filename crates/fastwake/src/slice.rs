@@ -17,7 +17,7 @@
 //! fastwake does by itself is narrower ([`ForSleep`]): an adaptive waiter
 //! on a CPU others keep busy takes a short slice for the time it sleeps in
 //! a wait, where a trial finds that it pays
-//! ([`crate::adaptive::slice_trial`]), and gives the thread's own back
+//! ([`crate::adaptive::trial`]), and gives the thread's own back
 //! before the wait returns.
 
 use crate::{Fail, Result};

@@ -104,7 +104,7 @@ proptest! {
     fn converges_near_the_optimum(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
         // The spin model against its own truth: pre-wakes off (they have
         // their own tests below).
-        let cfg = Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: false, backlog: true, sleep_slice_us: 100, slice_trial: true };
+        let cfg = Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: false, backlog: true, sleep_slice_us: 100, slice_trial: true, lean_trial: true };
         let mut s = Sim::new(cfg, seed);
         let plans = s.run(d, 2_000);
         let chosen = budget(*plans.last().unwrap());
@@ -128,7 +128,7 @@ proptest! {
     /// Under steady load the plan settles: few changes once warmed up.
     #[test]
     fn does_not_oscillate(d in dist(), worth in 1u16..400, seed in any::<u64>()) {
-        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: true, backlog: true, sleep_slice_us: 100, slice_trial: true }, seed);
+        let mut s = Sim::new(Config { cap_pct: 100, worth, idle_rate: 0, catch_pct: 100, learn_wake: false, prewake: true, backlog: true, sleep_slice_us: 100, slice_trial: true, lean_trial: true }, seed);
         s.run(d, 1_000);
         let before = s.core.stats().plan_changes;
         s.run(d, 5_000);
@@ -341,6 +341,25 @@ fn no_lean_spin_while_a_spin_was_preempted_lately() {
     }
     assert_eq!(s.core.stats().contended - before, 50);
     assert!(budget(s.step(1_000, CONTENDED)) > 0, "spins again after");
+    // The lean-spin trial's verdict bars them the same way.
+    let barred = Env {
+        lean_barred: true,
+        ..CONTENDED
+    };
+    for _ in 0..50 {
+        assert_eq!(s.step(1_000, barred), Plan::Spin(0));
+    }
+    assert!(budget(s.step(1_000, CONTENDED)) > 0, "spins again after");
+    assert!(
+        budget(s.step(
+            1_000,
+            Env {
+                lean_barred: true,
+                ..Env::FREE
+            }
+        )) > 0,
+        "a free CPU's spins are not lean ones"
+    );
     // The flag is read on a contended CPU only (the wait governor's
     // back-off sets both).
     assert!(
@@ -666,6 +685,7 @@ fn adaptive_parses_and_prints() {
                 backlog: true,
                 sleep_slice_us: 100,
                 slice_trial: true,
+                lean_trial: true,
             })
         );
         assert_eq!(m.to_string(), s);
@@ -676,6 +696,8 @@ fn adaptive_parses_and_prints() {
         ("adaptive:backlog=off,slice=2000us", 2000),
         ("adaptive:slice=250us,slicetrial=off", 250),
         ("adaptive:slicetrial=off", 100),
+        ("adaptive:slicetrial=off,leantrial=off", 100),
+        ("adaptive:leantrial=off", 100),
     ] {
         let m: WaitMode = s.parse().unwrap();
         let WaitMode::Adaptive(c) = m else {
@@ -684,6 +706,7 @@ fn adaptive_parses_and_prints() {
         assert_eq!(c.sleep_slice_us, us, "{s}");
         assert_eq!(c.backlog, !s.contains("backlog=off"), "{s}");
         assert_eq!(c.slice_trial, !s.contains("slicetrial=off"), "{s}");
+        assert_eq!(c.lean_trial, !s.contains("leantrial=off"), "{s}");
         assert_eq!(m.to_string(), s);
     }
     // Other spellings of the same settings print in the one form.
@@ -692,6 +715,7 @@ fn adaptive_parses_and_prints() {
         ("adaptive:slice=0.5ms", "adaptive:slice=500us"),
         ("adaptive:slice=100us", "adaptive"),
         ("adaptive:slicetrial=on", "adaptive"),
+        ("adaptive:leantrial=on", "adaptive"),
     ] {
         assert_eq!(s.parse::<WaitMode>().unwrap().to_string(), printed);
     }

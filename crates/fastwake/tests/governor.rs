@@ -426,8 +426,13 @@ fn a_short_slice_is_asked_for_a_contended_adaptive_sleep_only() {
         always.sleep_slice(true),
         Some((Duration::from_micros(100), None))
     );
+    // The lean-spin trial runs for adaptive waits, with their worth.
+    assert_eq!(cheap.lean_trial_worth(), Some(3));
+    let no_lean_trial = Governor::new("adaptive:leantrial=off".parse().unwrap());
+    assert_eq!(no_lean_trial.lean_trial_worth(), None);
     for m in ["poll", "interrupt", "hybrid", "dispatch"] {
         let g = Governor::new(m.parse().unwrap());
+        assert_eq!(g.lean_trial_worth(), None, "{m}");
         assert_eq!(g.sleep_slice(true), None, "{m}");
     }
     let mut g = adaptive(50_000);

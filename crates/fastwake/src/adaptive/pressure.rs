@@ -27,10 +27,9 @@
 //! little about one CPU. Where /proc cannot be read the sampler reports
 //! "unavailable" and nothing counts as contended.
 
-use super::slice_trial::{SliceTrial, Verdict};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -66,17 +65,8 @@ pub struct Shared {
     others: AtomicU32,
     /// The waiter's run-queue delay, ‰ of the time.
     delay: AtomicU32,
-    /// Sleeps on a contended CPU that the slice trial counts
-    /// ([`Shared::note_trial_sleep`]), and the waiter's worth.
-    trial_sleeps: AtomicU64,
-    worth: AtomicU32,
-    /// The thread's slice trial ([`slice_trial`]): whether its sleeps
-    /// take the short slice now, its verdict, trials ended, and the
-    /// slice's cost over none's in the last one (‰).
-    slice_on: AtomicBool,
-    verdict: AtomicU8,
-    trials: AtomicU32,
-    ratio: AtomicU32,
+    /// The thread's trials ([`super::trials`]).
+    trials: super::trials::Published,
 }
 
 impl Default for Shared {
@@ -87,12 +77,7 @@ impl Default for Shared {
             contended: AtomicBool::new(false),
             others: AtomicU32::new(UNKNOWN),
             delay: AtomicU32::new(UNKNOWN),
-            trial_sleeps: AtomicU64::new(0),
-            worth: AtomicU32::new(super::DEFAULT_WORTH as u32),
-            slice_on: AtomicBool::new(SliceTrial::default().arm()),
-            verdict: AtomicU8::new(Verdict::Unknown as u8),
-            trials: AtomicU32::new(0),
-            ratio: AtomicU32::new(1000),
+            trials: Default::default(),
         }
     }
 }
@@ -104,35 +89,10 @@ impl Shared {
         self.contended.load(Ordering::Relaxed)
     }
 
-    /// A sleep on a contended CPU of a waiter that runs the slice trial,
-    /// whose µs of latency are `worth` µs of CPU
-    /// ([`super::Config::worth`]): counted, so the sampler knows which
-    /// periods the thread slept in, and the worth kept for the trial to
-    /// weigh the thread's CPU time by.
+    /// The thread's trials: what the waiter counts and reads for them.
     #[inline]
-    pub fn note_trial_sleep(&self, worth: u16) {
-        self.worth.store(worth.max(1) as u32, Ordering::Relaxed);
-        self.trial_sleeps.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Does the slice trial give this thread's sleeps the short slice now?
-    #[inline]
-    pub fn slice_on(&self) -> bool {
-        self.slice_on.load(Ordering::Relaxed)
-    }
-
-    /// The slice trial's state for reports, once a trial ended.
-    pub fn describe_trial(&self) -> Option<String> {
-        let n = self.trials.load(Ordering::Relaxed);
-        let v = match self.verdict.load(Ordering::Relaxed) {
-            x if x == Verdict::Pays as u8 => "pays",
-            x if x == Verdict::DoesNotPay as u8 => "does not pay",
-            _ => return None,
-        };
-        Some(format!(
-            "slice trials {n}, last: {v} (run-queue delay and CPU/worth {:.2}x those without it)",
-            self.ratio.load(Ordering::Relaxed) as f64 / 1000.0
-        ))
+    pub fn trials(&self) -> &super::trials::Published {
+        &self.trials
     }
 
     pub(crate) fn set_cpu(&self, cpu: u32) {
@@ -241,7 +201,7 @@ struct Snapshot {
 
 fn sampler() {
     let mut hist: VecDeque<Snapshot> = VecDeque::new();
-    let mut trials = Trials::default();
+    let mut trials = super::trials::Driver::default();
     loop {
         let (live, idle): (Vec<Arc<Shared>>, Vec<(i32, u32)>) = {
             let mut r = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
@@ -284,7 +244,7 @@ fn sampler() {
             AVAILABLE.store(1, Ordering::Relaxed);
             publish(old, &now, &live, &idle);
         }
-        trials.step(hist.back(), &now, &live);
+        step_trials(&mut trials, hist.back(), &now, &live);
         hist.push_back(now);
         while hist.len() > WINDOW_PERIODS {
             hist.pop_front();
@@ -344,60 +304,30 @@ fn publish(old: &Snapshot, now: &Snapshot, live: &[Arc<Shared>], idle: &[(i32, u
     }
 }
 
-/// The slice trials of the waiting threads, one a thread: the slice is a
-/// thread's, and a thread may wait through several waiters.
-#[derive(Default)]
-struct Trials {
-    /// The trial and the trial sleeps its waiters had counted.
-    by_tid: HashMap<i32, (SliceTrial, u64)>,
-}
-
-impl Trials {
-    /// One period from `prev` to `now` has passed: each thread's trial
-    /// observes it, and its arm for the next one is published.
-    fn step(&mut self, prev: Option<&Snapshot>, now: &Snapshot, live: &[Arc<Shared>]) {
-        // Per thread: its waiters' trial sleeps, and the least worth among
-        // them (the one that weighs CPU most).
-        let mut sleeps: HashMap<i32, (u64, u32)> = HashMap::new();
-        for w in live {
-            let tid = w.tid.load(Ordering::Relaxed);
-            if tid > 0 {
-                let e = sleeps.entry(tid).or_insert((0, u32::MAX));
-                let n = w.trial_sleeps.load(Ordering::Relaxed);
-                e.0 += n;
-                if n > 0 {
-                    e.1 = e.1.min(w.worth.load(Ordering::Relaxed));
-                }
-            }
-        }
-        self.by_tid.retain(|tid, _| sleeps.contains_key(tid));
-        for (&tid, &(n, worth)) in &sleeps {
-            let (trial, seen) = self.by_tid.entry(tid).or_insert((SliceTrial::default(), n));
-            let cost = match (
-                prev,
-                prev.and_then(|p| p.tasks.get(&tid)),
-                now.tasks.get(&tid),
-            ) {
-                (Some(p), Some(a), Some(b)) => {
-                    let dt = now.t.duration_since(p.t).as_nanos() as f64;
-                    let run = b.0.saturating_sub(a.0) as f64 / worth.clamp(1, 65_535) as f64;
-                    (run + b.1.saturating_sub(a.1) as f64) / dt
-                }
-                _ => f64::NAN,
-            };
-            trial.observe(n.saturating_sub(*seen), cost);
-            *seen = n;
-        }
-        for w in live {
-            if let Some((t, _)) = self.by_tid.get(&w.tid.load(Ordering::Relaxed)) {
-                w.slice_on.store(t.arm(), Ordering::Relaxed);
-                w.verdict.store(t.verdict() as u8, Ordering::Relaxed);
-                w.trials.store(t.trials(), Ordering::Relaxed);
-                w.ratio
-                    .store((t.last_ratio() * 1000.0).min(1e9) as u32, Ordering::Relaxed);
+/// One period from `prev` to `now` has passed: the waiting threads'
+/// trials observe it ([`super::trials::Driver::step`]).
+fn step_trials(
+    trials: &mut super::trials::Driver,
+    prev: Option<&Snapshot>,
+    now: &Snapshot,
+    live: &[Arc<Shared>],
+) {
+    let mut ran = HashMap::new();
+    let mut dt = 0.0;
+    if let Some(p) = prev {
+        dt = now.t.duration_since(p.t).as_nanos() as f64;
+        for (tid, b) in &now.tasks {
+            if let Some(a) = p.tasks.get(tid) {
+                ran.insert(*tid, (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
             }
         }
     }
+    let live: Vec<(i32, &super::trials::Published)> = live
+        .iter()
+        .map(|w| (w.tid.load(Ordering::Relaxed), &w.trials))
+        .filter(|(tid, _)| *tid > 0)
+        .collect();
+    trials.step(dt, &ran, &live);
 }
 
 /// The length of one /proc/stat tick, ns.
@@ -492,22 +422,19 @@ pub fn system() -> (Option<f64>, Option<u64>) {
 #[cfg(test)]
 mod tests {
     use super::parse_times;
-    use super::{Arc, HashMap, Instant, Ordering, Shared, Snapshot, Trials};
+    use super::{Arc, HashMap, Instant, Ordering, Shared, Snapshot};
     use std::time::Duration;
 
-    /// The sampler's step runs each thread's slice trial on the periods
-    /// its waiters slept in, from the thread's schedstat, and publishes
-    /// the arm: a thread whose periods with the slice cost more (run-queue
-    /// delay plus CPU) ends up without it, and the two waiters of one
-    /// thread share the trial.
+    /// The sampler's step hands each thread's trials its CPU and
+    /// run-queue delay over the period, from the schedstat snapshots at
+    /// both ends: a thread whose periods with the short slice waited twice
+    /// as long for its CPU ends up without it.
     #[test]
-    fn the_sampler_runs_a_threads_slice_trial_on_its_schedstat() {
-        let (a, b) = (Arc::new(Shared::default()), Arc::new(Shared::default()));
-        for w in [&a, &b] {
-            w.tid.store(42, Ordering::Relaxed);
-        }
-        let live = [a.clone(), b.clone()];
-        let mut trials = Trials::default();
+    fn the_sampler_runs_a_threads_trials_on_its_schedstat() {
+        let w = Arc::new(Shared::default());
+        w.tid.store(42, Ordering::Relaxed);
+        let live = [w.clone()];
+        let mut trials = super::super::trials::Driver::default();
         let t0 = Instant::now();
         let snap = |i: u32, run: u64, delay: u64| Snapshot {
             t: t0 + Duration::from_millis(50 * i as u64),
@@ -516,86 +443,21 @@ mod tests {
         };
         let (mut run, mut delay) = (0u64, 0u64);
         let mut prev = snap(0, 0, 0);
-        trials.step(None, &prev, &live);
-        let mut arms = Vec::new();
+        super::step_trials(&mut trials, None, &prev, &live);
         for i in 1..=20 {
-            let on = a.slice_on();
-            assert_eq!(on, b.slice_on());
-            arms.push(on);
-            // Both waiters slept; with the slice the thread waited twice
-            // as long for its CPU.
+            let on = w.trials().slice_on();
             for _ in 0..10 {
-                a.note_trial_sleep(1);
-                b.note_trial_sleep(1);
+                w.trials().note_slice_sleep(1);
             }
             run += 2_000_000;
             delay += if on { 10_000_000 } else { 5_000_000 };
             let now = snap(i, run, delay);
-            trials.step(Some(&prev), &now, &live);
+            super::step_trials(&mut trials, Some(&prev), &now, &live);
             prev = now;
         }
-        assert_eq!(
-            &arms[..4],
-            &[false, false, true, true],
-            "the trial's slots 1-4"
-        );
-        assert!(!a.slice_on() && !b.slice_on(), "dropped");
-        let d = a.describe_trial().expect("a trial ended");
+        assert!(!w.trials().slice_on(), "dropped");
+        let d = w.trials().describe(true, false).expect("a trial ended");
         assert!(d.contains("does not pay") && d.contains("1.71x"), "{d}");
-        // Periods without trial sleeps do not count: the verdict holds.
-        for i in 21..200 {
-            delay += 1_000_000_000;
-            let now = snap(i, run, delay);
-            trials.step(Some(&prev), &now, &live);
-            prev = now;
-        }
-        assert_eq!(a.trials.load(Ordering::Relaxed), 1);
-        assert!(!a.slice_on());
-    }
-
-    /// One thread's trial over `steps` periods of 10 trial sleeps each by a
-    /// waiter of `worth`, each period adding (run ns, delay ns) by arm.
-    fn trial(worth: u16, on: (u64, u64), off: (u64, u64), steps: u32) -> Arc<Shared> {
-        let w = Arc::new(Shared::default());
-        w.tid.store(7, Ordering::Relaxed);
-        let live = [w.clone()];
-        let mut trials = Trials::default();
-        let t0 = Instant::now();
-        let (mut run, mut delay) = (0, 0);
-        let snap = |i: u32, run: u64, delay: u64| Snapshot {
-            t: t0 + Duration::from_millis(50 * i as u64),
-            busy: Vec::new(),
-            tasks: HashMap::from([(7, (run, delay, 0))]),
-        };
-        let mut prev = snap(0, 0, 0);
-        trials.step(None, &prev, &live);
-        for i in 1..=steps {
-            let (r, d) = if w.slice_on() { on } else { off };
-            for _ in 0..10 {
-                w.note_trial_sleep(worth);
-            }
-            (run, delay) = (run + r, delay + d);
-            let now = snap(i, run, delay);
-            trials.step(Some(&prev), &now, &live);
-            prev = now;
-        }
-        w
-    }
-
-    /// The trial weighs the thread's CPU time by the waiter's worth: a
-    /// slice that cuts the delay by 1 ms a period and costs 6 ms of CPU
-    /// pays where a µs of latency is worth 100 µs of CPU, not at par.
-    #[test]
-    fn the_trial_weighs_cpu_by_the_waiters_worth() {
-        let (on, off) = ((8_000_000, 5_000_000), (2_000_000, 6_000_000));
-        let latency_first = trial(100, on, off, 24);
-        assert!(
-            latency_first.slice_on(),
-            "{:?}",
-            latency_first.describe_trial()
-        );
-        let cpu_at_par = trial(1, on, off, 24);
-        assert!(!cpu_at_par.slice_on(), "{:?}", cpu_at_par.describe_trial());
     }
 
     /// Busy ns per CPU, as the sampler reads it.

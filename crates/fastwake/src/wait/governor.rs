@@ -139,6 +139,9 @@ pub struct Facts {
     /// Other threads want this CPU (the pressure sampler, when the caller
     /// runs one).
     pub contended: bool,
+    /// The lean-spin trial bars lean spins on this thread now
+    /// ([`adaptive::Config::lean_trial`]).
+    pub lean_barred: bool,
     /// Waiters of the live dispatcher serving this CPU, if one does.
     pub dispatch_waiters: Option<u32>,
     /// Can this wait be handed to a dispatcher at all? A `dispatch`-mode
@@ -159,6 +162,7 @@ impl Facts {
             cpu: None,
             peer_cpu: None,
             contended: false,
+            lean_barred: false,
             dispatch_waiters: None,
             dispatchable: true,
             prewake: false,
@@ -471,6 +475,7 @@ impl Governor {
             siblings: siblings::others_asleep(f.cpu, f.now_ns),
             contended: f.contended || f.now_ns < self.quiet_until,
             spin_preempted: f.now_ns < self.quiet_until,
+            lean_barred: f.lean_barred,
             dispatch_waiters: f.dispatch_waiters.filter(|_| f.dispatchable),
             allowance_ns: allowance,
             prewake: f.prewake,
@@ -562,6 +567,16 @@ impl Governor {
             }
         }
         siblings::Asleep::enter(cpu, now_ns, self.typical_block_ns)
+    }
+
+    /// Adaptive's worth where its lean-spin trial runs
+    /// ([`adaptive::Config::lean_trial`]), for a wait on a contended CPU.
+    #[inline]
+    pub fn lean_trial_worth(&self) -> Option<u16> {
+        match self.mode {
+            WaitMode::Adaptive(c) if c.lean_trial => Some(c.worth),
+            _ => None,
+        }
     }
 
     /// The slice a sleep of this wait should run under: adaptive's

@@ -300,13 +300,20 @@ impl Waiter {
         if self.governor.refresh_due() {
             self.sensors.refresh(cpu);
         }
+        let contended = self.sensors.contended();
+        let lean_barred = contended
+            && self
+                .governor
+                .lean_trial_worth()
+                .is_some_and(|w| self.sensors.lean_barred(w));
         let facts = Facts {
             now_ns,
             timeout_ns: deadline
                 .map(|d| d.saturating_duration_since(Instant::now()).as_nanos() as u64),
             cpu,
             peer_cpu: src.hints().peer_cpu,
-            contended: self.sensors.contended(),
+            contended,
+            lean_barred,
             dispatch_waiters: self.sensors.dispatch_waiters,
             dispatchable: true,
             prewake: true,
@@ -516,7 +523,7 @@ impl Waiter {
     /// A short slice for the sleep to come, where adaptive mode asks for
     /// one ([`crate::adaptive::Config::sleep_slice_us`]: the CPU contended)
     /// and the slice trial gives it now
-    /// ([`crate::adaptive::slice_trial`]): the thread's own comes back when
+    /// ([`crate::adaptive::trial`]): the thread's own comes back when
     /// the guard drops, before the wait returns.
     fn short_slice(&mut self) -> Option<crate::slice::ForSleep> {
         let (d, trial) = self.governor.sleep_slice(self.sensors.contended())?;

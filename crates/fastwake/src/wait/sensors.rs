@@ -38,8 +38,19 @@ impl Sensors {
     #[inline]
     pub(super) fn trial_slice_on(&self, worth: u16) -> bool {
         self.pressure.as_ref().is_some_and(|p| {
-            p.note_trial_sleep(worth);
-            p.slice_on()
+            p.trials().note_slice_sleep(worth);
+            p.trials().slice_on()
+        })
+    }
+
+    /// A wait planned on a contended CPU under the lean-spin trial, by a
+    /// waiter of `worth`: counted for the sampler; whether the trial bars
+    /// lean spins now.
+    #[inline]
+    pub(super) fn lean_barred(&self, worth: u16) -> bool {
+        self.pressure.as_ref().is_some_and(|p| {
+            p.trials().note_contended_wait(worth);
+            !p.trials().lean_on()
         })
     }
 

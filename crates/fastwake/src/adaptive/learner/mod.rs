@@ -142,6 +142,10 @@ pub struct Env {
     /// back-off after preemption): on a contended CPU no spin is planned,
     /// lean ones included.
     pub spin_preempted: bool,
+    /// The lean-spin trial found that lean spins cost this thread more
+    /// than sleeping ([`crate::adaptive::trials`]): on a contended CPU no
+    /// spin is planned, as after a preempted spin.
+    pub lean_barred: bool,
     /// A live dispatcher serves this CPU, shared by this many waiters;
     /// `None` when there is none (or dispatch is not built in).
     pub dispatch_waiters: Option<u32>,
@@ -180,6 +184,7 @@ impl Env {
         siblings: false,
         contended: false,
         spin_preempted: false,
+        lean_barred: false,
         dispatch_waiters: None,
         allowance_ns: u64::MAX,
         prewake: true,
@@ -617,7 +622,9 @@ impl Learner {
                     Some(_) => (Plan::Dispatch, Reason::Dispatch),
                     None => (Plan::Spin(0), Reason::Siblings),
                 }
-            } else if env.contended && (env.spin_preempted || self.prewake_frac > SHARED_MAX_FRAC) {
+            } else if env.contended
+                && (env.spin_preempted || env.lean_barred || self.prewake_frac > SHARED_MAX_FRAC)
+            {
                 (Plan::Spin(0), Reason::Contended)
             } else if spin_end_ns.saturating_sub(sleep_ns) > env.allowance_ns {
                 (Plan::Spin(0), Reason::Cap)
@@ -675,7 +682,7 @@ impl Learner {
                     // 1.46-1.48 ms against interrupt mode's 0.24-0.47 ms).
                     let full = b.min(self.catch_ns);
                     let afford = |x: u64| x <= env.allowance_ns;
-                    if env.spin_preempted {
+                    if env.spin_preempted || env.lean_barred {
                         (Plan::Spin(0), Reason::Contended)
                     } else if self.model_frac <= SHARED_MAX_FRAC && afford(b) {
                         (Plan::Spin(b), Reason::LeanSpin)
