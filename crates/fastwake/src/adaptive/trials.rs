@@ -9,7 +9,7 @@
 //! The waiter's side is [`Published`]: two counters it bumps and two flags
 //! it reads, all relaxed atomics; the sampler's side is [`Driver`].
 
-use super::trial::{Trial, Verdict};
+use super::trial::{MIN_SLEEPS, Trial, Verdict};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
@@ -131,12 +131,22 @@ impl Published {
     }
 }
 
+/// Periods a trying trial may go without counting, while the other's
+/// would count, before it yields its turn: a waiter that spins through
+/// most waits sleeps too rarely for the slice's trial to end, and its
+/// lean spins are then the behaviour to try.
+pub const STALL_PERIODS: u32 = 10;
+
 /// One thread's two trials and the counts its waiters had reached.
 struct PerThread {
     slice: Trial,
     lean: Trial,
     seen_sleeps: u64,
     seen_waits: u64,
+    /// Whose turn it is to try (the slice's, else lean spins'), and for
+    /// how many periods in a row it could not count one the other could.
+    slice_turn: bool,
+    stalled: u32,
 }
 
 /// The sampler's side: the trials of each waiting thread.
@@ -181,6 +191,8 @@ impl Driver {
                     lean,
                     seen_sleeps: sleeps,
                     seen_waits: waits,
+                    slice_turn: true,
+                    stalled: 0,
                 }
             });
             let cost = match ran.get(&tid) {
@@ -191,15 +203,43 @@ impl Driver {
             };
             let (ds, dw) = (sleeps - t.seen_sleeps, waits - t.seen_waits);
             (t.seen_sleeps, t.seen_waits) = (sleeps, waits);
-            if t.slice.trying() {
-                t.slice.observe(ds, cost);
-                t.lean.pause();
-            } else if t.lean.trying() {
-                t.lean.observe(dw, cost);
-                t.slice.pause();
+            // The turn: held by the trial that has it while it tries and
+            // can count its periods; passed on when it holds a verdict, or
+            // when it stalled where the other's periods would count.
+            let (mine, other) = if t.slice_turn { (ds, dw) } else { (dw, ds) };
+            let (tries, other_tries) = if t.slice_turn {
+                (t.slice.trying(), t.lean.trying())
             } else {
+                (t.lean.trying(), t.slice.trying())
+            };
+            t.stalled = if tries && mine < MIN_SLEEPS && other >= MIN_SLEEPS {
+                t.stalled + 1
+            } else {
+                0
+            };
+            if other_tries && (!tries || t.stalled >= STALL_PERIODS) {
+                t.slice_turn = !t.slice_turn;
+                t.stalled = 0;
+            }
+            // The trial with the turn observes; the other too while it
+            // holds a verdict (its arm does not move), else it waits.
+            let (slice_turn, st, lt) = (t.slice_turn, t.slice.trying(), t.lean.trying());
+            if slice_turn || !st {
                 t.slice.observe(ds, cost);
+            } else {
+                t.slice.pause();
+            }
+            if !slice_turn || !lt {
                 t.lean.observe(dw, cost);
+            } else {
+                t.lean.pause();
+            }
+            // A hold that ended just now, without the turn, waits from the
+            // start: its arms must not move under the other's trial.
+            if t.slice_turn && t.lean.trying() {
+                t.lean.pause();
+            } else if !t.slice_turn && t.slice.trying() {
+                t.slice.pause();
             }
         }
         for &(tid, p) in live {
@@ -227,6 +267,16 @@ mod tests {
         steps: u32,
         cost: impl Fn(bool, bool) -> (u64, u64),
     ) -> (Arc<Published>, Vec<Seen>) {
+        drive_sleeping(worth, steps, 10, cost)
+    }
+
+    /// [`drive`], with `sleeps` slice sleeps a period per waiter.
+    fn drive_sleeping(
+        worth: u16,
+        steps: u32,
+        sleeps: u32,
+        cost: impl Fn(bool, bool) -> (u64, u64),
+    ) -> (Arc<Published>, Vec<Seen>) {
         let (a, b) = (
             Arc::new(Published::default()),
             Arc::new(Published::default()),
@@ -242,12 +292,19 @@ mod tests {
                 "one thread, one set of arms"
             );
             let t = &d.by_tid[&7];
-            // The lean trial waits while the slice's tries.
-            let slice_trying = t.slice.trying();
-            seen.push((on, (slice_trying, t.lean.trying() && !slice_trying)));
+            // Which trial tries its arms now: the one with the turn.
+            seen.push((
+                on,
+                (
+                    t.slice_turn && t.slice.trying(),
+                    !t.slice_turn && t.lean.trying(),
+                ),
+            ));
             for p in [&a, &b] {
-                for _ in 0..10 {
-                    p.note_slice_sleep(worth);
+                for i in 0..10 {
+                    if i < sleeps {
+                        p.note_slice_sleep(worth);
+                    }
                     p.note_contended_wait(worth);
                 }
             }
@@ -283,7 +340,10 @@ mod tests {
         assert!(seen[0].1.0, "the slice tries first");
         // The lean trial's turn comes right after the slice's first one.
         let slice_done = seen.iter().position(|s| !s.1.0).unwrap();
-        assert!(seen[slice_done].1.1, "lean spins are tried next");
+        assert!(
+            seen[slice_done..slice_done + 2].iter().any(|s| s.1.1),
+            "lean spins are tried next"
+        );
         for w in seen.windows(2) {
             let ((on0, (st0, lt0)), (on1, (st1, lt1))) = (w[0], w[1]);
             if st0 && st1 {
@@ -294,6 +354,23 @@ mod tests {
             }
         }
         assert!(seen.iter().any(|s| s.1.1), "lean spins were tried");
+    }
+
+    /// A waiter that spins through most waits sleeps too rarely for the
+    /// slice's trial to count a period: after [`STALL_PERIODS`] the lean
+    /// spins' trial takes the turn and ends, and lean spins that cost are
+    /// barred.
+    #[test]
+    fn a_stalled_slice_trial_yields_to_the_lean_one() {
+        let (p, seen) = drive_sleeping(100, 60, 1, |_, lean| {
+            (1_000_000, 5_000_000 + 2_000_000 * lean as u64)
+        });
+        let d = p.describe(true, true).expect("the lean trial ended");
+        assert!(d.contains("lean-spin trials 1, last: does not pay"), "{d}");
+        assert!(!d.contains("slice trials"), "{d}");
+        assert!(!p.lean_on());
+        let handed = seen.iter().position(|s| s.1.1).expect("lean took the turn");
+        assert!(handed >= STALL_PERIODS as usize, "{handed}");
     }
 
     /// The trials weigh the thread's CPU time by the waiter's worth: a
