@@ -7,7 +7,8 @@
 //! there, so neither trial's arms are in the other's figures.
 //!
 //! The waiter's side is [`Published`]: two counters it bumps and two flags
-//! it reads, all relaxed atomics; the sampler's side is [`Driver`].
+//! it reads, all relaxed atomics; the sampler's side is private to the
+//! crate.
 
 use super::trial::{MIN_SLEEPS, Trial, Verdict};
 use std::collections::HashMap;
