@@ -630,14 +630,13 @@ impl Window {
             }
             _ => None,
         };
-        out[helper_row].helper_cpu += h;
-        let o = &mut out[row];
         o.run_delay = match (o.run_delay, self.sched, fastwake::cpu::thread_schedstat()) {
             (Some(t), Some(a), Some(b)) => {
                 Some(t + Duration::from_nanos(b.delay_ns.saturating_sub(a.delay_ns)))
             }
             _ => None,
         };
+        out[helper_row].helper_cpu += h;
     }
 }
 

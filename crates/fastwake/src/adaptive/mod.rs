@@ -218,7 +218,7 @@ impl Config {
     /// `catch=N%` (percent of waits a spin should catch; 100 = no limit),
     /// `wake=learn|model` ([`Config::learn_wake`]), `prewake=on|off`
     /// ([`Config::prewake`]), `backlog=on|off` ([`Config::backlog`]),
-    /// `slice=DURATION|off` ([`Config::sleep_slice_us`], 100us to 100ms)
+    /// `slice=DURATION|off` ([`Config::sleep_slice_us`], 100us to 100ms),
     /// `slicetrial=on|off` ([`Config::slice_trial`]) and
     /// `leantrial=on|off` ([`Config::lean_trial`]).
     pub fn parse_options(s: &str) -> Result<Config> {

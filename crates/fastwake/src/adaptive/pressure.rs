@@ -396,8 +396,8 @@ fn parse_times(stat: &str, tick_ns: u64) -> Option<Vec<CpuTime>> {
 /// (run ns, run-queue delay ns, times scheduled) of one of our threads.
 fn read_task(tid: i32) -> Option<(u64, u64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-    let mut f = s.split_ascii_whitespace().map(|t| t.parse::<u64>().ok());
-    Some((f.next()??, f.next()??, f.next()??))
+    let t = crate::cpu::SchedStat::parse(&s)?;
+    Some((t.run_ns, t.delay_ns, t.scheduled))
 }
 
 /// System-wide CPU pressure for reports: PSI cpu "some" avg10 (%) and

@@ -255,6 +255,7 @@ impl Driver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     /// One period as the waiters saw it: (slice on, lean spins on), and
     /// which trial was trying its arms (slice, lean).
@@ -317,7 +318,6 @@ mod tests {
         }
         (a, seen)
     }
-    use std::sync::Arc;
 
     /// The slice is tried first while lean spins stay allowed; then lean
     /// spins are tried while the slice holds its verdict; each trial finds
