@@ -426,9 +426,19 @@ fn a_short_slice_is_asked_for_a_contended_adaptive_sleep_only() {
         always.sleep_slice(true),
         Some((Duration::from_micros(100), None))
     );
-    // The lean-spin trial runs for adaptive waits, with their worth.
+    // The lean-spin trial runs for adaptive waits whose learned plan
+    // spins, with their worth: not while learning, not for a slow peer.
+    let mut cheap = Governor::new("adaptive:worth=3".parse().unwrap()).with_ceiling(50_000);
+    assert_eq!(cheap.lean_trial_worth(), None, "learning");
+    feed(&mut cheap, (0..400).map(|_| 10_000));
     assert_eq!(cheap.lean_trial_worth(), Some(3));
-    let no_lean_trial = Governor::new("adaptive:leantrial=off".parse().unwrap());
+    let mut slow = adaptive(50_000);
+    // Slow and spread (no pre-wake either: the median is 3x the shortest).
+    feed(&mut slow, (0..400).map(|i| 1_000_000 + (i % 7) * 700_000));
+    assert_eq!(slow.lean_trial_worth(), None, "interrupt mode");
+    let mut no_lean_trial =
+        Governor::new("adaptive:leantrial=off".parse().unwrap()).with_ceiling(50_000);
+    feed(&mut no_lean_trial, (0..400).map(|_| 10_000));
     assert_eq!(no_lean_trial.lean_trial_worth(), None);
     for m in ["poll", "interrupt", "hybrid", "dispatch"] {
         let g = Governor::new(m.parse().unwrap());

@@ -570,11 +570,23 @@ impl Governor {
     }
 
     /// Adaptive's worth where its lean-spin trial runs
-    /// ([`adaptive::Config::lean_trial`]), for a wait on a contended CPU.
+    /// ([`adaptive::Config::lean_trial`]), for a wait on a contended CPU
+    /// whose learned plan spins (a budget or a pre-wake's spin): only such
+    /// a wait is what the trial's arms tell apart. A waiter whose plan is
+    /// interrupt mode would otherwise take its turn for a trial of two
+    /// identical arms, and the slice's next trial would wait behind it.
     #[inline]
     pub fn lean_trial_worth(&self) -> Option<u16> {
         match self.mode {
-            WaitMode::Adaptive(c) if c.lean_trial => Some(c.worth),
+            WaitMode::Adaptive(c)
+                if c.lean_trial
+                    && matches!(
+                        self.learner.current_plan(),
+                        adaptive::Plan::Spin(1..) | adaptive::Plan::Prewake { .. }
+                    ) =>
+            {
+                Some(c.worth)
+            }
             _ => None,
         }
     }
