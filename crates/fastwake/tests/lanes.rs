@@ -631,39 +631,64 @@ fn lanes_answers_to_requests_that_arrived_together_leave_in_one_sendmsg() {
     for layout in [Layout::Lanes, Layout::Shared] {
         let (a, b) = pair(quiet(layout));
         assert!(!b.buffered(Class::Latency), "nothing sent yet");
-        let n = 5u64;
-        for seq in 0..n {
-            a.send_as(&message(1, seq, 64), Class::Latency).unwrap();
-        }
-        // Loopback delivers a send before it returns, so the first
-        // receive reads all five; the server answers while more wait.
-        let before = b.stats(Class::Latency).send;
-        let mut answered = 0;
-        loop {
-            let seq = b.recv_with(Class::Latency, |m| m[1]).unwrap() as u64;
-            assert_eq!(seq, answered, "{layout:?}: requests in order");
-            answered += 1;
-            let answer = message(2, seq, 4096);
-            if b.buffered(Class::Latency) {
-                let s = b.send_more_as(&answer, Class::Latency).unwrap();
-                assert!(s.queued && s.syscalls == 0, "{layout:?}: {s:?}");
-            } else {
-                b.send_as(&answer, Class::Latency).unwrap();
+        // Up to three rounds: the batch leaves in one sendmsg unless its
+        // delay (i10's doorbell, 50 µs) passes between two answers. On a
+        // loaded machine the thread can lose its CPU between them, and
+        // the batch is then rung before the last answer could join it:
+        // seen once in CI, four answers in one call and the fifth in its
+        // own. A batch that the code splits splits in every round.
+        let mut rounds = Vec::new();
+        for _ in 0..3 {
+            let calls = answer_five_together(&a, &b, layout);
+            let one = calls.0 == (1, 1);
+            rounds.push(calls);
+            if one {
                 break;
             }
         }
-        assert_eq!(answered, n, "{layout:?}: buffered() missed a request");
-        let s = b.stats(Class::Latency).send;
-        // The last answer joins the batch: one sendmsg for all five.
-        assert_eq!(
-            (s.sendmsgs - before.sendmsgs, s.batched - before.batched),
-            (1, 1),
-            "{layout:?}: {s:?}"
+        assert!(
+            rounds.iter().any(|r| r.0 == (1, 1)),
+            "{layout:?}: (sendmsgs, batched) per round, never (1, 1): {rounds:?}"
         );
-        assert_eq!(s.queued_bytes, 0);
-        for seq in 0..n {
-            check(&a.recv(Class::Latency).unwrap(), 2, seq);
-        }
-        assert!(!b.buffered(Class::Latency));
     }
+}
+
+/// One round of [`lanes_answers_to_requests_that_arrived_together_leave_in_one_sendmsg`]:
+/// `a` sends five requests at once, `b` answers each as it reads it,
+/// queueing while more wait; `a` checks the answers. The `sendmsg`s and
+/// batched calls of `b`'s answers, and its counters.
+fn answer_five_together(a: &Endpoint, b: &Endpoint, layout: Layout) -> ((u64, u64), String) {
+    let n = 5u64;
+    for seq in 0..n {
+        a.send_as(&message(1, seq, 64), Class::Latency).unwrap();
+    }
+    // Loopback delivers a send before it returns, so the first receive
+    // reads all five; the server answers while more wait.
+    let before = b.stats(Class::Latency).send;
+    let mut answered = 0;
+    loop {
+        let seq = b.recv_with(Class::Latency, |m| m[1]).unwrap() as u64;
+        assert_eq!(seq, answered, "{layout:?}: requests in order");
+        answered += 1;
+        let answer = message(2, seq, 4096);
+        if b.buffered(Class::Latency) {
+            let s = b.send_more_as(&answer, Class::Latency).unwrap();
+            assert!(s.queued && s.syscalls == 0, "{layout:?}: {s:?}");
+        } else {
+            b.send_as(&answer, Class::Latency).unwrap();
+            break;
+        }
+    }
+    assert_eq!(answered, n, "{layout:?}: buffered() missed a request");
+    let s = b.stats(Class::Latency).send;
+    assert_eq!(s.queued_bytes, 0);
+    for seq in 0..n {
+        check(&a.recv(Class::Latency).unwrap(), 2, seq);
+    }
+    assert!(!b.buffered(Class::Latency));
+    // The last answer joins the batch: one sendmsg for all five.
+    (
+        (s.sendmsgs - before.sendmsgs, s.batched - before.batched),
+        format!("{s:?}"),
+    )
 }
