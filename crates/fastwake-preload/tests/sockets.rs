@@ -212,21 +212,27 @@ fn child_semantics() {
 #[test]
 fn socket_calls_keep_their_semantics() {
     let mode = [("FASTWAKE_MODE", "hybrid:20ms")];
-    let Some(out) = child("child_semantics", &mode) else {
-        return;
-    };
     // Served, not passed through: waits counted, and at least one caught
     // its data while spinning (more when the CPU is not contended: a
-    // preempted spin makes the governor back off).
+    // preempted spin makes the governor back off). On a machine busy
+    // with other tests a run can catch none (seen once in CI: 4 spins,
+    // all preempted, 6 waits on a contended CPU), so up to three runs;
+    // a shim that does not spin catches nothing in any.
+    let mut runs = Vec::new();
+    let mut caught = false;
+    while !caught && runs.len() < 3 {
+        let Some(out) = child("child_semantics", &mode) else {
+            return;
+        };
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(counter(&out, "waits") >= 5, "{err}");
+        caught = counter(&out, "spin_hits") >= 1;
+        runs.push(err);
+    }
     assert!(
-        counter(&out, "waits") >= 5,
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        counter(&out, "spin_hits") >= 1,
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        caught,
+        "no spin caught its data in 3 runs:\n{}",
+        runs.join("\n")
     );
     // The same scenario passes plain, and in every other mode.
     for m in ["off", "interrupt", "adaptive", "dispatch", "poll"] {
