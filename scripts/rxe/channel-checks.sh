@@ -333,9 +333,10 @@ RXE_PREWAKE_ITERS=${RXE_PREWAKE_ITERS:-500}
 # them caught. The shim's pre-wake path is what this guest checks: that
 # it fails when the shim does not pre-wake (adaptive:prewake=off: 0) or
 # pre-wakes without catching (the default ceiling: 53 of 310 caught). How
-# many waits a steady service gets pre-woken on a real timer is the
-# library's tests' (adaptive_prewake) and the shim's socket test's
-# (1,167 of 1,200 in CI).
+# many waits a steady service gets pre-woken on a real timer is for the
+# library's tests (adaptive_prewake), the shim's socket test
+# (adaptive_prewakes_a_steady_socket_reply) and its liburing check
+# (scripts/uring-test, steady: 1,167 of 1,200 in CI).
 check_channel_prewake() {
     local mode=$1 exe out ref line n=$RXE_PREWAKE_ITERS tag="block/$1 (2 ms busy service)"
     exe=$(channel_wait_exe) || return
