@@ -43,7 +43,8 @@ impl Sensors {
         })
     }
 
-    /// A wait planned on a contended CPU under the lean-spin trial, by a
+    /// A wait on a contended CPU whose learned plan spins, under the
+    /// lean-spin trial ([`crate::wait::Governor::lean_trial_worth`]), by a
     /// waiter of `worth`: counted for the sampler; whether the trial bars
     /// lean spins now.
     #[inline]

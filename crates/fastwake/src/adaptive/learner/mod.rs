@@ -142,9 +142,10 @@ pub struct Env {
     /// back-off after preemption): on a contended CPU no spin is planned,
     /// lean ones included.
     pub spin_preempted: bool,
-    /// The lean-spin trial found that lean spins cost this thread more
-    /// than sleeping ([`crate::adaptive::trials`]): on a contended CPU no
-    /// spin is planned, as after a preempted spin.
+    /// The lean-spin trial bars lean spins on this thread now: its
+    /// verdict found that they cost the thread more than sleeping, or its
+    /// trial runs a period without them ([`crate::adaptive::trials`]). On
+    /// a contended CPU no spin is planned, as after a preempted spin.
     pub lean_barred: bool,
     /// A live dispatcher serves this CPU, shared by this many waiters;
     /// `None` when there is none (or dispatch is not built in).
